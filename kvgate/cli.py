@@ -1,0 +1,48 @@
+"""The kvgate command line: parse, call the library, write the report, exit. Nothing else lives here."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from kvgate import __version__
+
+app = typer.Typer(
+    name="kvgate",
+    help="Deploy gate and backport toolkit against cross-request KV exposure in SGLang PD disaggregation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"kvgate {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Print the version."),
+) -> None:
+    """kvgate: make a rejected request that is served from another tenant's KV impossible to ship."""
+
+
+# --- subcommands: each lives in its own module and is registered here -------------------------
+from kvgate.commands.check import check  # noqa: E402
+
+app.command("check")(check)
+# (more subcommands are registered below this line)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive only
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,38 @@
+"""Domain exceptions. Only the CLI turns them into exit statuses."""
+
+from __future__ import annotations
+
+from kvgate.exitcodes import ExitStatus
+
+
+class KvgateError(Exception):
+    """Base class; `exit_status` is what the CLI exits with when this escapes a command."""
+
+    exit_status: ExitStatus = ExitStatus.USAGE_ERROR
+
+
+class UsageError(KvgateError):
+    """Bad flags or arguments (exit 2)."""
+
+    exit_status = ExitStatus.USAGE_ERROR
+
+
+class ProfileError(UsageError):
+    """A gate profile that does not validate (exit 2). The message names file, key and expectation."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        self.path = path
+        self.key = key
+        self.problem = problem
+        super().__init__(f"profile {path}: key '{key}': {problem}")
+
+
+class TransportError(KvgateError):
+    """Target unreachable, timed out, 5xx on a metadata endpoint, or unparseable JSON (exit 4)."""
+
+    exit_status = ExitStatus.TRANSPORT_ERROR
+
+    def __init__(self, url: str, problem: str) -> None:
+        self.url = url
+        self.problem = problem
+        super().__init__(f"{url}: {problem}")

@@ -1,0 +1,15 @@
+"""Exit statuses. They are API: pipelines branch on them."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Process exit codes of every kvgate command."""
+
+    PASSED = 0
+    GATE_FAILED = 1
+    USAGE_ERROR = 2
+    INCONCLUSIVE = 3
+    TRANSPORT_ERROR = 4

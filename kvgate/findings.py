@@ -1,0 +1,129 @@
+"""Results of a gate run: frozen findings with evidence, and the report that carries them.
+
+A finding is one check on one node. Its outcome is one of four: passed, failed, inconclusive
+(nothing could be observed, or a field needed for the verdict is unknown) and error (the run broke
+while checking: transport failure). Inconclusive is never passed.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from kvgate.exitcodes import ExitStatus
+
+
+class Outcome(str, Enum):
+    """The verdict of one check."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One observed fact behind a verdict: where it was read, what it was, what was expected."""
+
+    node: str
+    field: str
+    value: Any
+    expected: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "field": self.field, "value": self.value, "expected": self.expected}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One check on one node (or on the whole deployment, node="deployment")."""
+
+    gate: str
+    check: str
+    node: str
+    outcome: Outcome
+    summary: str
+    evidence: tuple[Evidence, ...] = ()
+    remedy: str | None = None
+
+    @property
+    def test_id(self) -> str:
+        return f"{self.gate}.{self.check}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gate": self.gate,
+            "check": self.check,
+            "node": self.node,
+            "outcome": self.outcome.value,
+            "summary": self.summary,
+            "evidence": [e.to_dict() for e in self.evidence],
+            "remedy": self.remedy,
+        }
+
+
+def passed(gate: str, check: str, node: str, summary: str, *evidence: Evidence) -> Finding:
+    return Finding(gate, check, node, Outcome.PASSED, summary, tuple(evidence))
+
+
+def failed(
+    gate: str, check: str, node: str, summary: str, *evidence: Evidence, remedy: str | None = None
+) -> Finding:
+    return Finding(gate, check, node, Outcome.FAILED, summary, tuple(evidence), remedy)
+
+
+def inconclusive(
+    gate: str, check: str, node: str, summary: str, *evidence: Evidence, remedy: str | None = None
+) -> Finding:
+    return Finding(gate, check, node, Outcome.INCONCLUSIVE, summary, tuple(evidence), remedy)
+
+
+def error(gate: str, check: str, node: str, summary: str, *evidence: Evidence) -> Finding:
+    return Finding(gate, check, node, Outcome.ERROR, summary, tuple(evidence))
+
+
+def exit_status_for(findings: tuple[Finding, ...] | list[Finding], strict: bool) -> ExitStatus:
+    """Map findings to the process exit status.
+
+    A confirmed gate failure wins over a transport error: the deployment is known to be unsafe, and a
+    retry would not change that. A run with no finding at all observed nothing and is inconclusive.
+    """
+    outcomes = {f.outcome for f in findings}
+    if Outcome.FAILED in outcomes:
+        return ExitStatus.GATE_FAILED
+    if Outcome.ERROR in outcomes:
+        return ExitStatus.TRANSPORT_ERROR
+    if strict and (Outcome.INCONCLUSIVE in outcomes or not findings):
+        return ExitStatus.INCONCLUSIVE
+    return ExitStatus.PASSED
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything a run found, in the order found, plus what the run cost."""
+
+    command: str
+    findings: tuple[Finding, ...]
+    strict: bool = False
+    target: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    started_at: str = field(default_factory=_now)
+    finished_at: str = field(default_factory=_now)
+
+    @property
+    def exit_status(self) -> ExitStatus:
+        return exit_status_for(self.findings, self.strict)
+
+    def counts(self) -> dict[str, int]:
+        out = {o.value: 0 for o in Outcome}
+        for f in self.findings:
+            out[f.outcome.value] += 1
+        return out

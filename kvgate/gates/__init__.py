@@ -1,0 +1,1 @@
+"""Gates: each reads the target and returns findings."""

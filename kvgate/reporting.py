@@ -1,0 +1,57 @@
+"""Writing a report to its destinations. Called before every exit, whatever the outcome."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from kvgate.errors import UsageError
+from kvgate.findings import Report
+from kvgate.formats import ReportFormat
+from kvgate.formats.table import TableFormatter
+from kvgate.secrets import redact
+
+
+def pair_outputs(formats: list[ReportFormat], outputs: list[Path]) -> list[tuple[ReportFormat, Path | None]]:
+    """The i-th --output receives the i-th --format; formats without an output go to stdout."""
+    if len(outputs) > max(len(formats), 1):
+        raise UsageError(f"{len(outputs)} --output given for {len(formats)} --format; give one --format per --output")
+    if not formats:
+        formats = [ReportFormat.TABLE]
+    pairs: list[tuple[ReportFormat, Path | None]] = []
+    for i, fmt in enumerate(formats):
+        pairs.append((fmt, outputs[i] if i < len(outputs) else None))
+    return pairs
+
+
+def emit(
+    report: Report,
+    pairs: list[tuple[ReportFormat, Path | None]],
+    stdout: TextIO | None = None,
+) -> list[str]:
+    """Render the report in every requested format; return problems writing files (never raise)."""
+    stdout = stdout or sys.stdout
+    problems: list[str] = []
+    to_stdout = [fmt for fmt, dest in pairs if dest is None]
+    for fmt, dest in pairs:
+        if fmt is ReportFormat.TABLE and dest is None:
+            text = TableFormatter(color=stdout.isatty()).render(report)
+        else:
+            text = fmt.formatter().render(report)
+        text = redact(text)
+        if dest is None:
+            stdout.write(text)
+            continue
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(dest)
+        except OSError as exc:
+            problems.append(f"could not write {fmt.value} report to {dest}: {exc}")
+    if not to_stdout:
+        # Every format went to a file: a human still reads the verdict in the job log.
+        stdout.write(redact(TableFormatter(color=stdout.isatty()).render(report)))
+    stdout.flush()
+    return problems

@@ -1,0 +1,77 @@
+"""The real sglang releases from the package index, downloaded once and cached.
+
+They are ground truth for the fix catalogue, the backports and the simulator's citations: nothing
+here imitates sglang's source, it fetches it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import shutil
+import subprocess
+import sys
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from kvgate.errors import KvgateError, TransportError
+from kvgate.paths import cache_dir
+
+RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+
+class DownloadError(TransportError):
+    """The package index could not be reached or did not have the release."""
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def wheel_path(version: str, package: str = "sglang") -> Path:
+    """Download (once) the wheel of `package==version` with `pip download --no-deps`."""
+    dest = cache_dir() / "wheels" / f"{package}-{version}"
+    with _locked(dest.with_suffix(".lock")):
+        found = sorted(dest.glob("*.whl")) if dest.is_dir() else []
+        if found:
+            return found[0]
+        dest.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "-d", str(dest), f"{package}=={version}"]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = sorted(dest.glob("*.whl"))
+        if proc.returncode != 0 or not found:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise DownloadError(f"pip download {package}=={version}", " | ".join(tail) or "no wheel")
+        return found[0]
+
+
+def unpacked_wheel(version: str, package: str = "sglang") -> Path:
+    """The wheel of `package==version` unpacked (site-packages layout); returns the unpack root."""
+    root = cache_dir() / "unpacked" / f"{package}-{version}"
+    marker = root / ".kvgate-complete"
+    with _locked(root.with_suffix(".lock")):
+        if marker.is_file():
+            return root
+        whl = wheel_path(version, package)
+        if root.exists():
+            shutil.rmtree(root)
+        tmp = root.with_name(root.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        try:
+            with zipfile.ZipFile(whl) as zf:
+                zf.extractall(tmp)
+        except zipfile.BadZipFile as exc:
+            raise KvgateError(f"{whl}: not a valid wheel ({exc})") from exc
+        tmp.rename(root)
+        marker.write_text(version)
+        return root
