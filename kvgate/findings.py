@@ -117,9 +117,13 @@ class Report:
     notes: tuple[str, ...] = ()
     started_at: str = field(default_factory=_now)
     finished_at: str = field(default_factory=_now)
+    # Set when the run could not start or broke (bad profile, bad flags): the status it exits with.
+    fatal_status: ExitStatus | None = None
 
     @property
     def exit_status(self) -> ExitStatus:
+        if self.fatal_status is not None:
+            return self.fatal_status
         return exit_status_for(self.findings, self.strict)
 
     def counts(self) -> dict[str, int]:

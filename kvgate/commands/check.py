@@ -1,0 +1,103 @@
+"""`kvgate check`: gate a live PD deployment before it takes traffic."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kvgate.check import run_check
+from kvgate.commands._common import handle_errors
+from kvgate.errors import KvgateError
+from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Finding, Outcome, Report
+from kvgate.formats import ReportFormat
+from kvgate.gates.base import CheckOptions
+from kvgate.progress import LineObserver, Observer, RichObserver
+from kvgate.reporting import emit, pair_outputs
+from kvgate.secrets import redact, token_from_env
+
+DEFAULT_HEADROOM = 1.25
+DEFAULT_TIMEOUT = 10.0
+
+
+def _observer(quiet: bool) -> Observer | None:
+    if quiet:
+        return None
+    return RichObserver() if sys.stderr.isatty() else LineObserver()
+
+
+def _fatal_report(command: str, exc: KvgateError, strict: bool) -> Report:
+    finding = Finding("kvgate", "run", "kvgate", Outcome.ERROR, str(exc))
+    return Report(command=command, findings=(finding,), strict=strict, fatal_status=exc.exit_status)
+
+
+@handle_errors
+def check(
+    prefill_url: List[str] = typer.Option([], "--prefill-url", help="Prefill worker URL (repeatable)."),
+    decode_url: List[str] = typer.Option([], "--decode-url", help="Decode worker URL (repeatable)."),
+    router_url: Optional[str] = typer.Option(None, "--router-url", help="Router URL; enables the probe gates."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
+    context_len: Optional[int] = typer.Option(
+        None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
+    ),
+    headroom: Optional[float] = typer.Option(
+        None, "--headroom", min=1.0, help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value)."
+    ),
+    timeout: Optional[float] = typer.Option(
+        None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
+    ),
+    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
+    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
+    token_env: Optional[str] = typer.Option(
+        None, "--token-env", help="Name of the environment variable holding the bearer token."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+) -> None:
+    """Gate a live PD deployment: pool vs context on every node; exit nonzero to block promotion."""
+    pairs = pair_outputs(list(fmt), list(output))
+    try:
+        options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
+        token = token_from_env(token_env)
+        report = run_check(options, token=token, observer=_observer(quiet))
+    except KvgateError as exc:
+        report = _fatal_report("check", exc, strict)
+        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
+    problems = emit(report, pairs)
+    for p in problems:
+        typer.echo(f"kvgate: error: {redact(p)}", err=True)
+    status = report.exit_status
+    if problems and status is ExitStatus.PASSED:
+        status = ExitStatus.USAGE_ERROR
+    raise typer.Exit(int(status))
+
+
+def _options(
+    prefill_url: list[str],
+    decode_url: list[str],
+    router_url: str | None,
+    profile_ref: str | None,
+    context_len: int | None,
+    headroom: float | None,
+    timeout: float | None,
+    strict: bool,
+) -> CheckOptions:
+    """Merge the profile and the flags: flags win, then the profile, then the defaults."""
+    from kvgate.profiles import Profile, load
+
+    prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
+    return CheckOptions(
+        prefill_urls=tuple(prefill_url),
+        decode_urls=tuple(decode_url),
+        router_url=router_url,
+        context_len=context_len if context_len is not None else prof.context_length,
+        headroom=headroom if headroom is not None else (prof.headroom or DEFAULT_HEADROOM),
+        timeout=timeout if timeout is not None else (prof.timeout or DEFAULT_TIMEOUT),
+        strict=strict or bool(prof.strict),
+        profile_name=prof.name if profile_ref else None,
+        probes=prof.probes,
+        defenses=prof.defenses,
+    )

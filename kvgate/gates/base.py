@@ -1,0 +1,56 @@
+"""What a gate receives and returns.
+
+A gate is a function of a `GateContext` that returns findings. Readings are taken once, before any
+gate runs, so every gate sees the same snapshot of the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+from kvgate.findings import Finding
+from kvgate.progress import NullObserver, Observer
+from kvgate.target import NodeReading, TargetClient
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """Everything `kvgate check` was asked to do, after merging the profile and the flags."""
+
+    prefill_urls: tuple[str, ...] = ()
+    decode_urls: tuple[str, ...] = ()
+    router_url: str | None = None
+    context_len: int | None = None
+    headroom: float = 1.25
+    timeout: float = 10.0
+    strict: bool = False
+    profile_name: str | None = None
+    # Probe gates (router required): deadline of one probe, number of concurrent tenants, and so on.
+    probes: Mapping[str, Any] = field(default_factory=dict)
+    # Defenses gate: operator knowledge the server does not expose (e.g. deferred-release env).
+    defenses: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GateContext:
+    """The snapshot of the target plus the means to talk to it."""
+
+    options: CheckOptions
+    readings: Sequence[NodeReading]
+    client: TargetClient
+    observer: Observer = field(default_factory=NullObserver)
+    prior: list[Finding] = field(default_factory=list)
+    cost: dict[str, Any] = field(default_factory=dict)
+
+    def nodes(self, role: str) -> list[NodeReading]:
+        return [r for r in self.readings if r.spec.role == role]
+
+
+class Gate(Protocol):
+    """A gate: a name and a run function."""
+
+    name: str
+
+    def run(self, ctx: GateContext) -> list[Finding]:
+        """Check the target; return findings (never raise for a target's misbehaviour)."""

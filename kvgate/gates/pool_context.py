@@ -1,0 +1,201 @@
+"""Gate 1: KV pool versus context, on every prefill and decode node and every DP rank.
+
+Why decode too: decode reserves pages for the whole prompt at bootstrap (incident.md section 2,
+step 1), so a decode pool below the context is the same hazard on the other side of the handoff.
+
+SGLang's limits (sglang-surface.md section 2):
+- the tokenizer rejects a prompt of N >= context tokens with a plain 400;
+- the scheduler rejects N >= max_req_input_len = min(context - 1, pool - 1) - 5 through
+  `set_finish_with_abort`, the path that leaked before #36988/#38935.
+So every length in [max_req_input_len, context - 1] passes the tokenizer and takes the abort path:
+the "reject band". When the pool is below the context that band is most of (pool, context], the
+incident's danger band.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.base import GateContext
+from kvgate.target import NodeReading
+
+GATE = "pool-context"
+REMEDY_POOL = (
+    "raise the KV pool (e.g. --max-total-tokens / --mem-fraction-static, fewer CUDA-graph sizes, more GPUs) "
+    "or lower --context-length until pool >= context x headroom; re-run the gate after every capacity change"
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The admission limits of one node, derived from what it reports."""
+
+    context: int
+    pool: int
+    max_req_input_len: int | None
+
+    @property
+    def expected_max_req_input_len(self) -> int:
+        return min(self.context - 1, self.pool - 1) - 5
+
+    @property
+    def largest_accepted(self) -> int | None:
+        return None if self.max_req_input_len is None else self.max_req_input_len - 1
+
+    @property
+    def reject_band(self) -> tuple[int, int] | None:
+        """Lengths that pass the tokenizer but are rejected by the scheduler (inclusive bounds)."""
+        lo = self.max_req_input_len if self.max_req_input_len is not None else self.expected_max_req_input_len
+        hi = self.context - 1
+        return (lo, hi) if lo <= hi else None
+
+    @property
+    def danger_band(self) -> tuple[int, int] | None:
+        """(pool, context]: prompts that fit the context but not the pool."""
+        return (self.pool + 1, self.context) if self.pool < self.context else None
+
+
+def _fmt(n: int | None) -> str:
+    return "unknown" if n is None else f"{n:,}"
+
+
+def effective_context(reading: NodeReading, advertised: int | None) -> tuple[int | None, str]:
+    """The context the gate must hold the pool to, and where it came from."""
+    engine = reading.context_length
+    if engine is None and reading.context_length_flag is not None:
+        engine = reading.context_length_flag
+        src = "server_info context_length (operator flag; /v1/models unavailable)"
+    else:
+        src = reading.context_source or ""
+    if advertised is not None and (engine is None or advertised > engine):
+        return advertised, "--context-len / profile context_length"
+    return engine, src
+
+
+def check_node(reading: NodeReading, expected_role: str, advertised: int | None, headroom: float) -> list[Finding]:
+    """All gate 1 findings for one node."""
+    node = reading.node
+    out: list[Finding] = []
+
+    role = reading.role
+    if role == "unknown":
+        out.append(inconclusive(GATE, "role", node, "node does not report disaggregation_mode",
+                                Evidence(node, "disaggregation_mode", None, expected_role)))
+    elif role != expected_role:
+        out.append(failed(
+            GATE, "role", node,
+            f"node was given as {expected_role} but reports disaggregation_mode={role!r}",
+            Evidence(node, "disaggregation_mode", role, expected_role),
+            remedy=f"pass this URL as --{role}-url, or relaunch it with --disaggregation-mode {expected_role}",
+        ))
+    else:
+        out.append(passed(GATE, "role", node, f"reports disaggregation_mode={role!r}",
+                          Evidence(node, "disaggregation_mode", role, expected_role)))
+
+    context, ctx_src = effective_context(reading, advertised)
+    if advertised is not None and reading.context_length is not None and advertised != reading.context_length:
+        out.append(failed(
+            GATE, "context-agreement", node,
+            f"advertised context {_fmt(advertised)} differs from the engine's effective context "
+            f"{_fmt(reading.context_length)}",
+            Evidence(node, "/v1/models max_model_len", reading.context_length, f"== {advertised}"),
+            remedy="make --context-length of the workers and the advertised context agree",
+        ))
+
+    for p in reading.problems:
+        if p.field in ("/v1/models", "/v1/models data[0]", "/v1/models data[0].max_model_len") and context:
+            continue  # resolved by a fallback named in the evidence
+        if p.field in ("max_total_num_tokens", "max_req_input_len", "internal_states") or "token_capacity" in p.field \
+                or "/v1/models" in p.field:
+            out.append(failed(
+                GATE, "field", node, f"{p.field}: {p.problem}; the gate fails closed",
+                Evidence(node, p.field, p.problem, "present and well-formed"),
+                remedy="run a SGLang release that reports it (0.5.19-0.5.23 do), or check the URL points at a worker",
+            ))
+
+    if context is None:
+        out.append(failed(
+            GATE, "headroom", node, "effective context length unknown (no /v1/models max_model_len, no "
+            "context_length flag, no --context-len); cannot prove pool >= context",
+            Evidence(node, "context", None, "known"),
+            remedy="pass --context-len or expose /v1/models",
+        ))
+        return out
+
+    # (check name, field read, pool): the top-level value, then every DP rank, not rank 0 only.
+    pools: list[tuple[str, str, int]] = []
+    if reading.max_total_num_tokens is not None:
+        pools.append(("headroom", reading.pool_key or "max_total_num_tokens", reading.max_total_num_tokens))
+    for rank in reading.ranks:
+        if rank.token_capacity is not None:
+            pools.append((f"headroom-dp{rank.dp_rank}",
+                          f"internal_states[{rank.dp_rank}].memory_usage.token_capacity", rank.token_capacity))
+    if not pools:
+        return out  # the missing-field failures above already block
+
+    required = math.ceil(context * headroom)
+    for check_name, field_name, pool in pools:
+        limits = Limits(context=context, pool=pool, max_req_input_len=reading.max_req_input_len)
+        evidence = [
+            Evidence(node, field_name, pool, f">= {required:,} (context {context:,} x headroom {headroom:g})"),
+            Evidence(node, "context", context, ctx_src),
+            Evidence(node, "ratio", round(pool / context, 4), f">= {headroom:g}"),
+        ]
+        band = limits.danger_band
+        if band:
+            evidence.append(Evidence(node, "danger_band", f"({pool:,}, {context:,}]",
+                                     "empty: every prompt that fits the context must fit the pool"))
+        check = check_name
+        if pool >= required:
+            out.append(passed(GATE, check, node, f"pool {pool:,} >= {required:,} (context {context:,} x {headroom:g})",
+                              *evidence))
+        else:
+            what = (f"danger band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
+                    if band else f"below the required headroom x{headroom:g}")
+            out.append(failed(GATE, check, node,
+                              f"pool {pool:,} < {required:,} required for context {context:,}; {what}",
+                              *evidence, remedy=REMEDY_POOL))
+
+    # server_info reports rank 0's max_req_input_len, so compare it with rank 0's pool.
+    pool0 = reading.max_total_num_tokens if reading.max_total_num_tokens is not None else pools[0][2]
+    limits = Limits(context=context, pool=pool0, max_req_input_len=reading.max_req_input_len)
+    if reading.max_req_input_len is not None:
+        expected = limits.expected_max_req_input_len
+        band = limits.reject_band
+        ev = [
+            Evidence(node, "max_req_input_len", reading.max_req_input_len, f"<= {expected:,} = min(context-1, pool-1)-5"),
+            Evidence(node, "largest_accepted_prompt", limits.largest_accepted, None),
+            Evidence(node, "reject_band", None if band is None else f"[{band[0]:,}, {band[1]:,}]",
+                     "lengths that pass the tokenizer and take the scheduler's abort path"),
+        ]
+        if reading.max_req_input_len > expected:
+            out.append(failed(
+                GATE, "admission-limit", node,
+                f"max_req_input_len {reading.max_req_input_len:,} admits prompts the pool {pool0:,} cannot hold "
+                f"(expected <= {expected:,})",
+                *ev, remedy="the engine's admission bound does not follow its pool; do not ship this build",
+            ))
+        else:
+            width = 0 if band is None else band[1] - band[0] + 1
+            out.append(passed(
+                GATE, "admission-limit", node,
+                f"largest accepted prompt {limits.largest_accepted:,}; {width:,} lengths take the abort path",
+                *ev,
+            ))
+    return out
+
+
+class PoolContextGate:
+    """Gate 1 over every node the operator named."""
+
+    name = GATE
+
+    def run(self, ctx: GateContext) -> list[Finding]:
+        out: list[Finding] = []
+        for reading in ctx.readings:
+            if reading.spec.role not in ("prefill", "decode"):
+                continue
+            out.extend(check_node(reading, reading.spec.role, ctx.options.context_len, ctx.options.headroom))
+        return out

@@ -1,0 +1,82 @@
+"""Progress is an observer the CLI plugs in; the library never imports Rich for it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator, Protocol, TextIO
+
+from kvgate.secrets import redact
+
+
+class Observer(Protocol):
+    """Receives progress from long-running gates."""
+
+    def log(self, message: str) -> None:
+        """One line of progress."""
+
+    def step(self, description: str, total: float | None = None) -> "contextmanager[StepHandle]":  # type: ignore[type-arg]
+        """A long step; the handle's `advance(n)` reports progress."""
+
+
+class StepHandle:
+    """Handle of a running step."""
+
+    def advance(self, amount: float = 1.0) -> None:  # noqa: D401 - trivial
+        """Advance the step."""
+
+
+class NullObserver:
+    """Drops everything (library default)."""
+
+    def log(self, message: str) -> None:
+        pass
+
+    @contextmanager
+    def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
+        yield StepHandle()
+
+
+class LineObserver:
+    """Plain timestamped log lines, for CI logs and pipes."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self._t0 = time.monotonic()
+
+    def log(self, message: str) -> None:
+        self.stream.write(f"[kvgate {time.monotonic() - self._t0:7.1f}s] {redact(message)}\n")
+        self.stream.flush()
+
+    @contextmanager
+    def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
+        self.log(f"{description} ...")
+        t = time.monotonic()
+        yield StepHandle()
+        self.log(f"{description} done in {time.monotonic() - t:.1f}s")
+
+
+class RichObserver:
+    """Rich progress bars on a TTY."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+
+    def log(self, message: str) -> None:
+        self.console.log(redact(message))
+
+    @contextmanager
+    def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
+        from rich.progress import Progress
+
+        with Progress(console=self.console, transient=True) as progress:
+            task = progress.add_task(redact(description), total=total)
+
+            class _Handle(StepHandle):
+                def advance(self, amount: float = 1.0) -> None:
+                    progress.advance(task, amount)
+
+            yield _Handle()
