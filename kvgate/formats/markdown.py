@@ -28,6 +28,14 @@ class MarkdownFormatter(Formatter):
             out.append(
                 f"| {_ICON[f.outcome]} | {_cell(f.gate)} | {_cell(f.check)} | {_cell(f.node)} | {_cell(f.summary)} |"
             )
+        not_passed = [f for f in report.findings if f.outcome is not Outcome.PASSED and f.evidence]
+        if not_passed:
+            out += ["", "### Evidence", ""]
+            for f in not_passed:
+                out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}):")
+                for e in f.evidence:
+                    want = f" (expected {_cell(e.expected)})" if e.expected else ""
+                    out.append(f"  - `{_cell(e.field)}` = `{_cell(e.value)}`{want}")
         remedies = [f for f in report.findings if f.remedy and f.outcome is not Outcome.PASSED]
         if remedies:
             out += ["", "### Remedies", ""]
