@@ -1,0 +1,88 @@
+"""One answer per fix from several detection methods.
+
+The most trusted method that knows (present or absent) decides: behaviour over source over git over
+version. Where methods disagree, every answer stays in the status so reports show both. A kvgate
+backport marker found by a method stands in, for that method, for the upstream fix it backports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from kvgate.catalogue.model import METHODS, Catalogue, Detection, Fix, Presence
+
+_TRUST = {m: i for i, m in enumerate(METHODS)}
+
+
+@dataclass(frozen=True)
+class FixStatus:
+    """The combined answer for one fix, with every method's own answer."""
+
+    fix: Fix
+    presence: Presence
+    decided_by: str | None
+    detections: tuple[Detection, ...]
+    via_backport: str | None = None
+
+    @property
+    def disagreement(self) -> bool:
+        known = {d.presence for d in self.detections if d.presence is not Presence.UNKNOWN}
+        return len(known) > 1
+
+    def how(self) -> str:
+        """One line: which method decided, and what the others said when they disagree."""
+        if self.decided_by is None:
+            methods = ", ".join(d.method for d in self.detections) or "nothing"
+            return f"no method could tell ({methods})"
+        text = f"by {self.decided_by}"
+        if self.via_backport:
+            text += f" via kvgate backport {self.via_backport}"
+        others = [d for d in self.detections if d.method != self.decided_by and d.presence is not self.presence
+                  and d.presence is not Presence.UNKNOWN]
+        if others:
+            text += " (trusted over " + ", ".join(f"{d.method}, which says {d.presence.value}" for d in others) + ")"
+        return text
+
+
+def apply_backports(
+    cat: Catalogue, detections: Iterable[Detection]
+) -> tuple[list[Detection], dict[tuple[str, str], str]]:
+    """Let a backport found by a method count, for that method, as the upstream fix it stands in for.
+
+    Returns the new detections and {(method, upstream fix id): backport id} for the substitutions made.
+    """
+    table = {(d.method, d.fix_id): d for d in detections}
+    used: dict[tuple[str, str], str] = {}
+    for (method, fid), d in list(table.items()):
+        fix = cat.get(fid)
+        if not fix.is_backport or d.presence is not Presence.PRESENT or fix.backports is None:
+            continue
+        up = table.get((method, fix.backports))
+        if up is not None and up.presence is Presence.PRESENT:
+            continue
+        upstream_ev = tuple(f"upstream signatures: {e}" for e in (up.evidence if up else ()))
+        table[(method, fix.backports)] = Detection(
+            fix.backports, method, Presence.PRESENT,
+            (f"kvgate backport {fix.id} stands in for it",) + d.evidence + upstream_ev,
+        )
+        used[(method, fix.backports)] = fix.id
+    return list(table.values()), used
+
+
+def combine(cat: Catalogue, detections: Iterable[Detection]) -> tuple[FixStatus, ...]:
+    """One FixStatus per catalogue entry, in catalogue order."""
+    dets, via = apply_backports(cat, detections)
+    by_fix: dict[str, list[Detection]] = {}
+    for d in dets:
+        if d.method not in _TRUST:
+            raise ValueError(f"unknown detection method {d.method!r}")
+        by_fix.setdefault(d.fix_id, []).append(d)
+    out = []
+    for fix in cat.fixes:
+        ds = sorted(by_fix.get(fix.id, []), key=lambda d: _TRUST[d.method], reverse=True)
+        decided = next((d for d in ds if d.presence is not Presence.UNKNOWN), None)
+        presence = decided.presence if decided else Presence.UNKNOWN
+        backport = via.get((decided.method, fix.id)) if decided is not None else None
+        out.append(FixStatus(fix, presence, decided.method if decided else None, tuple(ds), backport))
+    return tuple(out)

@@ -1,0 +1,137 @@
+"""Detection by git ancestry in an sglang checkout (method 2), with GitPython.
+
+A commit contains a fix when its tree carries the fix's signatures under `python/sglang/` (read from
+the commit's blobs, nothing is checked out). Where the upstream PR number is known, `git log --grep
+'(#NNNNN)'` from the commit also looks for the squash-merge commit among its ancestors: SGLang squash
+subjects end with `(#PR)` (seen in 2025; not re-verified for 2026). The tree decides; a squash commit
+among the ancestors whose signatures are gone (reverted or refactored) makes the answer unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import git
+
+from kvgate.catalogue.model import Catalogue, Detection, Presence, Signature
+from kvgate.catalogue.signatures import SourceTree, glob_prefix, glob_regex
+from kvgate.catalogue.source import _VERSION_RX
+from kvgate.errors import UsageError
+
+PACKAGE_PREFIX = "python/sglang/"
+
+
+class GitTree(SourceTree):
+    """The `python/sglang/` tree of one commit."""
+
+    def __init__(self, repo: git.Repo, commit: git.Commit, prefix: str = PACKAGE_PREFIX) -> None:
+        self.repo = repo
+        self.commit = commit
+        self.prefix = prefix
+
+    def read_text(self, rel: str) -> str | None:
+        try:
+            blob = self.commit.tree / (self.prefix + rel)
+        except KeyError:
+            return None
+        if blob.type != "blob":
+            return None
+        return blob.data_stream.read().decode("utf-8", errors="replace")
+
+    def search_globs(self, signatures: Sequence[Signature]) -> dict[Signature, tuple[str, ...]]:
+        out: dict[Signature, tuple[str, ...]] = {}
+        for sig in signatures:
+            rx = glob_regex(sig.file)
+            args = ["-l", "-I"]
+            args += ["-F", "-e", sig.substring] if sig.substring is not None else ["-P", "-e", str(sig.regex)]
+            try:
+                text = self.repo.git.grep(*args, self.commit.hexsha, "--", self.prefix + glob_prefix(sig.file))
+            except git.GitCommandError:  # exit 1: no match
+                text = ""
+            files = []
+            for line in text.splitlines():
+                path = line.split(":", 1)[1] if ":" in line else line
+                rel = path[len(self.prefix):] if path.startswith(self.prefix) else path
+                if rx.match(rel):
+                    files.append(rel)
+            out[sig] = tuple(sorted(files))
+        return out
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A resolved sglang checkout at one commit."""
+
+    path: Path
+    rev: str
+    hexsha: str
+    subject: str
+    version: str | None
+
+
+def open_checkout(path: Path, rev: str = "HEAD") -> tuple[git.Repo, git.Commit, Checkout]:
+    """Open the repository and resolve `rev`; anything wrong is a usage error (exit 2)."""
+    try:
+        repo = git.Repo(Path(path).expanduser(), search_parent_directories=False)
+    except (git.NoSuchPathError, git.InvalidGitRepositoryError):
+        raise UsageError(f"--repo {path}: not a git repository") from None
+    try:
+        commit = repo.commit(rev)
+    except (git.BadName, ValueError, git.GitCommandError):
+        raise UsageError(f"--repo {path}: cannot resolve --rev {rev!r}") from None
+    try:
+        commit.tree / (PACKAGE_PREFIX + "srt")
+    except KeyError:
+        raise UsageError(f"--repo {path} at {rev}: no {PACKAGE_PREFIX}srt (not an sglang checkout)") from None
+    tree = GitTree(repo, commit)
+    version = None
+    for name in ("version.py", "_version.py"):
+        text = tree.read_text(name)
+        m = _VERSION_RX.search(text or "")
+        if m:
+            version = m.group(1)
+            break
+    subject = commit.message.strip().splitlines()[0] if commit.message.strip() else ""
+    return repo, commit, Checkout(Path(path), rev, commit.hexsha, subject, version)
+
+
+def squash_commits(repo: git.Repo, commit: git.Commit, number: int) -> list[tuple[str, str]]:
+    """Ancestors of `commit` (itself included) whose message carries `(#number)`: (short sha, subject)."""
+    needle = f"(#{number})"
+    try:
+        text = repo.git.log(commit.hexsha, "-F", f"--grep={needle}", "--format=%h%x09%s")
+    except git.GitCommandError:
+        return []
+    out = []
+    for line in text.splitlines():
+        sha, _, subject = line.partition("\t")
+        out.append((sha, subject))
+    return out
+
+
+def detect_by_git(cat: Catalogue, path: Path, rev: str = "HEAD") -> tuple[Checkout, dict[str, Detection]]:
+    """Method 2 for every catalogue entry at `rev` of the checkout at `path`."""
+    repo, commit, co = open_checkout(path, rev)
+    results = GitTree(repo, commit).scan(cat.fixes)
+    at = f"{co.hexsha[:10]} ({rev})"
+    out: dict[str, Detection] = {}
+    for fix in cat.fixes:
+        r = results[fix.id]
+        ev = [f"tree at {at}: " + "; ".join(r.evidence())]
+        presence = r.presence
+        if fix.kind == "pr" and fix.number is not None:
+            hits = squash_commits(repo, commit, fix.number)
+            if hits:
+                sha, subject = hits[0]
+                ev.append(f"ancestor {sha} {subject!r} carries (#{fix.number})")
+                if presence is Presence.ABSENT:
+                    presence = Presence.UNKNOWN
+                    ev.append("its squash commit is an ancestor but the signatures are gone (reverted or refactored?)")
+            else:
+                ev.append(f"no ancestor subject carries (#{fix.number})"
+                          + ("; present by signatures (cherry-pick or other subject)" if presence is Presence.PRESENT else ""))
+        out[fix.id] = Detection(fix.id, "git", presence, tuple(ev))
+    return co, out
+
