@@ -121,6 +121,23 @@ def remedy_for(cat: Catalogue, status: FixStatus) -> str:
     return f"{upgrade} (no kvgate backport covers {status.fix.label})"
 
 
+def remedy_for_missing(cat: Catalogue, statuses: Iterable[FixStatus]) -> str:
+    """One remedy for several missing fixes: upgrade, plus which kvgate backports cover which of them."""
+    covered, uncovered = [], []
+    for s in statuses:
+        bps = cat.backport_for(s.fix.id)
+        if bps:
+            covered.append(f"{s.fix.label} ({', '.join(b.id for b in bps)})")
+        else:
+            uncovered.append(s.fix.label)
+    text = f"upgrade sglang to {cat.recommended_minimum} or later"
+    if covered:
+        text += f"; kvgate backports cover {', '.join(covered)}: kvgate backport --to <sglang tree>"
+    if uncovered and covered:
+        text += f"; no kvgate backport covers {', '.join(uncovered)}"
+    return text
+
+
 def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None) -> list[Finding]:
     """One finding per catalogue entry: correctness fixes gate (absent -> failed), the rest inform."""
     node = node or a.target
@@ -134,12 +151,14 @@ def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None) -> 
         if fix.correctness and not required:
             role = f"correctness only on {'/'.join(fix.backends)}"
         state = s.presence.value + (f" via {s.via_backport}" if s.via_backport else "")
-        summary = f"{state}: {fix.label} [{fix.failure_class}] {fix.title} ({role}; {s.how()})"
+        # No square brackets anywhere: the table renders with Rich, which would read them as markup.
+        summary = f"{state}: {fix.label} {fix.title} ({fix.failure_class}; {role}; {s.how()})"
+        first = f"first in {fix.first_release}" if fix.first_release else "in no verified release"
+        if fix.first_release and fix.first_release_bound == "at-or-before":
+            first += " or earlier"
         ev = [
             Evidence(node, "present", s.presence.value, "present" if required else None),
-            Evidence(node, "class", fix.failure_class),
-            Evidence(node, "upstream", f"{fix.state} [{fix.state_evidence}]"
-                     + (f", first in {fix.first_release}" if fix.first_release else ", in no verified release")),
+            Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"),
         ]
         ev += [Evidence(node, f"by_{d.method}", f"{d.presence.value}: " + "; ".join(d.evidence)) for d in s.detections]
         if fix.uncertain:

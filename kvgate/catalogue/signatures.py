@@ -77,7 +77,7 @@ class SignatureResult:
         out = []
         for h in self.hits:
             if h.matched:
-                where = h.files[0] + (f" (+{len(h.files) - 1} more)" if len(h.files) > 1 else "")
+                where = ", ".join(h.files[:4]) + (f" (+{len(h.files) - 4} more)" if len(h.files) > 4 else "")
                 out.append(f"found {h.signature.pattern!r} in {where}")
             elif h.file_missing:
                 out.append(f"no file {h.signature.file}")

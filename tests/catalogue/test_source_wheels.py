@@ -1,0 +1,113 @@
+"""Method 3 on the REAL sglang wheels 0.5.19-0.5.23: the presence table of upstream-fixes.md section 3."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvgate.catalogue import Presence, assess_installed
+from kvgate.catalogue.source import from_python, from_site_packages, read_declared_version
+from kvgate.errors import UsageError
+from kvgate.upstream import RELEASES
+
+from tests.catalogue.helpers import EXPECTED, add_marker, copy_signature_tree, wheel
+
+pytestmark = pytest.mark.wheels
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_presence_table_by_source_signatures(release: str) -> None:
+    installed = from_site_packages(wheel(release))
+    assert installed.version == release
+    a = assess_installed(installed)
+    for fid, releases in EXPECTED.items():
+        s = a.status(fid)
+        by_source = next(d for d in s.detections if d.method == "source")
+        want = Presence.PRESENT if release in releases else Presence.ABSENT
+        assert by_source.presence is want, (release, fid, by_source.evidence)
+        assert s.presence is want and s.decided_by == "source"
+        assert not s.disagreement, (release, fid)  # version and source agree on unpatched wheels
+
+
+@pytest.mark.parametrize(
+    "release, missing",
+    [
+        ("0.5.19", {"pr-36988", "pr-38935", "pr-40645", "pr-41402", "pr-41404", "pr-41023", "ack-generations"}),
+        ("0.5.20", {"pr-38935", "pr-40645", "pr-41402", "pr-41404", "pr-41023", "ack-generations"}),
+        ("0.5.21", {"ack-generations"}),
+        ("0.5.22", set()),
+        ("0.5.23", set()),
+    ],
+)
+def test_missing_correctness_fixes(release: str, missing: set[str]) -> None:
+    a = assess_installed(from_site_packages(wheel(release)))
+    assert {s.fix.id for s in a.missing_correctness()} == missing
+    assert a.reads_as() == release
+
+
+def test_package_dir_itself_is_accepted() -> None:
+    installed = from_site_packages(wheel("0.5.22") / "sglang")
+    assert installed.package_dir.name == "sglang" and installed.version == "0.5.22"
+
+
+def test_not_a_site_packages_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no sglang package"):
+        from_site_packages(tmp_path)
+    with pytest.raises(UsageError, match="no such directory"):
+        from_site_packages(tmp_path / "nope")
+
+
+def test_patched_0_5_20_reads_as_backported(tmp_path: Path) -> None:
+    pkg = copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
+    for rel in ("srt/disaggregation/utils.py", "srt/disaggregation/prefill.py", "srt/disaggregation/decode.py",
+                "srt/managers/scheduler.py"):
+        add_marker(pkg, rel, "kvgate-admission-door")
+    add_marker(pkg, "srt/environ.py", "kvgate-deferred-release-default")
+    a = assess_installed(from_site_packages(tmp_path / "site"))
+    assert a.reads_as() == "0.5.20 + kvgate backports (kvgate-admission-door, kvgate-deferred-release-default)"
+    door = a.status("pr-38935")
+    assert door.presence is Presence.PRESENT and door.via_backport == "kvgate-admission-door"
+    assert door.decided_by == "source" and door.disagreement  # version says absent; source wins
+    assert "version, which says absent" in door.how()
+    marker = a.status("kvgate-admission-door")
+    assert marker.presence is Presence.PRESENT
+    src = next(d for d in marker.detections if d.method == "source")
+    assert any("srt/disaggregation/prefill.py" in e for e in src.evidence)
+    # Backports do not bring what no patch covers.
+    assert {s.fix.id for s in a.missing_correctness()} == {"pr-40645", "pr-41402", "pr-41404", "ack-generations"}
+
+
+def test_python_interpreter_is_asked_where_sglang_is(tmp_path: Path) -> None:
+    site = wheel("0.5.21")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    Path(purelib, "sglang-wheel.pth").write_text(str(site) + "\n")
+    installed = from_python(str(py))
+    assert installed.package_dir == (site / "sglang").resolve()
+    assert installed.version == "0.5.21" and installed.found_by == f"--python {py}"
+    a = assess_installed(installed)
+    assert a.status("pr-38935").presence is Presence.PRESENT
+
+
+def test_python_without_sglang_or_missing_interpreter(tmp_path: Path) -> None:
+    venv = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    with pytest.raises(UsageError, match="not importable"):
+        from_python(str(venv / "bin" / "python"))
+    with pytest.raises(UsageError, match="no such interpreter"):
+        from_python(str(tmp_path / "nope" / "python"))
+
+
+def test_declared_version_falls_back_to_dist_info(tmp_path: Path) -> None:
+    pkg = tmp_path / "sglang"
+    (pkg / "srt").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (tmp_path / "sglang-0.5.21.dist-info").mkdir()
+    (tmp_path / "sglang-0.5.21.dist-info" / "METADATA").write_text("Name: sglang\nVersion: 0.5.21\n")
+    assert read_declared_version(pkg) == "0.5.21"
