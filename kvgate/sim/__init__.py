@@ -1,0 +1,66 @@
+"""kvgate's embedded SGLang prefill/decode (PD) simulator.
+
+A target wherever there is no GPU: separate prefill and decode worker processes that serve SGLang's
+HTTP surface, move KV over a loopback TCP transfer protocol on the prefill's bootstrap port, hold KV
+in a paged torch pool whose freed pages are NOT cleared, and behave like a chosen SGLang release
+(0.5.19 .. 0.5.23) where releases differ for isolation. The REAL router from PyPI (`smg` 1.13.0)
+runs in front. Each failure of the incident happens for real (shared/reference/incident.md):
+
+* 0.5.19: an over-pool prompt (prefill `max_req_input_len` <= N < context) is admitted with a
+  one-token placeholder; decode commits a one-page handoff and attends its whole reservation:
+  HTTP 200, `prompt_tokens` = the caller's count, and text made of earlier requests' stale pages.
+* 0.5.20: the prefill retires it after the forward (400 to the prefill's caller, no KV, no
+  transfer-complete); decode keeps its reservation until its waiting timeout (then 500), or until
+  the router's dropped connection is noticed (`SGLANG_REQUEST_STATE_WAIT_TIMEOUT`, 4 s).
+  Through smg 1.13.0, a non-streaming client gets the prefill's 400 at once; a streaming client
+  gets the decode's error only after the waiting timeout.
+* 0.5.21+: retired at the admission door with the original 400; decode returns the 400 at once
+  and frees its pages.
+* Deferred decode KV release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, off <= 0.5.20,
+  on >= 0.5.21): when off, a decode-side abort mid-transfer frees pages at once and the prefill's
+  late page writes land on the next request that gets them.
+
+Library API (what probe tests use)
+----------------------------------
+    from kvgate.sim.deploy import SimDeployment
+
+    with SimDeployment(emulate="0.5.19", prefill=1, decode=1, context_length=4096,
+                       prefill_pool=1024, decode_pool=16384, page_size=16,
+                       waiting_timeout=None,           # s; SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300)
+                       deferred_release=None,          # None = release default, or True/False
+                       prefill_tokens_per_s=2e6,       # or one value per prefill worker
+                       decode_tokens_per_s=0.0, seed=0) as dep:
+        dep.router_url      # "http://127.0.0.1:PORT"  (smg; /generate, /v1/completions, /v1/models, /readiness)
+        dep.prefill_urls    # ["http://127.0.0.1:PORT"] (SGLang worker surface, /server_info, ...)
+        dep.decode_urls     # ["http://127.0.0.1:PORT"]
+        dep.bootstrap_ports # prefill bootstrap ports, in prefill order
+        dep.info()          # {"router", "prefill", "decode", "bootstrap_ports", "emulate", "logs"}
+        dep.pids            # every process (each leads its own process group)
+
+More knobs: chunked_prefill_size, bootstrap_timeout, deferred_release_timeout, expose_env_vars
+(SGLANG_EXPOSE_OWN_ENV_VARS=1), kv_checksum (flag reported only, STUB: no checksum computed),
+router=False (workers only), log_dir, extra_env, ready_deadline_s. Start-up takes ~2-3 s.
+
+Simulator-only endpoints on every worker (never used by the router): `GET /sim/state` (free pages,
+in-flight transfers, counters such as `late_pages_received`). SGLang's `POST /abort_request`
+({"rid": ...}) aborts a request on a decode worker.
+
+The toy model: token id = byte (reversible byte tokenizer, id 0 = pad/placeholder). Decode reads
+every slot it reserved, drops pad, keeps each distinct line once in order of first appearance, and
+emits that digest byte by byte (cyclically) for `max_new_tokens` tokens. So put a sentinel on its
+own line; filler lines that repeat collapse to one line. Prefill time = prompt tokens / prefill
+speed, in chunks of `chunked_prefill_size`. Deterministic: no sampling randomness.
+
+Command line: `kvgate sim up [--emulate 0.5.20] [--prefill N --decode M] [--context-length C]
+[--prefill-pool P] [--decode-pool D] [--page-size S] [--waiting-timeout T]
+[--deferred-release on|off|default]` prints the URLs and one JSON line
+`{"router": URL, "prefill": [URL], "decode": [URL]}`, then stays up until Ctrl-C/SIGTERM.
+One worker alone: `python -m kvgate.sim worker --disaggregation-mode prefill|decode --port P
+--disaggregation-bootstrap-port B --context-length C --max-total-tokens POOL --page-size S --emulate V`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SUPPORTED_RELEASES"]
+
+SUPPORTED_RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")

@@ -1,0 +1,174 @@
+"""A whole simulated PD deployment: N prefill + M decode worker processes and the real router.
+
+    with SimDeployment(emulate="0.5.19", prefill=1, decode=1, context_length=4096,
+                       prefill_pool=1024, decode_pool=16384, page_size=16) as dep:
+        httpx.post(dep.router_url + "/generate", json={"text": "...", "sampling_params": {...}})
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvgate.sim.releases import SUPPORTED
+from kvgate.sim.router import router_argv
+from kvgate.supervisor import ManagedProcess, Supervisor, free_port, http_ok
+
+
+@dataclass
+class SimDeployment:
+    """Start with `start()` or as a context manager; `stop()` tears every process group down.
+
+    Knobs (SGLang's names where SGLang has the setting):
+      emulate: "0.5.19" .. "0.5.23"; prefill / decode: worker counts.
+      context_length: `--context-length` of every worker; prefill_pool / decode_pool: `--max-total-tokens`.
+      page_size: `--page-size`; chunked_prefill_size: `--chunked-prefill-size`.
+      waiting_timeout: SGLANG_DISAGGREGATION_WAITING_TIMEOUT (s) for decode (SGLang: 300).
+      bootstrap_timeout: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (s) (SGLang: 300).
+      deferred_release: None = the release's default, else SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.
+      deferred_release_timeout: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT (SGLang: 30).
+      prefill_tokens_per_s: prefill compute speed, one value or one per prefill worker (0 = instant).
+      decode_tokens_per_s: decode speed (0 = as fast as possible).
+      seed: `--random-seed`. expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
+      router: False starts the workers only (router_url is then None).
+    """
+
+    emulate: str = "0.5.20"
+    prefill: int = 1
+    decode: int = 1
+    context_length: int = 32768
+    prefill_pool: int = 65536
+    decode_pool: int = 65536
+    page_size: int = 16
+    chunked_prefill_size: int = 8192
+    waiting_timeout: float | None = None
+    bootstrap_timeout: float | None = None
+    deferred_release: bool | None = None
+    deferred_release_timeout: float | None = None
+    prefill_tokens_per_s: float | Sequence[float] = 2_000_000.0
+    decode_tokens_per_s: float = 0.0
+    seed: int = 0
+    expose_env_vars: bool = False
+    kv_checksum: bool = False
+    router: bool = True
+    host: str = "127.0.0.1"
+    log_dir: Path | None = None
+    ready_deadline_s: float = 120.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    router_url: str | None = field(default=None, init=False)
+    prefill_urls: list[str] = field(default_factory=list, init=False)
+    decode_urls: list[str] = field(default_factory=list, init=False)
+    bootstrap_ports: list[int] = field(default_factory=list, init=False)
+    supervisor: Supervisor | None = field(default=None, init=False)
+
+    def _worker_env(self) -> dict[str, str]:
+        env = {"PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
+        if self.waiting_timeout is not None:
+            env["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"] = _num(self.waiting_timeout)
+        if self.bootstrap_timeout is not None:
+            env["SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"] = _num(self.bootstrap_timeout)
+        if self.deferred_release is not None:
+            env["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] = "true" if self.deferred_release else "false"
+        if self.deferred_release_timeout is not None:
+            env["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT"] = _num(self.deferred_release_timeout)
+        if self.expose_env_vars:
+            env["SGLANG_EXPOSE_OWN_ENV_VARS"] = "1"
+        env.update(self.extra_env)
+        return env
+
+    def _worker_argv(self, mode: str, port: int, bootstrap_port: int, pool: int, tps: float) -> list[str]:
+        argv = [sys.executable, "-m", "kvgate.sim", "worker", "--disaggregation-mode", mode,
+                "--host", self.host, "--port", str(port), "--disaggregation-bootstrap-port", str(bootstrap_port),
+                "--context-length", str(self.context_length), "--max-total-tokens", str(pool),
+                "--page-size", str(self.page_size), "--chunked-prefill-size", str(self.chunked_prefill_size),
+                "--random-seed", str(self.seed), "--emulate", self.emulate,
+                "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s)]
+        if self.kv_checksum:
+            argv.append("--disaggregation-enable-kv-checksum")
+        return argv
+
+    def start(self) -> "SimDeployment":
+        """Start workers and router in parallel, then wait until all are ready (one deadline)."""
+        if self.emulate not in SUPPORTED:
+            raise ValueError(f"emulate must be one of {SUPPORTED}")
+        if self.prefill < 1 or self.decode < 1:
+            raise ValueError("need at least one prefill and one decode worker")
+        tps_list = (list(self.prefill_tokens_per_s) if isinstance(self.prefill_tokens_per_s, Sequence)
+                    else [float(self.prefill_tokens_per_s)] * self.prefill)
+        if len(tps_list) != self.prefill:
+            raise ValueError("prefill_tokens_per_s: give one value or one per prefill worker")
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-sim-"))
+        self.log_dir = log_dir
+        sup = Supervisor(log_dir=log_dir, grace_s=3.0)
+        self.supervisor = sup
+        env = self._worker_env()
+        workers: list[ManagedProcess] = []
+        try:
+            prefill_pairs: list[tuple[str, int]] = []
+            for i in range(self.prefill):
+                port, bport = free_port(), free_port()
+                url = f"http://{self.host}:{port}"
+                workers.append(sup.start(f"prefill{i}", self._worker_argv("prefill", port, bport, self.prefill_pool,
+                                                                         tps_list[i]),
+                                         ready_url=url + "/health", env=env))
+                self.prefill_urls.append(url)
+                self.bootstrap_ports.append(bport)
+                prefill_pairs.append((url, bport))
+            for i in range(self.decode):
+                port = free_port()
+                url = f"http://{self.host}:{port}"
+                workers.append(sup.start(f"decode{i}", self._worker_argv("decode", port, self.bootstrap_ports[0],
+                                                                        self.decode_pool, 0.0),
+                                         ready_url=url + "/health", env=env))
+                self.decode_urls.append(url)
+            router_proc = None
+            if self.router:
+                rport = free_port()
+                self.router_url = f"http://{self.host}:{rport}"
+                router_proc = sup.start("router", router_argv(
+                    prefill=prefill_pairs, decode=self.decode_urls, host=self.host, port=rport,
+                    prometheus_port=free_port()), ready_url=self.router_url + "/readiness")
+            sup.wait_ready(workers, deadline_s=self.ready_deadline_s)
+            if router_proc is not None:
+                sup.wait_ready([router_proc], deadline_s=self.ready_deadline_s)
+        except BaseException:
+            sup.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop everything (idempotent)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+    @property
+    def pids(self) -> list[int]:
+        """Pids of every process of the deployment (each leads its own process group)."""
+        return self.supervisor.pids() if self.supervisor else []
+
+    def info(self) -> dict[str, Any]:
+        """`{"router": URL, "prefill": [URL], "decode": [URL]}` plus bootstrap ports and the log folder."""
+        return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,
+                "bootstrap_ports": self.bootstrap_ports, "emulate": self.emulate, "logs": str(self.log_dir)}
+
+    def healthy(self) -> bool:
+        """True when every worker answers /health (and the router /readiness)."""
+        urls = [u + "/health" for u in self.prefill_urls + self.decode_urls]
+        if self.router_url:
+            urls.append(self.router_url + "/readiness")
+        return all(http_ok(u) for u in urls)
+
+    def __enter__(self) -> "SimDeployment":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+

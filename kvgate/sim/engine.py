@@ -1,0 +1,670 @@
+"""The simulated scheduler of one PD worker: admission, bootstrap, prefill forward, KV transfer, decode.
+
+One asyncio event loop per worker process. The prefill runs its forwards one request at a time
+(chunked, `--chunked-prefill-size` tokens per chunk, `--sim-prefill-tokens-per-s` of compute), the
+decode preallocates pages at bootstrap, applies whatever page writes arrive, and "attends" over
+every page it reserved at every decode step.
+
+The toy model (decode side): the attended context is read from the pool (pad token 0 skipped), cut
+into lines, and reduced to its distinct lines in order of first appearance (at most 64 KiB); output
+token t is byte t (cyclically) of that digest. A healthy request therefore echoes its own prompt's
+distinct lines; a request attending stale pages echoes the earlier tenants' lines, so a sentinel on
+its own line in an earlier prompt shows up in the text. Content is re-read whenever the pool changed
+since the previous step, so a late write that lands mid-generation changes the following tokens.
+Everything is deterministic: the same inputs in the same order give the same bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any, Awaitable, Callable
+
+import torch
+
+from kvgate.sim import tokenizer, transfer
+from kvgate.sim.kvpool import KVPool, PoolExhausted
+from kvgate.sim.releases import Release0519
+
+log = logging.getLogger("kvgate.sim")
+
+#: `disaggregation/utils.py FAKE_BOOTSTRAP_HOST`: health probes on PD workers use it; no KV moves.
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+DIGEST_LIMIT = 65536
+
+#: The SGLang env vars the simulator reads (and exports under SGLANG_EXPOSE_OWN_ENV_VARS=1).
+KNOWN_ENV = (
+    "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
+    "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT",
+    "SGLANG_EXPOSE_OWN_ENV_VARS",
+    "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION",
+    "SGLANG_REQUEST_STATE_WAIT_TIMEOUT",
+)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    """SGLang's EnvBool parsing (`srt/environ.py`): true/1/yes/y vs false/0/no/n."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    val = raw.strip().lower()
+    if val in ("true", "1", "yes", "y"):
+        return True
+    if val in ("false", "0", "no", "n"):
+        return False
+    return default
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    try:
+        return float(raw) if raw not in (None, "") else default
+    except ValueError:
+        return default
+
+
+def exportable_env_vars() -> dict[str, str]:
+    """Models `srt/environ.py exportable_env_vars`: the known SGLang vars that are set, sorted."""
+    return {name: os.environ[name] for name in sorted(KNOWN_ENV) if name in os.environ}
+
+
+@dataclass
+class WorkerConfig:
+    """Resolved settings of one simulated worker (flag names follow SGLang's ServerArgs)."""
+
+    mode: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    disaggregation_bootstrap_port: int = 8998
+    disaggregation_transfer_backend: str = "mooncake"
+    disaggregation_ib_device: str | None = None
+    context_length: int | None = None
+    max_total_tokens: int | None = None
+    page_size: int = 1
+    chunked_prefill_size: int = 8192
+    max_running_requests: int | None = None
+    model_path: str = "kvgate-sim/byte-echo"
+    served_model_name: str | None = None
+    random_seed: int = 0
+    allow_auto_truncate: bool = False
+    disaggregation_enable_kv_checksum: bool = False
+    kv_canary: str = "none"
+    kv_canary_real_data: str = "none"
+    kv_canary_sweep_interval: int = 0
+    emulate: str = "0.5.20"
+    sim_prefill_tokens_per_s: float = 2_000_000.0
+    sim_decode_tokens_per_s: float = 0.0
+    launch_command: str = ""
+
+    #: The toy model's own context window when `--context-length` is not given.
+    DEFAULT_CONTEXT = 32768
+    DEFAULT_POOL = 65536
+
+    @property
+    def effective_context(self) -> int:
+        return self.context_length or self.DEFAULT_CONTEXT
+
+
+@dataclass
+class Abort:
+    """A pending or final abort (`FINISH_ABORT(message, status_code, err_type)`)."""
+
+    message: str
+    status_code: int = HTTPStatus.BAD_REQUEST
+    err_type: str = "BadRequestError"
+
+    def finish_reason(self) -> dict[str, Any]:
+        return {"type": "abort", "message": self.message, "status_code": int(self.status_code),
+                "err_type": self.err_type}
+
+
+class RequestError(Exception):
+    """A request that ends with an error response instead of a result."""
+
+    def __init__(self, abort: Abort, *, value_error: bool = False) -> None:
+        super().__init__(abort.message)
+        self.abort = abort
+        #: True for tokenizer-stage / scheduler 400s, which SGLang raises as ValueError.
+        self.value_error = value_error
+
+
+@dataclass
+class SimReq:
+    """One request as a worker sees it. Mirrors the `Req` fields that matter for isolation."""
+
+    rid: str
+    input_ids: torch.Tensor
+    max_new_tokens: int
+    bootstrap_host: str | None
+    bootstrap_port: int | None
+    bootstrap_room: int | None
+    #: `Req.to_finish`: a pending abort that `finished()` does not see.
+    to_finish: Abort | None = None
+    #: `Req.finished_reason`.
+    finished_reason: dict[str, Any] | None = None
+    #: how many tokens the caller sent (before any placeholder replacement)
+    caller_tokens: int = 0
+    created: float = field(default_factory=time.time)
+
+    def finished(self) -> bool:
+        """`Req.finished()`: reads `finished_reason` only, never `to_finish`."""
+        return self.finished_reason is not None
+
+
+TokenSink = Callable[[list[int], str], Awaitable[None]]
+
+
+class BaseEngine:
+    """What prefill and decode share: pool, limits, tokenizer-stage and scheduler-stage checks."""
+
+    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+        self.cfg = cfg
+        self.release = release
+        self.pool = KVPool(cfg.max_total_tokens or cfg.DEFAULT_POOL, cfg.page_size)
+        self.started = time.time()
+        self.waiting_timeout = env_float("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
+        self.bootstrap_timeout = env_float("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0)
+        self.deferred_release = env_bool("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
+                                         release.deferred_release_default)
+        self.deferred_release_timeout = env_float("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0)
+        self.stats: dict[str, int] = {"requests": 0, "rejected": 0, "kv_pages_sent": 0, "kv_pages_received": 0,
+                                      "late_pages_received": 0}
+        self.last_gen_throughput = 0.0
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """The pool capacity in tokens (`Scheduler.get_init_info` -> `max_total_num_tokens`)."""
+        return self.pool.capacity_tokens
+
+    @property
+    def max_req_input_len(self) -> int:
+        """`managers/tp_worker.py get_worker_info`: min(context_len - 1, capacity - 1) - 5."""
+        return min(self.cfg.effective_context - 1, self.max_total_num_tokens - 1) - 5
+
+    def tokenizer_stage(self, input_ids: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:
+        """`managers/tokenizer_manager.py TokenizerManager._validate_one_request` (ValueError -> 400)."""
+        n = int(input_ids.numel())
+        ctx = self.cfg.effective_context
+        if n >= ctx:
+            if self.cfg.allow_auto_truncate:
+                return input_ids[:ctx]
+            raise RequestError(Abort(
+                f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."),
+                value_error=True)
+        if max_new_tokens is not None and n + max_new_tokens > ctx:
+            raise RequestError(Abort(
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                f"You requested a total of {n + max_new_tokens} tokens: {n} tokens from the input messages "
+                f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the "
+                f"input messages or the completion to fit within the limit."), value_error=True)
+        return input_ids
+
+    def scheduler_stage(self, req: SimReq) -> None:
+        """`Scheduler.handle_generate_request`: PD room check, then `validate_input_length`.
+
+        A too-long input gets `Req.set_finish_with_abort` semantics (`managers/schedule_batch.py`):
+        `to_finish = FINISH_ABORT(...)` and `origin_input_ids = [0]`; `finished()` stays False.
+        """
+        if req.bootstrap_room is None:
+            raise RequestError(Abort(
+                f"Invalid request: Disaggregated request received without bootstrap room id. req.rid={req.rid!r}"))
+        n = int(req.input_ids.numel())
+        limit = self.max_req_input_len
+        if n >= limit:
+            if self.cfg.allow_auto_truncate:
+                req.input_ids = req.input_ids[:limit]
+                return
+            req.to_finish = Abort(
+                f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                f"Use a shorter input or enable --allow-auto-truncate.")
+            req.input_ids = torch.zeros(1, dtype=torch.int32)
+            self.stats["rejected"] += 1
+
+    def state(self) -> dict[str, Any]:
+        """Simulator-only introspection (`GET /sim/state`)."""
+        return {"mode": self.cfg.mode, "emulate": self.release.version, "free_pages": self.pool.free_pages,
+                "num_pages": self.pool.num_pages, "page_size": self.pool.page_size,
+                "deferred_release": self.deferred_release, "waiting_timeout": self.waiting_timeout,
+                "stats": dict(self.stats)}
+
+
+# ----------------------------------------------------------------------------------------- prefill
+
+
+@dataclass
+class _Room:
+    """A decode's registration on this prefill's bootstrap server."""
+
+    room: int
+    rid: str
+    num_tokens: int
+    dst_pages: torch.Tensor
+    writer: asyncio.StreamWriter
+    peer_aborted: bool = False
+
+
+class PrefillEngine(BaseEngine):
+    """Prefill side: bootstrap server, serial chunked forward, KV sender."""
+
+    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+        super().__init__(cfg, release)
+        self.rooms: dict[int, _Room] = {}
+        self._room_waiters: dict[int, asyncio.Future[_Room]] = {}
+        #: rooms retired at the door before decode registered: decode is told on registration
+        self._retired: dict[int, Abort] = {}
+        self._forward_lock = asyncio.Lock()
+        self._server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> None:
+        """Listen on the bootstrap port (`--disaggregation-bootstrap-port`, bound on `--host`)."""
+        self._server = await asyncio.start_server(self._serve_conn, self.cfg.host,
+                                                  self.cfg.disaggregation_bootstrap_port, limit=2**26)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        msg = await transfer.recv(reader)
+        if msg is None or msg.type != "register":
+            writer.close()
+            return
+        room_id = int(msg.header["room"])
+        count = int(msg.header.get("num_pages", 0))
+        dst = transfer.unpack_pages(msg.payload, count)[0].clone() if count else torch.zeros(0, dtype=torch.int64)
+        room = _Room(room_id, str(msg.header.get("rid")), int(msg.header["num_tokens"]), dst, writer)
+        retired = self._retired.pop(room_id, None)
+        if retired is not None:
+            await self._send_failed(room, retired)
+        else:
+            self.rooms[room_id] = room
+            fut = self._room_waiters.setdefault(room_id, asyncio.get_running_loop().create_future())
+            if not fut.done():
+                fut.set_result(room)
+        while True:
+            msg = await transfer.recv(reader)
+            if msg is None:
+                break
+            if msg.type == "abort":
+                room.peer_aborted = True
+
+    async def _send_failed(self, room: _Room, abort: Abort) -> None:
+        try:
+            await transfer.send(room.writer, {"type": "failed", "room": room.room, "status_code": int(abort.status_code),
+                                              "message": abort.message})
+        except ConnectionError:
+            pass
+
+    async def _await_bootstrap(self, req: SimReq) -> _Room:
+        """`PrefillBootstrapQueue.pop_bootstrapped`: wait for decode's registration of the room."""
+        assert req.bootstrap_room is not None
+        loop = asyncio.get_running_loop()
+        fut = self._room_waiters.setdefault(req.bootstrap_room, loop.create_future())
+        start = time.time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout=self.bootstrap_timeout)
+        except asyncio.TimeoutError:
+            self._room_waiters.pop(req.bootstrap_room, None)
+            elapsed = time.time() - start
+            raise RequestError(Abort(
+                f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} req.bootstrap_room={req.bootstrap_room} "
+                f"with exception KVTransferError(bootstrap_room={req.bootstrap_room}): Request {req.bootstrap_room} "
+                f"timed out after {elapsed:.1f}s in KVPoll.Bootstrapping",
+                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
+
+    async def generate(self, req: SimReq) -> dict[str, Any]:
+        """Run one PD request on the prefill; returns SGLang's non-stream result or raises RequestError."""
+        self.stats["requests"] += 1
+        self.scheduler_stage(req)
+        if req.to_finish is not None and self.release.admission_door_rejects(aborted=True, holds_resources=False):
+            # 0.5.21+ `PrefillBootstrapQueue.add` -> `Scheduler.retire_unadmitted_request`: the original
+            # 400 before bootstrap, metadata buffer or sender creation.
+            return await self._retire_at_door(req)
+        room = await self._await_bootstrap(req)
+        async with self._forward_lock:
+            return await self._forward_and_send(req, room)
+
+    async def _retire_at_door(self, req: SimReq) -> dict[str, Any]:
+        assert req.to_finish is not None and req.bootstrap_room is not None
+        abort = req.to_finish
+        req.finished_reason, req.to_finish = abort.finish_reason(), None  # update_finish_state()
+        if self.release.notifies_decode_of_door_reject():
+            room = self.rooms.pop(req.bootstrap_room, None)
+            self._room_waiters.pop(req.bootstrap_room, None)
+            if room is not None:
+                await self._send_failed(room, abort)
+                room.writer.close()
+            else:
+                self._retired[req.bootstrap_room] = abort
+                asyncio.get_running_loop().call_later(max(self.waiting_timeout, 1.0), self._retired.pop,
+                                                      req.bootstrap_room, None)
+        raise RequestError(abort, value_error=True)
+
+    async def _forward_and_send(self, req: SimReq, room: _Room) -> dict[str, Any]:
+        ps = self.pool.page_size
+        tokens = req.input_ids
+        n = int(tokens.numel())
+        own = self.pool.alloc(self.pool.pages_for(n))
+        chunk = max(ps, (self.cfg.chunked_prefill_size // ps) * ps)
+        tps = self.cfg.sim_prefill_tokens_per_s
+        sent_pages = 0
+        retired = False
+        t0 = time.time()
+        try:
+            for start in range(0, n, chunk):
+                piece = tokens[start:start + chunk]
+                if tps > 0:
+                    await asyncio.sleep(piece.numel() / tps)  # the forward pass of this chunk
+                p0, p1 = start // ps, -(-(start + piece.numel()) // ps)
+                self.pool.write_tokens(own[p0:p1], piece)
+                last = start + chunk >= n
+                if last and req.to_finish is not None and self.release.retires_aborted_result_after_forward():
+                    # 0.5.20+ `_retire_aborted_prefill_result`: nothing is sent for the final result.
+                    retired = True
+                    break
+                dst = room.dst_pages[p0:min(p1, room.dst_pages.numel())]
+                if dst.numel():
+                    content = self.pool.read_pages(own[p0:p0 + dst.numel()])
+                    await self._send_kv(room, dst, content)
+                    sent_pages += int(dst.numel())
+                if room.peer_aborted and self.release.stops_late_chunks_after_abort():
+                    break  # the chunk that was in flight has landed; #36988 sends no more
+            if retired:
+                assert req.to_finish is not None
+                abort = req.to_finish
+                req.finished_reason, req.to_finish = abort.finish_reason(), None
+                self.rooms.pop(room.room, None)
+                raise RequestError(abort, value_error=True)
+            if not room.peer_aborted or not self.release.stops_late_chunks_after_abort():
+                # Transfer-complete with what prefill claims (`KVPoll.Success`). Pre-0.5.20 this is
+                # sent even for a request whose decode aborted (late results are not retired).
+                await self._send_done(room, n, sent_pages)
+            if room.peer_aborted:
+                if self.release.acks_abort_after_drain():
+                    await self._send(room, {"type": "abort_ack", "room": room.room})
+                raise RequestError(Abort(
+                    f"Prefill transfer failed for request rank=0 req.rid={req.rid!r} req.bootstrap_room={room.room} "
+                    f"with exception KVTransferError(bootstrap_room={room.room}): Aborted by the decode peer",
+                    HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+        finally:
+            self.pool.free(own)
+            self.rooms.pop(room.room, None)
+            self._room_waiters.pop(room.room, None)
+            room.writer.close()
+        elapsed = max(time.time() - t0, 1e-9)
+        self.last_gen_throughput = n / elapsed
+        if req.finished_reason is None:
+            # `process_disagg_prefill_inflight_queue`: FINISH_LENGTH(0) on KVPoll.Success. In 0.5.19
+            # this overwrites nothing: the pending `to_finish` abort is simply never looked at.
+            req.finished_reason = {"type": "length", "length": 0}
+        return {"text": "", "output_ids": [],
+                "meta_info": _meta(req, prompt_tokens=n, completion_tokens=0, e2e=time.time() - req.created)}
+
+    async def _send(self, room: _Room, header: dict[str, Any], payload: bytes = b"") -> bool:
+        try:
+            await transfer.send(room.writer, header, payload)
+            return True
+        except (ConnectionError, RuntimeError):
+            return False
+
+    async def _send_kv(self, room: _Room, dst: torch.Tensor, content: torch.Tensor) -> None:
+        if await self._send(room, {"type": "kv", "room": room.room, "count": int(dst.numel())},
+                            transfer.pack_pages(dst, content)):
+            self.stats["kv_pages_sent"] += int(dst.numel())
+
+    async def _send_done(self, room: _Room, claimed_tokens: int, claimed_pages: int) -> None:
+        await self._send(room, {"type": "done", "room": room.room, "claimed_tokens": claimed_tokens,
+                                "claimed_pages": claimed_pages})
+
+
+# ------------------------------------------------------------------------------------------ decode
+
+
+@dataclass
+class _Transfer:
+    """The decode side of one room: reservation, bootstrap connection and what arrived."""
+
+    req: SimReq
+    pages: torch.Tensor
+    num_tokens: int
+    done: asyncio.Future[dict[str, Any]]
+    ack: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: asyncio.StreamWriter | None = None
+    reader_task: asyncio.Task[None] | None = None
+    pages_received: int = 0
+    freed: bool = False
+    release_deferred: bool = False
+
+
+class DecodeEngine(BaseEngine):
+    """Decode side: prealloc at bootstrap, apply page writes, commit, attend, generate."""
+
+    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+        super().__init__(cfg, release)
+        self.transfers: dict[str, _Transfer] = {}
+        self._held: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def abort(self, rid: str | None, abort_all: bool = False) -> int:
+        """`/abort_request`: mark matching requests aborted; returns how many."""
+        hits = [t for r, t in self.transfers.items() if abort_all or r == rid]
+        for t in hits:
+            t.aborted.set()
+        return len(hits)
+
+    async def generate(self, req: SimReq, sink: TokenSink | None = None) -> dict[str, Any]:
+        """Run one PD request on the decode; returns SGLang's result or raises RequestError."""
+        self.stats["requests"] += 1
+        self.scheduler_stage(req)
+        if req.to_finish is not None and self.release.admission_door_rejects(aborted=True, holds_resources=False):
+            # 0.5.21+ `DecodePreallocQueue.add`: retired before prealloc and receiver creation.
+            raise RequestError(req.to_finish, value_error=True)
+        n = int(req.input_ids.numel())
+        pages = await self._reserve(req, n)
+        t = _Transfer(req, pages, n, asyncio.get_running_loop().create_future())
+        self.transfers[req.rid] = t
+        try:
+            if req.bootstrap_host == FAKE_BOOTSTRAP_HOST:
+                t.done.set_result({"type": "done", "claimed_tokens": 0, "fake": True})
+            else:
+                await self._bootstrap(t)
+            header = await self._wait_transfer(t)
+            if header.get("type") == "failed":
+                # A prefill-initiated failure: prefill stopped writing, release at once.
+                self._free(t)
+                raise RequestError(Abort(str(header["message"]), int(header.get("status_code", 400))),
+                                   value_error=int(header.get("status_code", 400)) == 400)
+            if req.to_finish is not None:
+                # <= 0.5.20 decode-side reject: admitted with the placeholder, aborted once scheduled.
+                raise RequestError(req.to_finish, value_error=True)
+            return await self._run_decode(t, sink)
+        finally:
+            self.transfers.pop(req.rid, None)
+            if not t.release_deferred:
+                self._free(t)
+            if t.writer is not None and t.done.done() and not t.aborted.is_set():
+                t.writer.close()  # the prefill finished writing this room
+
+    async def _reserve(self, req: SimReq, n: int) -> torch.Tensor:
+        """`DecodePreallocQueue`: reserve pages for the length decode was told; wait while the pool is full."""
+        deadline = time.time() + self.waiting_timeout
+        while True:
+            try:
+                return self.pool.alloc(self.pool.pages_for(n))
+            except PoolExhausted:
+                if time.time() > deadline:
+                    raise RequestError(Abort(
+                        f"Request {req.rid} exceeds the maximum number of tokens: {n} > {self.max_total_num_tokens}"
+                    )) from None
+                await asyncio.sleep(0.01)
+
+    async def _bootstrap(self, t: _Transfer) -> None:
+        req = t.req
+        host = req.bootstrap_host or "127.0.0.1"
+        port = req.bootstrap_port or self.cfg.disaggregation_bootstrap_port
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=2**26), timeout=10)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self._free(t)
+            raise RequestError(Abort(
+                f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+                f"KVTransferError(bootstrap_room={req.bootstrap_room}): cannot reach bootstrap server {host}:{port}: {exc}",
+                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
+        t.writer = writer
+        await transfer.send(writer, {"type": "register", "room": req.bootstrap_room, "rid": req.rid,
+                                     "num_tokens": t.num_tokens, "num_pages": int(t.pages.numel())},
+                            transfer.tensor_bytes(t.pages.to(torch.int64)))
+        t.reader_task = asyncio.create_task(self._receive(t, reader))
+
+    async def _receive(self, t: _Transfer, reader: asyncio.StreamReader) -> None:
+        """The receiving end of the room's writes. Like RDMA, a page write lands on the pages it names,
+        whether or not this request still owns them."""
+        while True:
+            msg = await transfer.recv(reader)
+            if msg is None:
+                if t.writer is not None:
+                    t.writer.close()
+                return
+            if msg.type == "kv":
+                count = int(msg.header["count"])
+                dst, content = transfer.unpack_pages(msg.payload, count)
+                self.pool.write_pages(dst, content)
+                t.pages_received += count
+                self.stats["kv_pages_received"] += count
+                if t.freed:
+                    self.stats["late_pages_received"] += count
+            elif msg.type in ("done", "failed"):
+                if not t.done.done():
+                    t.done.set_result(msg.header)
+            elif msg.type == "abort_ack":
+                t.ack.set()
+
+    async def _wait_transfer(self, t: _Transfer) -> dict[str, Any]:
+        """`DecodeTransferQueue.pop_transferred`: wait for transfer-complete, a failure, an abort, or
+        `CommonKVReceiver._check_waiting_timeout`."""
+        req = t.req
+        start = time.time()
+        abort_wait = asyncio.ensure_future(t.aborted.wait())
+        try:
+            done, _ = await asyncio.wait({t.done, abort_wait}, timeout=self.waiting_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abort_wait.cancel()
+        if t.done.done():
+            return t.done.result()
+        if t.aborted.is_set():
+            reason = "Aborted by AbortReq."
+        else:
+            reason = f"Request {req.bootstrap_room} timed out after {time.time() - start:.1f}s in KVPoll.WaitingForInput"
+            t.aborted.set()
+        await self._notify_abort(t)
+        raise RequestError(Abort(
+            f"Decode transfer failed for request rank=0 decode_req.req.rid={req.rid!r} "
+            f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+            f"KVTransferError(bootstrap_room={req.bootstrap_room}): {reason}",
+            HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+
+    async def _notify_abort(self, t: _Transfer) -> None:
+        """Decode-initiated abort: tell prefill, then free now or defer until the drain ACK.
+
+        `decode.py DecodeTransferQueue.pop_transferred` / `_defer_release`: with deferred release the
+        pages are held until prefill ACKs that its in-flight writes drained, or until
+        SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT; without it they are freed at once and
+        a late write lands on whoever gets them next.
+        """
+        if t.writer is not None:
+            try:
+                await transfer.send(t.writer, {"type": "abort", "room": t.req.bootstrap_room})
+            except (ConnectionError, RuntimeError):
+                pass
+        if self.deferred_release:
+            t.release_deferred = True
+            self._held.append(asyncio.create_task(self._release_after_ack(t)))
+        else:
+            self._free(t)
+
+    async def _release_after_ack(self, t: _Transfer) -> None:
+        try:
+            await asyncio.wait_for(t.ack.wait(), timeout=self.deferred_release_timeout)
+        except asyncio.TimeoutError:
+            log.warning("Deferred KV release for room %s timed out after %.1fs", t.req.bootstrap_room,
+                        self.deferred_release_timeout)
+        self._free(t)
+
+    def _free(self, t: _Transfer) -> None:
+        if not t.freed:
+            t.freed = True
+            self.pool.free(t.pages)
+
+    async def _run_decode(self, t: _Transfer, sink: TokenSink | None) -> dict[str, Any]:
+        """Commit the transfer and generate. No transferred-length validation exists in 0.5.19-0.5.23
+        (#38704 never merged), so a one-page handoff into an eight-page reservation is committed."""
+        req = t.req
+        version_seen = -1
+        digest = b""
+        out: list[int] = []
+        delay = 1.0 / self.cfg.sim_decode_tokens_per_s if self.cfg.sim_decode_tokens_per_s > 0 else 0.0
+        t0 = time.time()
+        finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
+        for step in range(req.max_new_tokens):
+            if t.aborted.is_set():
+                finish = Abort("Abort in running batch.").finish_reason()
+                break
+            if self.pool.version != version_seen:
+                version_seen = self.pool.version
+                digest = attend(self.pool, t.pages, t.num_tokens)
+            if not digest:
+                finish = {"type": "stop", "matched": None}
+                break
+            out.append(digest[step % len(digest)])
+            if sink is not None:
+                await sink(out, tokenizer.decode(out))
+            await asyncio.sleep(delay)
+        elapsed = max(time.time() - t0, 1e-9)
+        self.last_gen_throughput = len(out) / elapsed
+        req.finished_reason = finish
+        return {"text": tokenizer.decode(out), "output_ids": out,
+                "meta_info": _meta(req, prompt_tokens=t.num_tokens if req.to_finish is None else req.caller_tokens,
+                                   completion_tokens=len(out), e2e=time.time() - req.created)}
+
+    def state(self) -> dict[str, Any]:
+        base = super().state()
+        base["transfers"] = {rid: {"room": t.req.bootstrap_room, "pages": int(t.pages.numel()),
+                                   "pages_received": t.pages_received, "aborted": t.aborted.is_set()}
+                             for rid, t in self.transfers.items()}
+        return base
+
+
+def attend(pool: KVPool, pages: torch.Tensor, num_tokens: int) -> bytes:
+    """The toy model's read of its context: every reserved slot, pad skipped, distinct lines in order."""
+    ctx = pool.read_pages(pages)[:num_tokens]
+    raw = tokenizer.tensor_to_bytes(ctx).replace(b"\x00", b"")
+    seen: set[bytes] = set()
+    out = bytearray()
+    for line in raw.split(b"\n"):
+        if line in seen or not line:
+            continue
+        seen.add(line)
+        out += line[: DIGEST_LIMIT - len(out)] + b"\n"
+        if len(out) >= DIGEST_LIMIT:
+            break
+    return bytes(out)
+
+
+def _meta(req: SimReq, *, prompt_tokens: int, completion_tokens: int, e2e: float) -> dict[str, Any]:
+    return {"id": req.rid, "finish_reason": req.finished_reason, "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens, "cached_tokens": 0, "reasoning_tokens": 0,
+            "weight_version": "default", "num_retractions": 0, "e2e_latency": round(e2e, 6)}

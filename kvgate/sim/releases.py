@@ -1,0 +1,157 @@
+"""Per-release behaviour of the simulated SGLang workers, one class per emulated release.
+
+Each class is a separate, documented code path for the points where releases differ for isolation
+(shared/reference/upstream-fixes.md sections 2, 5-7; paths are relative to the sglang wheel root):
+
+* 0.5.19: no admission door, aborted prefill results are not retired: a request rejected by
+  `managers/utils.py validate_input_length` still gets `Req.set_finish_with_abort` semantics only
+  (`to_finish` set, input replaced by `[0]`, `Req.finished()` false), so it is bootstrapped, forwarded
+  and its one-token KV is sent with a transfer-complete (`disaggregation/prefill.py
+  SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue` sets
+  `FINISH_LENGTH(0)` on `KVPoll.Success`). Late chunks of an aborted request keep being sent.
+* 0.5.20 (#36988): `process_batch_result_disagg_prefill` retires the aborted result after the forward
+  (`_retire_aborted_prefill_result`): no KV, no transfer-complete; the prefill client gets the 400,
+  the decode is not told and waits for `SGLANG_DISAGGREGATION_WAITING_TIMEOUT`
+  (`common/conn.py CommonKVReceiver._check_waiting_timeout`), then fails with 500
+  (`decode.py DecodeTransferQueue.pop_transferred`). Later chunks of retired requests are not sent.
+* 0.5.21 (#38935, #41023, #40645, #39500): `PrefillBootstrapQueue.add` / `DecodePreallocQueue.add`
+  retire `is_unadmitted_reject` requests at the door (`Scheduler.retire_unadmitted_request`) with
+  their original 400, before bootstrap; deferred decode KV release is on by default; abort ACKs are
+  kept until in-flight writes drain; the KV-checksum flag exists.
+* 0.5.22: `internal_states[i].disaggregation_mode` (and decode CUDA-graph keys) appear.
+* 0.5.23: `hicache_object_layout`, `disaggregation_decode_allocation_policy`, `enable_pd_role_switch`.
+
+Simulator choice (not established for real SGLang, see sglang-surface.md section 3 "Not
+established"): when a 0.5.21+ prefill retires a request at its door and the decode has already
+registered the room, it sends a ``failed`` message on the bootstrap connection, modelling the
+failure notification of #36612 (`common/conn.py CommonKVManager.conclude_failure`) so that decode
+returns the 400 immediately, as the issue and upstream's 1P1D comparison in #38935 describe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SUPPORTED = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+
+class Release0519:
+    """sglang 0.5.19: the leaky baseline (no #36988, no #38935, deferred release off by default)."""
+
+    version = "0.5.19"
+    #: `/ready` was added in 0.5.20 (`entrypoints/http_server.py ready`).
+    has_ready_endpoint = False
+    #: `srt/environ.py SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool(False)`.
+    deferred_release_default = False
+
+    def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
+        """`PrefillBootstrapQueue.add` / `DecodePreallocQueue.add`: no abort check before 0.5.21."""
+        return False
+
+    def retires_aborted_result_after_forward(self) -> bool:
+        """`process_batch_result_disagg_prefill` consults `is_aborted` for middle chunks only in 0.5.19."""
+        return False
+
+    def stops_late_chunks_after_abort(self) -> bool:
+        """Before #36988 a decode abort does not stop the prefill's remaining chunk sends."""
+        return False
+
+    def acks_abort_after_drain(self) -> bool:
+        """`common/conn.py CommonKVSender.clear` pops the deferred ACK target unconditionally before
+        #40645, so the ACK is lost and a deferring decode only frees on its hold timeout."""
+        return False
+
+    def notifies_decode_of_door_reject(self) -> bool:
+        """Whether a door retire tells the registered decode (simulator model of #36612 + #38935)."""
+        return False
+
+    def server_info_extra(self, mode: str) -> dict[str, Any]:
+        """Top-level `/server_info` keys that only some releases have."""
+        return {"kv_events": None}
+
+    def internal_state_extra(self, mode: str) -> dict[str, Any]:
+        """Keys of `internal_states[i]` that only some releases have."""
+        return {}
+
+    def model_info_extra(self, mode: str) -> dict[str, Any]:
+        """Keys of `/model_info` that only some releases have."""
+        return {}
+
+
+class Release0520(Release0519):
+    """sglang 0.5.20: #36988 present (retire after forward), #38935 absent: the decode hangs."""
+
+    version = "0.5.20"
+    has_ready_endpoint = True
+
+    def retires_aborted_result_after_forward(self) -> bool:
+        """`prefill.py _retire_aborted_prefill_result`: `update_finish_state()` turns `to_finish` into
+        the terminal abort after the forward; nothing is sent to decode."""
+        return True
+
+    def stops_late_chunks_after_abort(self) -> bool:
+        """#36988 ignores late results of retired requests: only the chunk in flight still lands."""
+        return True
+
+
+class Release0521(Release0520):
+    """sglang 0.5.21: #38935 admission door, deferred release on by default, ACK after drain, checksum flag."""
+
+    version = "0.5.21"
+    #: `srt/environ.py ... = EnvBool(True)` (#41023).
+    deferred_release_default = True
+
+    def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
+        """`disaggregation/utils.py is_unadmitted_reject`: aborted and holding no KV/metadata/retraction
+        backup. Re-entering or preempted requests that hold resources are NOT dropped here."""
+        return aborted and not holds_resources
+
+    def acks_abort_after_drain(self) -> bool:
+        """#40645: `CommonKVSender.clear` calls `_maybe_ack_drained_abort`, ACK once writes drain."""
+        return True
+
+    def notifies_decode_of_door_reject(self) -> bool:
+        return True
+
+    def server_info_extra(self, mode: str) -> dict[str, Any]:
+        extra = super().server_info_extra(mode)
+        extra["frontend"] = "python"  # from 0.5.21 (sglang-surface.md 1a)
+        return extra
+
+    def model_info_extra(self, mode: str) -> dict[str, Any]:
+        return {"disaggregation_mode": mode}
+
+
+class Release0522(Release0521):
+    """sglang 0.5.22: the recommended minimum; `internal_states` report the live PD role."""
+
+    version = "0.5.22"
+
+    def internal_state_extra(self, mode: str) -> dict[str, Any]:
+        """`Scheduler.get_internal_state` adds the live role and decode CUDA-graph keys from 0.5.22."""
+        return {"disaggregation_mode": mode, "decode_cuda_graph_bs": None, "decode_cuda_graph_memory_gb": 0.0}
+
+
+class Release0523(Release0522):
+    """sglang 0.5.23: extra server args (allocation policy, role switch) and `hicache_object_layout`."""
+
+    version = "0.5.23"
+
+    def server_info_extra(self, mode: str) -> dict[str, Any]:
+        extra = super().server_info_extra(mode)
+        extra["hicache_object_layout"] = None
+        return extra
+
+
+_BY_VERSION: dict[str, type[Release0519]] = {
+    "0.5.19": Release0519, "0.5.20": Release0520, "0.5.21": Release0521,
+    "0.5.22": Release0522, "0.5.23": Release0523,
+}
+
+
+def get_release(version: str) -> Release0519:
+    """The behaviour object of an emulated release; ValueError for an unknown one."""
+    try:
+        return _BY_VERSION[version]()
+    except KeyError:
+        raise ValueError(f"unsupported --emulate {version!r}; choose one of {', '.join(SUPPORTED)}") from None

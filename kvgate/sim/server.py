@@ -1,0 +1,314 @@
+"""SGLang's HTTP surface for a simulated worker (FastAPI + uvicorn).
+
+Routes, shapes, status codes and messages follow `srt/entrypoints/http_server.py` and
+`srt/entrypoints/openai/serving_completions.py` of the emulated release (sglang-surface.md
+sections 1-2). Simulator-only additions live under `/sim/` and are never used by the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from http import HTTPStatus
+from typing import Any, AsyncIterator
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from kvgate.sim import tokenizer
+from kvgate.sim.engine import (Abort, BaseEngine, DecodeEngine, PrefillEngine, RequestError, SimReq,
+                               exportable_env_vars, env_bool, env_float)
+
+try:  # optional fast JSON; the simulator works without it
+    import orjson as _orjson  # type: ignore[import-not-found]
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None
+
+
+def _loads(raw: bytes) -> Any:
+    return _orjson.loads(raw) if _orjson is not None else json.loads(raw)
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    data = _orjson.dumps(body) if _orjson is not None else json.dumps(body).encode()
+    return Response(content=data, status_code=status, media_type="application/json")
+
+
+def error_response(abort: Abort) -> Response:
+    """`/generate` errors: a 400 abort surfaces as ValueError -> `{"error":{"message"}}`; other statuses
+    go through the HTTPException handler (`{"object":"error",...}`)."""
+    if int(abort.status_code) == HTTPStatus.BAD_REQUEST:
+        return _json({"error": {"message": abort.message}}, 400)
+    code = int(abort.status_code)
+    return _json({"object": "error", "message": abort.message, "type": str(code), "param": None, "code": code}, code)
+
+
+def openai_error(abort: Abort) -> Response:
+    """`serving_base.create_error_response` for /v1/completions."""
+    code = int(abort.status_code)
+    err_type = "BadRequestError" if code == 400 else str(code)
+    return _json({"object": "error", "message": abort.message, "type": err_type, "param": None, "code": code}, code)
+
+
+def build_app(engine: BaseEngine) -> FastAPI:
+    """The worker's FastAPI app around `engine`."""
+    cfg = engine.cfg
+    release = engine.release
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    model_name = cfg.served_model_name or cfg.model_path
+
+    def resolved_args() -> dict[str, Any]:
+        args: dict[str, Any] = {
+            "model_path": cfg.model_path, "tokenizer_path": cfg.model_path, "served_model_name": model_name,
+            "host": cfg.host, "port": cfg.port, "context_length": cfg.context_length,
+            "max_total_tokens": cfg.max_total_tokens, "max_running_requests": cfg.max_running_requests,
+            "page_size": cfg.page_size, "chunked_prefill_size": cfg.chunked_prefill_size,
+            "mem_fraction_static": 0.88, "tp_size": 1, "dp_size": 1, "pp_size": 1, "device": "cpu",
+            "random_seed": cfg.random_seed, "allow_auto_truncate": cfg.allow_auto_truncate,
+            "disaggregation_mode": cfg.mode, "disaggregation_transfer_backend": cfg.disaggregation_transfer_backend,
+            "disaggregation_bootstrap_port": cfg.disaggregation_bootstrap_port,
+            "disaggregation_ib_device": cfg.disaggregation_ib_device, "num_reserved_decode_tokens": 512,
+            "kv_canary": cfg.kv_canary, "kv_canary_real_data": cfg.kv_canary_real_data,
+            "kv_canary_sweep_interval": cfg.kv_canary_sweep_interval, "skip_server_warmup": True,
+        }
+        if release.version >= "0.5.21":
+            args["disaggregation_enable_kv_checksum"] = cfg.disaggregation_enable_kv_checksum
+        if release.version >= "0.5.23":
+            args["disaggregation_decode_allocation_policy"] = "early"
+            args["enable_pd_role_switch"] = False
+        return args
+
+    def server_info() -> dict[str, Any]:
+        args = resolved_args()
+        state: dict[str, Any] = {
+            **args, "world_size": 1, "last_gen_throughput": engine.last_gen_throughput,
+            "startup_time": engine.started, "effective_max_running_requests_per_dp": cfg.max_running_requests or 4096,
+            "memory_usage": {"weight": 0.0, "kvcache": engine.pool.capacity_tokens * 4 / 2**30,
+                             "startup_available": 0.0, "token_capacity": engine.max_total_num_tokens,
+                             "token_capacity_swa": None, "graph": {}},
+            **release.internal_state_extra(cfg.mode),
+        }
+        if env_bool("SGLANG_EXPOSE_OWN_ENV_VARS", False):
+            state["env_vars"] = exportable_env_vars()
+        return {
+            **args, "launch_command": cfg.launch_command,
+            "max_total_num_tokens": engine.max_total_num_tokens, "max_req_input_len": engine.max_req_input_len,
+            "status": "ready", **release.server_info_extra(cfg.mode),
+            "startup_time": engine.started, "internal_states": [state], "version": release.version,
+        }
+
+    def model_info() -> dict[str, Any]:
+        return {"model_path": cfg.model_path, "served_model_name": model_name, "tokenizer_path": cfg.model_path,
+                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
+                "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
+                "has_image_understanding": False, "has_audio_understanding": False, "model_type": "byte-echo",
+                "architectures": ["KvgateSimByteEchoForCausalLM"], **release.model_info_extra(cfg.mode)}
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def _server_info() -> Response:
+        return _json(server_info())
+
+    @app.get("/model_info")
+    @app.get("/get_model_info")
+    async def _model_info() -> Response:
+        return _json(model_info())
+
+    @app.get("/v1/models")
+    async def _models() -> Response:
+        return _json({"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": int(engine.started), "owned_by": "sglang",
+            "root": model_name, "parent": None, "max_model_len": cfg.effective_context}]})
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def _health() -> Response:
+        # SGLang runs a one-token generation here (FAKE bootstrap host); the simulator's engine is
+        # in-process and always responsive, so a live event loop is the health signal.
+        return Response(status_code=200)
+
+    if release.has_ready_endpoint:
+        @app.get("/ready")
+        async def _ready() -> Response:
+            return Response(status_code=200)
+
+    @app.get("/v1/loads")
+    async def _loads_route() -> Response:
+        used = engine.pool.num_pages - engine.pool.free_pages
+        return _json({"timestamp": time.time(), "version": release.version, "accelerator": "cpu",
+                      "num_accelerators": 1, "loads": [{
+                          "dp_rank": 0, "num_running_reqs": len(getattr(engine, "transfers", {})),
+                          "num_waiting_reqs": 0, "num_used_tokens": used * engine.pool.page_size,
+                          "max_total_num_tokens": engine.max_total_num_tokens,
+                          "token_usage": used / max(engine.pool.num_pages, 1)}]})
+
+    @app.post("/abort_request")
+    async def _abort(request: Request) -> Response:
+        body = _loads(await request.body() or b"{}")
+        if isinstance(engine, DecodeEngine):
+            engine.abort(body.get("rid"), bool(body.get("abort_all", False)))
+        return Response(status_code=200)
+
+    @app.get("/sim/state")
+    async def _state() -> Response:
+        return _json(engine.state())
+
+    def parse(body: dict[str, Any], *, prompt_key: str) -> tuple[SimReq, bool]:
+        sp = body.get("sampling_params") or {}
+        if prompt_key == "prompt":  # /v1/completions
+            prompt = body.get("prompt")
+            sp = {"max_new_tokens": body.get("max_tokens", 16)}
+            text = prompt if isinstance(prompt, str) else None
+            ids = prompt if isinstance(prompt, list) else None
+        else:
+            text, ids = body.get("text"), body.get("input_ids")
+        if isinstance(text, list) or (isinstance(ids, list) and ids and isinstance(ids[0], list)):
+            if len(text or ids) != 1:
+                raise RequestError(Abort("The simulator serves one prompt per request (batch input is not modelled)."))
+            text = text[0] if isinstance(text, list) else text
+            ids = ids[0] if ids and isinstance(ids[0], list) else ids
+        if ids is not None:
+            input_ids = torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32)
+        elif text is not None:
+            input_ids = tokenizer.encode_tensor(str(text))
+        else:
+            raise RequestError(Abort("Either text or input_ids should be provided."))
+        max_new = sp.get("max_new_tokens")
+        input_ids = engine.tokenizer_stage(input_ids, max_new)
+        rid = body.get("rid")
+        if isinstance(rid, list):
+            rid = rid[0] if rid else None
+        room = body.get("bootstrap_room")
+        req = SimReq(rid=str(rid) if rid else uuid.uuid4().hex, input_ids=input_ids,
+                     max_new_tokens=int(max_new if max_new is not None else 128),
+                     bootstrap_host=body.get("bootstrap_host"),
+                     bootstrap_port=int(body["bootstrap_port"]) if body.get("bootstrap_port") is not None else None,
+                     bootstrap_room=int(room) if room is not None else None,
+                     caller_tokens=int(input_ids.numel()))
+        return req, bool(body.get("stream", False))
+
+    async def run(req: SimReq, request: Request) -> dict[str, Any]:
+        """Run the engine; a client that disconnects aborts its request.
+
+        `TokenizerManager._wait_one_response` checks `request.is_disconnected()` each time its wait
+        times out (SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s) and then calls `abort_request`.
+        """
+        task = asyncio.ensure_future(engine.generate(req))
+        poll = env_float("SGLANG_REQUEST_STATE_WAIT_TIMEOUT", 4.0)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll)
+            if done:
+                return task.result()
+            if await request.is_disconnected() and isinstance(engine, DecodeEngine):
+                engine.abort(req.rid)
+
+    @app.post("/generate")
+    async def _generate(request: Request) -> Response:
+        try:
+            body = _loads(await request.body())
+        except ValueError as exc:
+            return _json({"object": "error", "message": f"Invalid JSON: {exc}", "type": "Bad Request",
+                          "param": None, "code": 400}, 400)
+        try:
+            req, stream = parse(body, prompt_key="text")
+        except RequestError as exc:
+            if body.get("stream"):
+                return StreamingResponse(_stream_error(exc.abort), media_type="text/event-stream")
+            return error_response(exc.abort)
+        if stream:
+            return StreamingResponse(_stream(engine, req), media_type="text/event-stream")
+        try:
+            result = await run(req, request)
+        except RequestError as exc:
+            return error_response(exc.abort)
+        return _json(result)
+
+    @app.post("/v1/completions")
+    async def _completions(request: Request) -> Response:
+        body = _loads(await request.body())
+        try:
+            req, _ = parse(body, prompt_key="prompt")
+            result = await run(req, request)
+        except RequestError as exc:
+            return openai_error(exc.abort)
+        meta = result["meta_info"]
+        fr = meta["finish_reason"] or {}
+        return _json({"id": meta["id"], "object": "text_completion", "created": int(time.time()),
+                      "model": model_name, "choices": [{
+                          "index": 0, "text": result["text"], "logprobs": None,
+                          "finish_reason": fr.get("type"), "matched_stop": fr.get("matched")}],
+                      "usage": {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+                                "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}})
+
+    return app
+
+
+def _sse(obj: Any) -> bytes:
+    data = _orjson.dumps(obj) if _orjson is not None else json.dumps(obj).encode()
+    return b"data: " + data + b"\n\n"
+
+
+async def _stream_error(abort: Abort) -> AsyncIterator[bytes]:
+    """Streaming `/generate` errors: HTTP 200, an error event, then [DONE]."""
+    code = int(abort.status_code)
+    yield _sse({"error": {"message": abort.message,
+                          "type": "invalid_request_error" if code == 400 else "server_error",
+                          "code": code, "retryable": False}})
+    yield b"data: [DONE]\n\n"
+
+
+async def _stream(engine: BaseEngine, req: SimReq) -> AsyncIterator[bytes]:
+    """Streaming `/generate`: one event per token with the cumulative text, then [DONE]."""
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def sink(ids: list[int], text: str) -> None:
+        meta = {"id": req.rid, "finish_reason": None, "prompt_tokens": req.caller_tokens,
+                "completion_tokens": len(ids), "cached_tokens": 0}
+        await queue.put(_sse({"text": text, "output_ids": list(ids), "meta_info": meta}))
+
+    async def runner() -> None:
+        try:
+            if isinstance(engine, DecodeEngine):
+                result = await engine.generate(req, sink)
+            else:
+                result = await engine.generate(req)  # type: ignore[arg-type]
+            await queue.put(_sse(result))
+            await queue.put(b"data: [DONE]\n\n")
+        except RequestError as exc:
+            async for chunk in _stream_error(exc.abort):
+                await queue.put(chunk)
+        finally:
+            await queue.put(None)
+
+    task = asyncio.ensure_future(runner())
+    finished = False
+    try:
+        while True:
+            item = await queue.get()
+            if item is None:
+                finished = True
+                return
+            yield item
+    finally:
+        if not finished and isinstance(engine, DecodeEngine):
+            engine.abort(req.rid)  # the client went away mid-stream
+        if not finished:
+            await asyncio.wait({task}, timeout=5)
+
+
+async def serve(engine: BaseEngine) -> None:
+    """Start the engine (bootstrap server on prefill) and serve HTTP until cancelled."""
+    import uvicorn
+
+    app = build_app(engine)
+    await engine.start()
+    config = uvicorn.Config(app, host=engine.cfg.host, port=engine.cfg.port, log_level="warning",
+                            access_log=False, lifespan="off", timeout_keep_alive=75)
+    server = uvicorn.Server(config)
+    try:
+        await server.serve()
+    finally:
+        await engine.stop()

@@ -1,0 +1,91 @@
+"""The KV transfer protocol between a simulated decode and prefill: loopback TCP on the bootstrap port.
+
+SGLang's prefill runs a bootstrap server (`disaggregation/common/conn.py CommonKVBootstrapServer`)
+and the decode's `KVReceiver` registers a room there, telling the prefill where its preallocated KV
+lives; the prefill's `KVSender` then writes pages straight into decode memory (RDMA, Mooncake/NIXL)
+and signals the transfer done (`KVPoll.Success`). This module models that with one TCP connection
+per room, opened by decode to the prefill's `--disaggregation-bootstrap-port`:
+
+decode -> prefill
+    ``register``  {room, rid, num_tokens}; payload: the decode's destination page ids (int64)
+    ``abort``     {room}: decode-initiated abort (`CommonKVReceiver.abort` / abort notification)
+prefill -> decode
+    ``kv``        {room, count}; payload: destination page ids (int64) then page content (int32).
+                  Like an RDMA write, it names the remote pages itself: the decode applies it to
+                  those pages whoever owns them now (a late write lands on reassigned pages).
+    ``done``      {room, claimed_tokens, claimed_pages}: transfer-complete with what prefill claims
+    ``failed``    {room, status_code, message}: the prefill retired the request (see releases.py)
+    ``abort_ack`` {room}: in-flight writes for the room drained (deferred decode KV release)
+
+Frame: 4-byte big-endian header length, 4-byte big-endian payload length, JSON header, payload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_FRAME = struct.Struct(">II")
+
+
+@dataclass
+class Message:
+    """One protocol message: a JSON header (with `type`) and a binary payload."""
+
+    header: dict[str, Any]
+    payload: bytes = b""
+
+    @property
+    def type(self) -> str:
+        return str(self.header.get("type"))
+
+
+async def send(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes = b"") -> None:
+    """Write one framed message and drain."""
+    head = json.dumps(header).encode()
+    writer.write(_FRAME.pack(len(head), len(payload)) + head)
+    if payload:
+        writer.write(payload)
+    await writer.drain()
+
+
+async def recv(reader: asyncio.StreamReader) -> Message | None:
+    """Read one framed message; None on a clean EOF."""
+    try:
+        raw = await reader.readexactly(_FRAME.size)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    hlen, plen = _FRAME.unpack(raw)
+    try:
+        head = await reader.readexactly(hlen)
+        payload = await reader.readexactly(plen) if plen else b""
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    return Message(json.loads(head), payload)
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """Raw bytes of a contiguous tensor (ctypes copy: fast, no numpy needed)."""
+    import ctypes
+
+    t = t.contiguous()
+    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+
+
+def pack_pages(dst_pages: torch.Tensor, content: torch.Tensor) -> bytes:
+    """Payload of a ``kv`` message: int64 page ids then int32 content."""
+    return tensor_bytes(dst_pages.to(torch.int64)) + tensor_bytes(content.to(torch.int32))
+
+
+def unpack_pages(payload: bytes, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of `pack_pages`."""
+    split = count * 8
+    buf = bytearray(payload)
+    pages = torch.frombuffer(buf, dtype=torch.int64, count=count, offset=0) if count else torch.zeros(0, dtype=torch.int64)
+    content = torch.frombuffer(buf, dtype=torch.int32, offset=split) if len(buf) > split else torch.zeros(0, dtype=torch.int32)
+    return pages, content

@@ -1,0 +1,197 @@
+"""A small process supervisor: start services, wait until they answer, tear all of them down.
+
+Generic on purpose: the simulator uses it for its workers and the real router, and launching real
+SGLang deployments reuses it. Each child runs in its own session (so it leads its own process group),
+writes to its own log file, and is stopped by signalling the whole group: SIGTERM first, SIGKILL
+after a grace period, so grandchildren (uvicorn workers, a router's helpers) do not survive as orphans.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Callable, Mapping, Sequence
+
+from kvgate.errors import KvgateError
+
+
+class SupervisorError(KvgateError):
+    """A supervised process failed to start, exited early, or never became ready."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS considers free right now (a race is possible; callers retry on bind errors)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """True when GET `url` answers 2xx."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback URLs we built
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+@dataclass
+class ManagedProcess:
+    """One supervised child: its name, command, log file and (once started) Popen handle."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    ready_url: str | None = None
+    env: dict[str, str] | None = None
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The child's pid (also its process-group id, since it leads its own session)."""
+        if self.popen is None:
+            raise SupervisorError(f"{self.name}: not started")
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        """True while the child has not exited."""
+        return self.popen is not None and self.popen.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines of the child's log, for error messages."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Supervisor:
+    """Starts processes, waits for readiness, and stops every process group it started.
+
+    Use as a context manager: leaving the block (normally, on an exception or on KeyboardInterrupt)
+    stops everything. `stop()` is idempotent.
+    """
+
+    log_dir: Path
+    grace_s: float = 5.0
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    def start(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        ready_url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> ManagedProcess:
+        """Start `argv` in a new session with stdout+stderr going to `<log_dir>/<name>.log`."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        full_env = dict(os.environ)
+        if env:
+            full_env.update(env)
+        proc = ManagedProcess(name=name, argv=list(argv), log_path=log_path, ready_url=ready_url,
+                              env=dict(env) if env else None)
+        with open(log_path, "ab") as log:
+            try:
+                proc.popen = subprocess.Popen(  # noqa: S603 - argv is built by kvgate, never a shell string
+                    proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=full_env, cwd=str(cwd) if cwd else None, start_new_session=True,
+                )
+            except OSError as exc:
+                raise SupervisorError(f"{name}: cannot start {argv[0]}: {exc}") from exc
+        self.processes.append(proc)
+        return proc
+
+    def wait_ready(
+        self,
+        procs: Sequence[ManagedProcess] | None = None,
+        *,
+        deadline_s: float = 60.0,
+        poll_s: float = 0.1,
+        check: Callable[[ManagedProcess], bool] | None = None,
+    ) -> None:
+        """Poll each process's `ready_url` (or `check`) until all answer, one shared deadline.
+
+        Raises SupervisorError naming the process (with its log tail) if one exits or the deadline passes.
+        """
+        pending = [p for p in (procs if procs is not None else self.processes)
+                   if p.ready_url is not None or check is not None]
+        end = time.monotonic() + deadline_s
+        while pending:
+            for proc in list(pending):
+                if not proc.alive():
+                    code = proc.popen.returncode if proc.popen else None
+                    raise SupervisorError(
+                        f"{proc.name} exited with status {code} before it was ready; log {proc.log_path}:\n"
+                        f"{proc.log_tail()}")
+                ok = check(proc) if check is not None else http_ok(str(proc.ready_url), timeout=1.0)
+                if ok:
+                    pending.remove(proc)
+            if not pending:
+                return
+            if time.monotonic() > end:
+                names = ", ".join(p.name for p in pending)
+                tails = "\n".join(f"--- {p.name} ({p.log_path})\n{p.log_tail()}" for p in pending)
+                raise SupervisorError(f"not ready within {deadline_s:.0f}s: {names}\n{tails}")
+            time.sleep(poll_s)
+
+    def stop(self) -> None:
+        """SIGTERM every process group (newest first), wait up to `grace_s`, then SIGKILL the rest."""
+        live = [p for p in reversed(self.processes) if p.popen is not None]
+        for proc in live:
+            _signal_group(proc.pid, signal.SIGTERM)
+        end = time.monotonic() + self.grace_s
+        for proc in live:
+            assert proc.popen is not None
+            try:
+                proc.popen.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in live:
+            # Also kill the group when the leader is gone: a grandchild may still hold it.
+            _signal_group(proc.pid, signal.SIGKILL)
+            assert proc.popen is not None
+            try:
+                proc.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                pass
+
+    def pids(self) -> list[int]:
+        """The pids of every started process."""
+        return [p.pid for p in self.processes if p.popen is not None]
+
+    def __enter__(self) -> "Supervisor":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def pid_alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie (used by tests to prove there are no orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
