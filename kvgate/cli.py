@@ -37,6 +37,9 @@ app.command("check")(check)
 from kvgate.sim.cli import sim_app  # noqa: E402
 
 app.add_typer(sim_app, name="sim")
+from kvgate.commands.fixes import fixes  # noqa: E402
+
+app.command("fixes")(fixes)
 
 
 def main() -> None:

@@ -1,0 +1,121 @@
+"""`kvgate fixes`: which of the incident's fixes the code carries; exits 1 when a correctness fix is missing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kvgate.catalogue import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
+from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
+from kvgate.commands._common import handle_errors
+from kvgate.errors import TransportError, UsageError
+from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Report
+from kvgate.formats import ReportFormat
+from kvgate.reporting import emit, pair_outputs
+from kvgate.secrets import redact, token_from_env
+
+
+def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
+    """`version` and transfer backend from /server_info (fallback /get_server_info); transport failures exit 4."""
+    from kvgate.target import TargetClient  # the shared client: same timeouts, auth and error mapping
+
+    base = url.rstrip("/")
+    with TargetClient(timeout=timeout, token=token) as client:
+        path = "/server_info"
+        info = client.get_json(base, path, missing_ok=True)
+        if info is None:
+            path = "/get_server_info"
+            info = client.get_json(base, path, missing_ok=True)
+    if info is None:
+        raise TransportError(base, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
+    if not isinstance(info, dict):
+        raise TransportError(base + path, f"expected a JSON object, got {type(info).__name__}")
+    version = info.get("version") if isinstance(info.get("version"), str) else None
+    backend = info.get("disaggregation_transfer_backend")
+    return version, backend if isinstance(backend, str) else None, path
+
+
+def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"--url {url}: expected an http:// or https:// URL")
+    version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
+    backend = backend or reported_backend
+    if version is None:
+        return assess([], target=url, release=None, backend=backend,
+                      notes=[f"{url}{path} reports no 'version': nothing can be told by version"])
+    a = assess_version(version, backend=backend, target=f"{url} (sglang {version})")
+    return Assessment(a.target, a.release, a.backend, a.statuses, a.methods,
+                      a.notes + (f"version read from {url}{path}",), a.catalogue)
+
+
+@handle_errors
+def fixes(
+    version: Optional[str] = typer.Option(None, "--version", help="Judge a release string (PEP 440), e.g. 0.5.20."),
+    repo: Optional[Path] = typer.Option(None, "--repo", help="An sglang git checkout (python/sglang layout)."),
+    rev: Optional[str] = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
+    site_packages: Optional[str] = typer.Option(
+        None, "--site-packages", help="Folder holding the installed sglang/ package, or 'auto' (this interpreter)."),
+    python: Optional[str] = typer.Option(None, "--python", help="Interpreter the server runs; asked where sglang is."),
+    url: Optional[str] = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."),
+    formats: List[ReportFormat] = typer.Option([], "--format", help="table (default), json, junit, markdown."),
+    outputs: List[Path] = typer.Option([], "--output", help="Write the i-th --format to this file."),
+    token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
+    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
+) -> None:
+    """Which of the incident's upstream fixes (and kvgate backports) the code carries.
+
+    Exit 0: every correctness fix present; 1: one is missing; 2: usage error; 3: --strict and something
+    unknown; 4: --url unreachable.
+    """
+    chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
+                                     ("--python", python), ("--url", url)) if val is not None]
+    if len(chosen) > 1:
+        raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
+    if rev is not None and repo is None:
+        raise UsageError("--rev needs --repo")
+    pairs = pair_outputs(list(formats), list(outputs))
+    token = token_from_env(token_env)
+    if token_env and url is None:
+        raise UsageError("--token-env is only used with --url")
+    backend = backend.strip().lower() if backend else None
+    started = time.time()
+    if version is not None:
+        a = assess_version(version, backend=backend)
+    elif repo is not None:
+        a = assess_checkout(repo, rev or "HEAD", backend=backend)
+    elif url is not None:
+        a = _assess_url(url, backend=backend, token=token, timeout=timeout)
+    elif python is not None:
+        a = assess_installed(from_python(python), backend=backend)
+    elif site_packages is not None and site_packages != "auto":
+        a = assess_installed(from_site_packages(Path(site_packages)), backend=backend)
+    else:
+        a = assess_installed(auto_detect(), backend=backend)
+    notes = list(a.notes)
+    notes.append(f"reads as: {a.reads_as()}")
+    if a.backend is None:
+        notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
+    report = Report(
+        command="fixes",
+        findings=tuple(to_findings(a)),
+        strict=strict,
+        target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
+                "methods": list(a.methods), "backports": list(a.backports_present()),
+                "missing_correctness": [s.fix.id for s in a.missing_correctness()]},
+        cost={"wall_s": round(time.time() - started, 3)},
+        notes=tuple(notes),
+    )
+    problems = emit(report, pairs)
+    for p in problems:
+        typer.echo(f"kvgate: error: {redact(p)}", err=True)
+    status = report.exit_status
+    if problems and status is ExitStatus.PASSED:
+        status = ExitStatus.USAGE_ERROR  # a requested report that was not written must not pass
+    raise typer.Exit(int(status))

@@ -1,0 +1,209 @@
+"""`kvgate fixes` run in-process through the real CLI app."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.cli import app
+from kvgate.formats import ReportFormat
+
+from tests.catalogue.helpers import add_marker, commit_release, copy_signature_tree, init_repo, wheel
+from tests.conftest import Route
+
+runner = CliRunner()
+
+
+def _run(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["fixes", *args], env=env)
+
+
+def _json(*args: str) -> tuple[int, dict]:
+    res = _run(*args, "--format", "json")
+    return res.exit_code, json.loads(res.stdout)
+
+
+def _presence(doc: dict) -> dict[str, str]:
+    out = {}
+    for f in doc["findings"]:
+        assert f["gate"] == "fixes"
+        out[f["check"]] = next(e["value"] for e in f["evidence"] if e["field"] == "present")
+    return out
+
+
+# --- by version ------------------------------------------------------------------------------
+
+def test_version_0_5_20_fails_with_36988_present_and_38935_absent() -> None:
+    code, doc = _json("--version", "0.5.20")
+    assert code == 1 and doc["exit_status"] == 1
+    p = _presence(doc)
+    assert p["pr-36988"] == "present" and p["pr-38935"] == "absent"
+    failed = {f["check"] for f in doc["findings"] if f["outcome"] == "failed"}
+    assert "pr-38935" in failed and "pr-36988" not in failed
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert "kvgate backport --to" in door["remedy"]
+    assert not any(c.startswith("kvgate-") for c in p), "backports are not shown for a bare version"
+
+
+@pytest.mark.parametrize("version, code", [("0.5.19", 1), ("0.5.20", 1), ("0.5.21", 1), ("0.5.22", 0), ("0.5.23", 0)])
+def test_exit_status_per_release(version: str, code: int) -> None:
+    assert _run("--version", version).exit_code == code
+
+
+def test_table_shows_fix_class_presence_and_how() -> None:
+    res = _run("--version", "0.5.20")
+    out = res.stdout
+    assert "pr-38935" in out and "absent" in out and "admission" in out and "by version" in out
+    assert "gate failed (exit 1)" in out
+
+
+def test_garbage_version_exits_2_with_a_clear_message() -> None:
+    res = _run("--version", "garbage")
+    assert res.exit_code == 2
+    assert "not a PEP 440 version" in res.stderr and res.stdout == ""
+
+
+def test_post_release_is_unknown_not_passed() -> None:
+    code, doc = _json("--version", "0.5.20.post1")
+    assert code == 0  # nothing known to be missing ...
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert door["outcome"] == "inconclusive"  # ... but the door is unknown, never passed
+    assert _run("--version", "0.5.20.post1", "--strict").exit_code == 3
+
+
+def test_dev_version_with_commit() -> None:
+    code, doc = _json("--version", "0.5.21.dev12+g8f3d694")
+    assert code == 1  # ack-generations is not even in 0.5.21 final
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert door["outcome"] == "inconclusive" and "8f3d694" in json.dumps(door["evidence"])
+
+
+def test_mori_backend_makes_the_mori_fix_required() -> None:
+    code, doc = _json("--version", "0.5.21", "--backend", "mori")
+    assert code == 1
+    failed = {f["check"] for f in doc["findings"] if f["outcome"] == "failed"}
+    assert failed == {"ack-generations", "mori-deferred-release"}
+
+
+# --- usage errors ----------------------------------------------------------------------------
+
+def test_two_sources_is_a_usage_error() -> None:
+    res = _run("--version", "0.5.22", "--url", "http://127.0.0.1:1")
+    assert res.exit_code == 2 and "give one of" in res.stderr
+
+
+def test_rev_without_repo_is_a_usage_error() -> None:
+    assert _run("--rev", "HEAD", "--version", "0.5.22").exit_code == 2
+
+
+def test_missing_site_packages_is_a_usage_error(tmp_path: Path) -> None:
+    res = _run("--site-packages", str(tmp_path))
+    assert res.exit_code == 2 and "no sglang package" in res.stderr
+
+
+def test_auto_detect_without_sglang_is_a_usage_error() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("sglang is importable in this interpreter")
+    res = _run("--site-packages", "auto")
+    assert res.exit_code == 2 and "no sglang importable" in res.stderr
+
+
+# --- every format, files -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", list(ReportFormat))
+def test_every_format_renders(fmt: ReportFormat, tmp_path: Path) -> None:
+    out = tmp_path / f"report.{fmt.value}"
+    res = _run("--version", "0.5.20", "--format", fmt.value, "--output", str(out))
+    assert res.exit_code == 1
+    text = out.read_text()
+    assert "pr-38935" in text
+    assert "pr-38935" in res.stdout  # the table still goes to the job log
+
+
+# --- by source (real wheels) -------------------------------------------------------------------
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("version, code", [("0.5.20", 1), ("0.5.21", 1), ("0.5.22", 0), ("0.5.23", 0)])
+def test_site_packages_real_wheels(version: str, code: int) -> None:
+    rc, doc = _json("--site-packages", str(wheel(version)))
+    assert rc == code
+    assert doc["target"]["release"] == version and "source" in doc["target"]["methods"]
+    p = _presence(doc)
+    if version == "0.5.20":
+        assert p["pr-36988"] == "present" and p["pr-38935"] == "absent"
+
+
+@pytest.mark.wheels
+def test_site_packages_patched_0_5_20(tmp_path: Path) -> None:
+    pkg = copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
+    add_marker(pkg, "srt/disaggregation/prefill.py", "kvgate-admission-door")
+    rc, doc = _json("--site-packages", str(tmp_path / "site"))
+    assert rc == 1  # no backport covers #40645 and friends
+    assert doc["target"]["reads_as"] == "0.5.20 + kvgate backports (kvgate-admission-door)"
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert door["outcome"] == "passed" and "via kvgate-admission-door" in door["summary"]
+    assert "version, which says absent" in door["summary"]
+
+
+@pytest.mark.wheels
+def test_repo_and_rev(tmp_path: Path) -> None:
+    repo = init_repo(tmp_path / "sglang")
+    commit_release(repo, "0.5.21", "Release 0.5.21 sources (#99990)")
+    commit_release(repo, "0.5.22", "[PD] Centralize drain-aware abort acknowledgements (#37077)")
+    assert _run("--repo", str(tmp_path / "sglang")).exit_code == 0
+    rc, doc = _json("--repo", str(tmp_path / "sglang"), "--rev", "HEAD~1")
+    assert rc == 1 and doc["target"]["missing_correctness"] == ["ack-generations"]
+    assert _run("--repo", str(tmp_path / "sglang"), "--rev", "nope").exit_code == 2
+
+
+# --- by URL (real loopback HTTP server) ---------------------------------------------------------
+
+def test_url_reads_version_from_server_info(payload_server) -> None:  # type: ignore[no-untyped-def]
+    srv = payload_server({"/server_info": Route({"version": "0.5.22", "disaggregation_transfer_backend": "mooncake"})})
+    rc, doc = _json("--url", srv.url)
+    assert rc == 0 and doc["target"]["release"] == "0.5.22" and doc["target"]["backend"] == "mooncake"
+    srv20 = payload_server({"/server_info": Route({"version": "0.5.20"})})
+    rc, doc = _json("--url", srv20.url)
+    assert rc == 1 and _presence(doc)["pr-38935"] == "absent"
+
+
+def test_url_falls_back_to_get_server_info(payload_server) -> None:  # type: ignore[no-untyped-def]
+    srv = payload_server({"/get_server_info": Route({"version": "0.5.21"})})
+    rc, doc = _json("--url", srv.url)
+    assert rc == 1 and any("/get_server_info" in n for n in doc["notes"])
+
+
+def test_url_with_token(payload_server) -> None:  # type: ignore[no-untyped-def]
+    srv = payload_server({"/server_info": Route({"version": "0.5.23"})})
+    res = _run("--url", srv.url, "--token-env", "KVGATE_TEST_TOKEN", env={"KVGATE_TEST_TOKEN": "s3cret-tok"})
+    assert res.exit_code == 0
+    assert srv.seen_headers[-1].get("Authorization") == "Bearer s3cret-tok"
+    assert "s3cret-tok" not in res.stdout
+
+
+def test_url_without_version_is_inconclusive(payload_server) -> None:  # type: ignore[no-untyped-def]
+    srv = payload_server({"/server_info": Route({"tp_size": 1})})
+    rc, doc = _json("--url", srv.url)
+    assert rc == 0 and doc["counts"]["inconclusive"] == len(doc["findings"]) > 0
+    assert _run("--url", srv.url, "--strict").exit_code == 3
+
+
+def test_unreachable_url_exits_4() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connection refused
+        res = _run("--url", f"http://127.0.0.1:{port}", "--timeout", "2")
+    assert res.exit_code == 4 and "unreachable" in res.stderr
+
+
+def test_not_sglang_and_bad_json_exit_4(payload_server) -> None:  # type: ignore[no-untyped-def]
+    srv = payload_server({})
+    assert _run("--url", srv.url).exit_code == 4
+    bad = payload_server({"/server_info": Route(raw=b"<html>")})
+    assert _run("--url", bad.url).exit_code == 4
