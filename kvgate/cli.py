@@ -34,6 +34,9 @@ from kvgate.commands.check import check  # noqa: E402
 
 app.command("check")(check)
 # (more subcommands are registered below this line)
+from kvgate.commands.backport import backport  # noqa: E402
+
+app.command("backport")(backport)
 from kvgate.sim.cli import sim_app  # noqa: E402
 
 app.add_typer(sim_app, name="sim")

@@ -1,0 +1,473 @@
+"""Apply, check and revert a backport series on a git checkout or an installed sglang.
+
+Both targets share one rule: every file the series touches must hash to a known stage of the series
+(the base release, or after patch k). Anything else is refused before a byte is written, naming the
+file (exit 2). New contents are computed in memory and checked against the manifest's sha256_after;
+only then is the target written, and a failure while writing restores what was there.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from kvgate import __version__
+from kvgate.backport.diffapply import PatchApplyError, apply, parse
+from kvgate.backport.manifest import Patch, PatchFile, Series, sha256_bytes
+from kvgate.errors import KvgateError, UsageError
+
+MARKER_DIR = ".kvgate-backport"  # inside the installed `sglang/` package
+MARKER_FILE = "applied.json"
+
+
+class BackportRefused(UsageError):
+    """The target is not what the series expects (dirty, modified, wrong release): exit 2."""
+
+
+class BackportFailed(KvgateError):
+    """Applying broke half way; the target was restored (exit 2: nothing was changed)."""
+
+
+class Layout(str, Enum):
+    """Where sglang's sources are."""
+
+    GIT = "git"
+    SITE = "site-packages"
+
+
+@dataclass(frozen=True)
+class Target:
+    """A git checkout (files under python/sglang) or a site-packages directory (files under sglang/)."""
+
+    layout: Layout
+    root: Path
+
+    def rel(self, pf: PatchFile) -> str:
+        return pf.path if self.layout is Layout.GIT else pf.site_path
+
+    def file(self, pf: PatchFile) -> Path:
+        return self.root / self.rel(pf)
+
+    @property
+    def import_root(self) -> Path:
+        """The directory to put on PYTHONPATH to import this target's sglang."""
+        return self.root / "python" if self.layout is Layout.GIT else self.root
+
+    @property
+    def marker_dir(self) -> Path:
+        return self.root / "sglang" / MARKER_DIR
+
+
+@dataclass(frozen=True)
+class PatchOutcome:
+    """What happened (or would happen) to one patch."""
+
+    id: str
+    title: str
+    status: str  # applied | already applied | would apply | reverted | would revert | not applied
+    files: tuple[str, ...]
+    commit: str | None = None
+
+
+@dataclass(frozen=True)
+class BackportResult:
+    """The outcome of one apply / check / revert run."""
+
+    action: str
+    layout: Layout
+    root: Path
+    series: str
+    patches: tuple[PatchOutcome, ...]
+    changed: bool
+    message: str
+    branch: str | None = None
+    backup: Path | None = None
+    marker: Path | None = None
+
+
+def branch_name(series: Series) -> str:
+    return f"kvgate/backport-v{series.base_release}"
+
+
+# -- state ----------------------------------------------------------------------------------------
+def _stage_hashes(patches: tuple[Patch, ...], k: int) -> dict[str, str]:
+    """The sha256 of every touched file after the first k patches."""
+    out: dict[str, str] = {}
+    for j, p in enumerate(patches):
+        for f in p.files:
+            if j < k:
+                out[f.path] = f.sha256_after
+            else:
+                out.setdefault(f.path, f.sha256_before)
+    return out
+
+
+def _files(patches: tuple[Patch, ...]) -> dict[str, PatchFile]:
+    out: dict[str, PatchFile] = {}
+    for p in patches:
+        for f in p.files:
+            out.setdefault(f.path, f)
+    return out
+
+
+def read_current(target: Target, patches: tuple[Patch, ...]) -> dict[str, bytes | None]:
+    """The bytes of every file the series touches (None where missing)."""
+    out: dict[str, bytes | None] = {}
+    for path, pf in _files(patches).items():
+        fp = target.file(pf)
+        out[path] = fp.read_bytes() if fp.is_file() else None
+    return out
+
+
+def applied_count(target: Target, series: Series, patches: tuple[Patch, ...],
+                  current: dict[str, bytes | None]) -> int:
+    """How many patches of `patches` the target already carries; refuse (naming the file) otherwise."""
+    hashes = {p: (sha256_bytes(b) if b is not None else None) for p, b in current.items()}
+    for k in range(len(patches), -1, -1):
+        if all(hashes[p] == h for p, h in _stage_hashes(patches, k).items()):
+            return k
+    files = _files(patches)
+    known = {p: {h[p] for h in (_stage_hashes(patches, k) for k in range(len(patches) + 1))} for p in hashes}
+    for path, h in hashes.items():
+        shown = target.rel(files[path])
+        if h is None:
+            raise BackportRefused(f"{target.root / shown}: missing; not an sglang {series.base_release} tree")
+        if h not in known[path]:
+            raise BackportRefused(
+                f"{shown}: sha256 {h[:12]}… does not match sglang {series.base_release} as the {series.name} "
+                f"manifest expects (modified locally, or another release); refusing to patch")
+    stages = sorted(hashes)
+    raise BackportRefused(
+        f"{target.rel(files[stages[0]])} and others are at different stages of {series.name} "
+        f"(partially patched by hand?); refusing to patch")
+
+
+def _render(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
+            current: dict[str, bytes | None]) -> list[tuple[Patch, dict[str, bytes]]]:
+    """New contents after each pending patch, verified against the manifest, all in memory."""
+    state = {p: b for p, b in current.items() if b is not None}
+    steps: list[tuple[Patch, dict[str, bytes]]] = []
+    for patch in patches[k:]:
+        diffs = {d.path: d for d in parse(patch.diff_text())}
+        changed: dict[str, bytes] = {}
+        for pf in patch.files:
+            if pf.path not in diffs:
+                raise UsageError(f"{series.name}/{patch.file.name}: no diff for {pf.path} named in the manifest")
+            try:
+                text = apply(state[pf.path].decode("utf-8"), diffs[pf.path])
+            except (PatchApplyError, UnicodeDecodeError) as exc:
+                raise BackportRefused(f"{target.rel(pf)}: {patch.id} does not apply: {exc}") from exc
+            data = text.encode("utf-8")
+            if sha256_bytes(data) != pf.sha256_after:
+                raise UsageError(f"{series.name}: {patch.id} leaves {pf.path} with an unexpected sha256 "
+                                 f"(manifest and patch disagree)")
+            state[pf.path] = data
+            changed[pf.path] = data
+        steps.append((patch, changed))
+    return steps
+
+
+# -- atomic file writes -----------------------------------------------------------------------------
+def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
+    """Replace every file or none: temp files first, then renames; on failure restore the originals."""
+    originals: list[tuple[Path, bytes | None, int | None]] = []
+    temps: list[tuple[Path, Path]] = []
+    try:
+        for path, data in paths_and_data:
+            tmp = path.with_name(f".{path.name}.kvgate-tmp")
+            tmp.write_bytes(data)
+            if path.exists():
+                shutil.copymode(path, tmp)
+            temps.append((tmp, path))
+        for tmp, path in temps:
+            originals.append((path, path.read_bytes() if path.exists() else None,
+                              path.stat().st_mode if path.exists() else None))
+            os.replace(tmp, path)
+    except BaseException:
+        for path, data, mode in reversed(originals):
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
+                if mode is not None:
+                    os.chmod(path, mode)
+        for tmp, _ in temps:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+# -- site-packages ------------------------------------------------------------------------------------
+def _read_marker(target: Target) -> dict | None:
+    path = target.marker_dir / MARKER_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _apply_site(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
+                current: dict[str, bytes | None]) -> BackportResult:
+    steps = _render(target, series, patches, k, current)
+    files = _files(patches)
+    final: dict[str, bytes] = {}
+    for _, changed in steps:
+        final.update(changed)
+    backup_dir = target.marker_dir / "backup"
+    marker = _read_marker(target) or {"series": series.name, "base_release": series.base_release, "patches": [],
+                                       "files": {}}
+    new_backups: list[Path] = []
+    try:
+        for path in final:
+            rel = target.rel(files[path])
+            dest = backup_dir / rel
+            if path in marker["files"] and dest.is_file():
+                continue  # the original was saved by an earlier run; keep it
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            base = current[path]
+            assert base is not None
+            if sha256_bytes(base) != files[path].sha256_before:
+                raise BackportRefused(f"{rel}: no pristine backup recorded and the file is already patched")
+            dest.write_bytes(base)
+            new_backups.append(dest)
+            marker["files"][path] = {"site_path": rel, "sha256_original": files[path].sha256_before}
+        _write_all([(target.file(files[p]), data) for p, data in final.items()])
+    except BaseException as exc:
+        for b in new_backups:
+            b.unlink(missing_ok=True)
+        if isinstance(exc, KvgateError):
+            raise
+        if isinstance(exc, OSError):
+            raise BackportFailed(f"writing {target.root} failed, nothing changed: {exc}") from exc
+        raise
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    for patch, _ in steps:
+        marker["patches"].append({"id": patch.id, "title": patch.title, "applied_at": now,
+                                  "files": [target.rel(f) for f in patch.files]})
+    for p, data in final.items():
+        marker["files"][p]["sha256_patched"] = sha256_bytes(data)
+    marker["kvgate_version"] = __version__
+    marker_path = target.marker_dir / MARKER_FILE
+    tmp = marker_path.with_name(MARKER_FILE + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, marker_path)
+    outcomes = tuple(PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
+                     for p in patches[:k])
+    outcomes += tuple(PatchOutcome(p.id, p.title, "applied", tuple(target.rel(f) for f in p.files))
+                      for p, _ in steps)
+    return BackportResult("apply", target.layout, target.root, series.name, outcomes, True,
+                          f"applied {len(steps)} patch(es) to {target.root}", backup=backup_dir, marker=marker_path)
+
+
+def _revert_site(target: Target, series: Series) -> BackportResult:
+    marker = _read_marker(target)
+    if marker is None:
+        raise BackportRefused(f"{target.root}: no kvgate backport recorded ({MARKER_DIR}/{MARKER_FILE} missing)")
+    if marker.get("base_release") != series.base_release:
+        raise BackportRefused(f"{target.root}: the recorded backport is for {marker.get('base_release')}, "
+                              f"not {series.base_release}")
+    restores: list[tuple[Path, bytes]] = []
+    for path, info in marker["files"].items():
+        live = target.root / info["site_path"]
+        backup = target.marker_dir / "backup" / info["site_path"]
+        if not live.is_file() or sha256_bytes(live.read_bytes()) != info.get("sha256_patched"):
+            raise BackportRefused(f"{info['site_path']}: changed since kvgate patched it; refusing to revert")
+        data = backup.read_bytes() if backup.is_file() else b""
+        if sha256_bytes(data) != info["sha256_original"]:
+            raise BackportRefused(f"{backup}: backup missing or damaged; refusing to revert")
+        restores.append((live, data))
+    _write_all(restores)
+    shutil.rmtree(target.marker_dir)
+    ids = {p["id"]: p for p in marker["patches"]}
+    outcomes = tuple(PatchOutcome(pid, p["title"], "reverted", tuple(p["files"])) for pid, p in ids.items())
+    return BackportResult("revert", target.layout, target.root, series.name, outcomes, True,
+                          f"restored {len(restores)} file(s) in {target.root} byte for byte")
+
+
+# -- git ------------------------------------------------------------------------------------------------
+def _repo(root: Path):  # type: ignore[no-untyped-def]
+    import git
+
+    try:
+        return git.Repo(root)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+        raise UsageError(f"--repo {root}: not a git repository") from exc
+
+
+def _refuse_dirty(repo, target: Target) -> None:  # type: ignore[no-untyped-def]
+    if repo.is_dirty(index=True, working_tree=True, untracked_files=False):
+        changed = sorted({d.a_path for d in repo.index.diff(None)} | {d.a_path for d in repo.index.diff("HEAD")})
+        shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
+        raise BackportRefused(f"{target.root}: working tree has uncommitted changes ({shown}); commit or stash them")
+
+
+def _commit_message(series: Series, patch: Patch) -> str:
+    stands = ", ".join(patch.stands_in_for) or "none"
+    return (f"kvgate backport {series.name}: {patch.title}\n\n{patch.fixes}\n\n"
+            f"Stands in for: {stands}\n\nKvgate-Patch: {patch.id}\nKvgate-Series: {series.name}\n")
+
+
+def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
+               current: dict[str, bytes | None]) -> BackportResult:
+    import git
+
+    repo = _repo(target.root)
+    steps = _render(target, series, patches, k, current)
+    branch = branch_name(series)
+    original_head = repo.head.commit
+    original_ref = None if repo.head.is_detached else repo.head.reference
+    on_branch = original_ref is not None and original_ref.name == branch
+    created = None
+    if not on_branch:
+        if branch in [h.name for h in repo.heads]:
+            raise BackportRefused(f"{target.root}: branch {branch} already exists; check it out to continue "
+                                  f"or delete it")
+        created = repo.create_head(branch, original_head)
+        created.checkout()
+    outcomes = [PatchOutcome(p.id, p.title, "already applied", tuple(p_.path for p_ in p.files)) for p in patches[:k]]
+    try:
+        actor = None
+        try:
+            reader = repo.config_reader()
+            reader.get_value("user", "email")
+        except Exception:
+            actor = git.Actor("kvgate", "kvgate@localhost")
+        for patch, changed in steps:
+            _write_all([(target.root / path, data) for path, data in changed.items()])
+            repo.index.add(list(changed))
+            commit = repo.index.commit(_commit_message(series, patch), author=actor, committer=actor)
+            outcomes.append(PatchOutcome(patch.id, patch.title, "applied", tuple(changed), commit.hexsha[:12]))
+    except BaseException as exc:
+        # Leave the checkout exactly as it was: original branch, commit, index and files.
+        if original_ref is not None:
+            repo.head.reference = original_ref
+        else:
+            repo.head.reference = original_head  # type: ignore[assignment]
+        repo.head.reset(original_head, index=True, working_tree=True)
+        if created is not None:
+            repo.delete_head(created, force=True)
+        if isinstance(exc, (KvgateError, KeyboardInterrupt)):
+            raise
+        raise BackportFailed(f"applying {series.name} to {target.root} failed, checkout restored: {exc}") from exc
+    return BackportResult("apply", target.layout, target.root, series.name, tuple(outcomes), True,
+                          f"applied {len(steps)} patch(es) on branch {branch}", branch=branch)
+
+
+def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> BackportResult:
+    """Add one commit that restores every touched file to its pre-series bytes (history is kept)."""
+    import git
+
+    repo = _repo(target.root)
+    _refuse_dirty(repo, target)
+    ours = []
+    for commit in repo.iter_commits("HEAD"):
+        trailer = [ln for ln in commit.message.splitlines() if ln.startswith("Kvgate-Patch: ")]
+        series_ln = f"Kvgate-Series: {series.name}"
+        if not trailer or series_ln not in commit.message:
+            break
+        ours.append((trailer[0].split(": ", 1)[1], commit))
+    if not ours:
+        raise BackportRefused(f"{target.root}: HEAD carries no {series.name} backport commits to revert")
+    base = ours[-1][1].parents[0]
+    restores: list[tuple[Path, bytes]] = []
+    for pf in _files(patches).values():
+        try:
+            data = base.tree[pf.path].data_stream.read()
+        except KeyError:
+            continue
+        if sha256_bytes(data) != pf.sha256_before:
+            raise BackportRefused(f"{pf.path}: the commit before the backport is not sglang {series.base_release}")
+        restores.append((target.root / pf.path, data))
+    _write_all(restores)
+    repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
+    ids = [pid for pid, _ in reversed(ours)]
+    actor = None
+    try:
+        repo.config_reader().get_value("user", "email")
+    except Exception:
+        actor = git.Actor("kvgate", "kvgate@localhost")
+    commit = repo.index.commit(f"Revert kvgate backport {series.name}\n\nRestores the sglang "
+                               f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
+                               author=actor, committer=actor)
+    outcomes = tuple(PatchOutcome(pid, pid, "reverted", (), commit.hexsha[:12]) for pid in ids)
+    return BackportResult("revert", target.layout, target.root, series.name, outcomes, True,
+                          f"reverted {len(ids)} patch(es) in commit {commit.hexsha[:12]}")
+
+
+# -- entry points -------------------------------------------------------------------------------------
+def _validate(target: Target) -> None:
+    if not target.root.is_dir():
+        raise UsageError(f"{target.root}: no such directory")
+    if not (target.root / ("python/sglang" if target.layout is Layout.GIT else "sglang")).is_dir():
+        where = "python/sglang" if target.layout is Layout.GIT else "sglang/"
+        raise UsageError(f"{target.root}: no {where} here; not an sglang {target.layout.value} layout")
+
+
+def apply_series(target: Target, series: Series, with_hardening: bool = False, check: bool = False) -> BackportResult:
+    """Apply (or with check=True, only evaluate) the series; a second apply is a no-op."""
+    _validate(target)
+    patches = series.select(with_hardening)
+    if target.layout is Layout.GIT:
+        _refuse_dirty(_repo(target.root), target)
+    # Stages are read against the whole series, so a tree patched with --with-hardening is "already
+    # applied" for a later run without it, instead of "unknown".
+    current = read_current(target, series.patches)
+    k = applied_count(target, series, series.patches, current)
+    if k >= len(patches):
+        done = tuple(PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
+                     for p in series.patches[:k])
+        return BackportResult("check" if check else "apply", target.layout, target.root, series.name, done, False,
+                              f"already applied: {series.name} ({k} patch(es)) on {target.root}")
+    done = tuple(PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
+                 for p in patches[:k])
+    if check:
+        _render(target, series, patches, k, current)  # proves every hunk applies, writes nothing
+        todo = tuple(PatchOutcome(p.id, p.title, "would apply", tuple(target.rel(f) for f in p.files))
+                     for p in patches[k:])
+        return BackportResult("check", target.layout, target.root, series.name, done + todo, False,
+                              f"{len(patches) - k} patch(es) would apply cleanly to {target.root}")
+    if target.layout is Layout.GIT:
+        return _apply_git(target, series, patches, k, current)
+    return _apply_site(target, series, patches, k, current)
+
+
+def revert_series(target: Target, series: Series) -> BackportResult:
+    """Undo the series: byte-for-byte restore (site-packages) or a restoring commit (git)."""
+    _validate(target)
+    if target.layout is Layout.GIT:
+        return _revert_git(target, series, series.patches)
+    return _revert_site(target, series)
+
+
+def applied_patches(target: Target, series: Series) -> tuple[Patch, ...]:
+    """The patches of the series the target carries (refuses a target at no known stage)."""
+    _validate(target)
+    full = series.select(True)
+    current = read_current(target, full)
+    try:
+        k = applied_count(target, series, full, current)
+    except BackportRefused:
+        base = series.select(False)
+        k = applied_count(target, series, base, read_current(target, base))
+        return base[:k]
+    return full[:k]
+
+
+def site_packages_of(python: str) -> Path:
+    """The site-packages directory the interpreter imports sglang from (without importing sglang)."""
+    code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
+            "print(json.dumps(list(s.submodule_search_locations) if s else []))")
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"--python {python}: cannot run it ({exc})") from exc
+    if proc.returncode != 0:
+        raise UsageError(f"--python {python}: failed: {proc.stderr.strip().splitlines()[-1:]}")
+    locations = json.loads(proc.stdout.strip() or "[]")
+    if not locations:
+        raise UsageError(f"--python {python}: that interpreter has no sglang installed")
+    return Path(locations[0]).parent

@@ -1,0 +1,179 @@
+"""Execute sglang's real PD admission doors (and decode commit path) in the interpreter that has it.
+
+`run_admission_probe(python, extra_pythonpath)` runs `_probe_payload.py` in that interpreter and turns
+what it observed into a `ProbeResult`. The verdict comes from observed effects only (transfer
+endpoints created, queue contents, metadata slots, what the client was sent); a missing attribute or
+import is an ERROR naming it, never a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+_HERE = Path(__file__).resolve().parent
+PAYLOAD = _HERE / "_probe_payload.py"
+STUB_FILE = _HERE / "_stub" / "sitecustomize.py"
+RESULT_TAG = "KVGATE-PROBE-RESULT:"
+
+ADMITTED = "ADMITTED"
+RETIRED = "RETIRED"
+PARTIAL = "PARTIAL"  # one door retires, the other admits
+ERROR = "ERROR"
+VERIFIED = "VERIFIED"
+UNVERIFIED = "UNVERIFIED"
+
+
+@dataclass(frozen=True)
+class ProbeCase:
+    """One request pushed through one real door (or the real commit path) and what was observed."""
+
+    name: str
+    door: str
+    expect: str
+    outcome: str
+    observed: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == self.expect
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What the admission probe saw.
+
+    status: RETIRED (a rejected request is retired at both doors), ADMITTED (both doors admit it),
+    PARTIAL (one door each way) or ERROR (the probe could not run; `error` / `missing` say why).
+    controls_ok: the valid request was admitted and the re-entering, resource-holding requests kept.
+    client_error: what the rejected request's client receives when retired (message, status_code).
+    """
+
+    status: str
+    version: str | None
+    sglang_path: str | None
+    cases: tuple[ProbeCase, ...]
+    controls_ok: bool
+    client_error: dict[str, Any] | None
+    error: str | None
+    missing: str | None
+    duration_s: float
+    torchvision_stub: bool
+    python: str
+
+    @property
+    def safe(self) -> bool:
+        """Rejected requests retired and every control case behaved."""
+        return self.status == RETIRED and self.controls_ok
+
+
+@dataclass(frozen=True)
+class HardeningProbeResult:
+    """What the decode-commit probe saw: VERIFIED (a short handoff is aborted, a full one committed),
+    UNVERIFIED (a short handoff is committed), or ERROR."""
+
+    status: str
+    version: str | None
+    cases: tuple[ProbeCase, ...]
+    client_error: dict[str, Any] | None
+    error: str | None
+    missing: str | None
+    duration_s: float
+    python: str
+
+
+def _run_payload(mode: str, python: str, extra_pythonpath: Sequence[str | os.PathLike[str]],
+                 timeout: float) -> tuple[dict[str, Any], float]:
+    env = dict(os.environ)
+    paths = [str(p) for p in extra_pythonpath]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    if paths:
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.pop("SGLANG_USE_CPU_ENGINE", None)  # makes decode import sgl_kernel (cpu-sglang.md)
+    env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([python, str(PAYLOAD), mode, str(STUB_FILE)], capture_output=True, text=True,
+                              env=env, timeout=timeout, cwd=str(_HERE))
+    except FileNotFoundError:
+        return {"status": "error", "error": f"interpreter not found: {python}", "missing": python}, 0.0
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "error": f"probe timed out after {timeout:.0f}s", "missing": None}, timeout
+    elapsed = time.monotonic() - started
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG):]), elapsed
+    tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
+    return {"status": "error", "error": f"probe exited {proc.returncode} without a result: {tail}",
+            "missing": None}, elapsed
+
+
+def _cases(raw: dict[str, Any]) -> tuple[ProbeCase, ...]:
+    out = []
+    for c in raw.get("cases", []):
+        observed = {k: v for k, v in c.items() if k not in ("name", "door", "expect", "outcome")}
+        out.append(ProbeCase(name=c["name"], door=c.get("door", "decode-commit"), expect=c["expect"],
+                             outcome=c["outcome"], observed=observed))
+    return tuple(out)
+
+
+def run_admission_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
+                        timeout: float = 300.0) -> ProbeResult:
+    """Push a rejected, a valid and re-entering requests through the real PD doors of the sglang that
+    `python` imports (with `extra_pythonpath` first on its path)."""
+    raw, elapsed = _run_payload("admission", python, extra_pythonpath, timeout)
+    if raw.get("status") != "ok":
+        return ProbeResult(status=ERROR, version=raw.get("version"), sglang_path=raw.get("sglang_path"), cases=(),
+                           controls_ok=False, client_error=None, error=raw.get("error"), missing=raw.get("missing"),
+                           duration_s=round(elapsed, 2), torchvision_stub=bool(raw.get("torchvision_stub")),
+                           python=python)
+    cases = _cases(raw)
+    rejected = [c for c in cases if c.name == "rejected"]
+    outcomes = {c.outcome for c in rejected}
+    if outcomes == {RETIRED}:
+        status = RETIRED
+    elif outcomes == {ADMITTED}:
+        status = ADMITTED
+    elif outcomes <= {RETIRED, ADMITTED}:
+        status = PARTIAL
+    else:  # DROPPED: neither admitted nor answered
+        status = ERROR
+    controls = [c for c in cases if c.name != "rejected"]
+    client_error = next((c.observed.get("client_error") for c in rejected if c.observed.get("client_error")), None)
+    return ProbeResult(
+        status=status, version=raw.get("version"), sglang_path=raw.get("sglang_path"), cases=cases,
+        controls_ok=bool(controls) and all(c.ok for c in controls), client_error=client_error,
+        error=None if status != ERROR else "a rejected request was neither admitted nor answered",
+        missing=None, duration_s=round(elapsed, 2), torchvision_stub=bool(raw.get("torchvision_stub")),
+        python=python,
+    )
+
+
+def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
+                        timeout: float = 300.0) -> HardeningProbeResult:
+    """Publish a short (1-token) and a full handoff with the real `MetadataBuffers.set_buf` and commit
+    each through the real `DecodeTransferQueue._commit_transfer_to_req`."""
+    raw, elapsed = _run_payload("hardening", python, extra_pythonpath, timeout)
+    if raw.get("status") != "ok":
+        return HardeningProbeResult(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
+                                    error=raw.get("error"), missing=raw.get("missing"),
+                                    duration_s=round(elapsed, 2), python=python)
+    cases = _cases(raw)
+    short = next(c for c in cases if c.name == "short_handoff")
+    full = next(c for c in cases if c.name == "full_handoff")
+    if short.outcome == "ABORTED" and full.outcome == "COMMITTED":
+        status = VERIFIED
+    elif short.outcome == "COMMITTED":
+        status = UNVERIFIED
+    else:
+        status = ERROR
+    return HardeningProbeResult(status=status, version=raw.get("version"), cases=cases,
+                                client_error=short.observed.get("client_error"),
+                                error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} "
+                                f"full={full.outcome}", missing=None, duration_s=round(elapsed, 2), python=python)

@@ -1,0 +1,172 @@
+"""`kvgate backport`: apply, check, verify or revert kvgate's patch series for an sglang release."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from kvgate.backport.engine import (
+    BackportResult,
+    Layout,
+    Target,
+    applied_patches,
+    apply_series,
+    revert_series,
+    site_packages_of,
+)
+from kvgate.backport.manifest import Series, load_series
+from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_admission_probe, run_hardening_probe
+from kvgate.errors import KvgateError, UsageError
+from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
+from kvgate.formats import ReportFormat
+from kvgate.reporting import emit, pair_outputs
+from kvgate.secrets import redact
+
+GATE = "backport"
+
+
+def backport(
+    to: str = typer.Option(..., "--to", help="Release whose series to use, e.g. v0.5.20."),
+    repo: Optional[Path] = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
+    site_packages: Optional[Path] = typer.Option(
+        None, "--site-packages", help="A site-packages directory holding the installed sglang/."),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="An interpreter whose installed sglang to patch (or, with --site-packages, "
+        "to run --verify's probe in)."),
+    with_hardening: bool = typer.Option(
+        False, "--with-hardening", help="Also apply the opt-in decode-side handoff coverage check."),
+    check: bool = typer.Option(False, "--check", help="Say whether the series would apply; change nothing."),
+    verify: bool = typer.Option(
+        False, "--verify", help="Check the series is applied and run sglang's real admission code against it."),
+    revert: bool = typer.Option(False, "--revert", help="Undo the series (byte-for-byte restore)."),
+    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
+    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
+    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+) -> None:
+    """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
+    pairs = pair_outputs(list(fmt), list(output))
+    action = "verify" if verify else "revert" if revert else "check" if check else "apply"
+    exit_override: ExitStatus | None = None
+    try:
+        if sum((check, verify, revert)) > 1:
+            raise UsageError("--check, --verify and --revert are mutually exclusive")
+        series = load_series(to)
+        target, probe_python, probe_path = _target(repo, site_packages, python)
+        if action == "verify":
+            report = _verify(series, target, probe_python, probe_path, probe_timeout)
+        elif action == "revert":
+            report = _report(series, target, revert_series(target, series))
+        else:
+            report = _report(series, target, apply_series(target, series, with_hardening, check=check))
+    except KvgateError as exc:
+        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
+        node = str(repo or site_packages or python or "-")
+        report = Report(command=f"backport {action}", findings=(inconclusive(
+            GATE, action, node, f"refused: {exc}"),), strict=True)
+        exit_override = exc.exit_status
+    problems = emit(report, pairs)
+    for p in problems:
+        typer.echo(f"kvgate: error: {redact(p)}", err=True)
+    status = exit_override if exit_override is not None else report.exit_status
+    if problems and status is ExitStatus.PASSED:
+        status = ExitStatus.USAGE_ERROR
+    raise typer.Exit(int(status))
+
+
+def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:
+    """The target to patch, and the interpreter + PYTHONPATH that import it (None: a CPU env will)."""
+    if repo is not None and (site is not None or python is not None):
+        raise UsageError("give one of --repo, --site-packages, --python (--python may accompany --site-packages)")
+    if repo is not None:
+        target = Target(Layout.GIT, repo.resolve())
+        return target, None, [str(target.import_root)]
+    if site is not None:
+        target = Target(Layout.SITE, site.resolve())
+        return target, python, [str(target.root)]
+    if python is not None:
+        return Target(Layout.SITE, site_packages_of(python)), python, []
+    raise UsageError("say where sglang is: --repo PATH, --site-packages PATH or --python INTERPRETER")
+
+
+def _report(series: Series, target: Target, result: BackportResult) -> Report:
+    node = str(target.root)
+    findings = []
+    for p in result.patches:
+        ev = [Evidence(node, "files", ", ".join(p.files))]
+        if p.commit:
+            ev.append(Evidence(node, "commit", p.commit))
+        findings.append(passed(GATE, p.id, node, f"{p.status}: {p.title}", *ev))
+    notes = [result.message]
+    if result.branch:
+        notes.append(f"branch: {result.branch}")
+    if result.backup:
+        notes.append(f"backup of the original files: {result.backup}")
+    if result.marker:
+        notes.append(f"marker listing what was applied: {result.marker}")
+    return Report(command=f"backport {result.action} {series.name}", findings=tuple(findings),
+                  target={"layout": target.layout.value, "root": node, "series": series.name,
+                          "changed": result.changed}, notes=tuple(notes))
+
+
+def _verify(series: Series, target: Target, python: str | None, extra: list[str], timeout: float) -> Report:
+    """Applied? Then execute the target's own admission (and, if applied, decode commit) code."""
+    node = str(target.root)
+    have = applied_patches(target, series)
+    have_ids = {p.id for p in have}
+    findings: list[Finding] = []
+    for p in series.patches:
+        if p.id in have_ids:
+            findings.append(passed(GATE, p.id, node, f"applied: {p.title}"))
+        elif p.optional:
+            findings.append(passed(GATE, p.id, node, f"not applied (opt-in, --with-hardening): {p.title}"))
+        else:
+            findings.append(failed(GATE, p.id, node, f"not applied: {p.title}",
+                                   remedy=f"kvgate backport --to {series.name} ..."))
+    if python is None:
+        from kvgate.backport.cpuenv import cpu_env
+
+        python = cpu_env(series.base_release).python
+    adm = run_admission_probe(python, extra, timeout=timeout)
+    ev = [Evidence(c.door, f"{c.door}.{c.name}", c.outcome, c.expect) for c in adm.cases]
+    if adm.client_error:
+        ev.append(Evidence(node, "client_error", f"{adm.client_error.get('status_code')} "
+                           f"{adm.client_error.get('message')}"))
+    if adm.status == ERROR:
+        findings.append(inconclusive(f"{GATE}-probe", "admission", node,
+                                     f"probe error (no verdict): {adm.error}", *ev,
+                                     remedy=f"missing: {adm.missing}" if adm.missing else None))
+    elif adm.safe:
+        findings.append(passed(f"{GATE}-probe", "admission", node,
+                               f"{adm.status}: a rejected request is retired at both PD doors with its original "
+                               f"error; valid and re-entering requests admitted", *ev))
+    else:
+        findings.append(failed(f"{GATE}-probe", "admission", node,
+                               f"{adm.status}: rejected request admitted or a control case misbehaved", *ev,
+                               remedy=f"kvgate backport --to {series.name}"))
+    if any(p.optional and p.id in have_ids for p in series.patches):
+        hard = run_hardening_probe(python, extra, timeout=timeout)
+        hev = [Evidence("decode", c.name, c.outcome, c.expect) for c in hard.cases]
+        if hard.client_error:
+            hev.append(Evidence(node, "client_error", f"{hard.client_error.get('status_code')} "
+                                f"{hard.client_error.get('message')}"))
+        if hard.status == VERIFIED:
+            findings.append(passed(f"{GATE}-probe", "handoff-coverage", node,
+                                   "VERIFIED: a short handoff is aborted before commit, a full one committed", *hev))
+        elif hard.status == ERROR:
+            findings.append(inconclusive(f"{GATE}-probe", "handoff-coverage", node,
+                                         f"probe error (no verdict): {hard.error}", *hev))
+        else:
+            findings.append(failed(f"{GATE}-probe", "handoff-coverage", node,
+                                   f"{hard.status}: a short handoff was committed", *hev))
+    notes = (f"probe ran in {adm.python} (sglang {adm.version}, {adm.duration_s}s"
+             f"{', torchvision STUB' if adm.torchvision_stub else ''})",)
+    return Report(command=f"backport verify {series.name}", findings=tuple(findings), strict=True,
+                  target={"layout": target.layout.value, "root": node, "series": series.name,
+                          "probe_status": adm.status, "client_error": adm.client_error,
+                          "applied": sorted(have_ids)}, notes=notes)
+
+
+__all__ = ["backport", "RETIRED"]
