@@ -1,0 +1,104 @@
+"""Each release's behaviour for an over-pool prompt, end to end: worker processes, the TCP KV
+transfer and the real smg router. Scenario (incident.md section 2 at small scale): prefill pool <
+prompt < context, decode pool large; an earlier request planted a sentinel in pages that are now free.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.sim.conftest import generate, sentinel_prompt, state, wait_for
+
+pytestmark = pytest.mark.slow
+
+CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE = 4096, 1024, 16384, 16
+LIMIT = min(CONTEXT - 1, PREFILL_POOL - 1) - 5  # prefill max_req_input_len = 1018
+OVER = 2000  # prefill rejects (>= LIMIT), decode and context accept
+SENTINEL = "SENTINEL-7c1e-canary"
+INPUT_MSG = (f"Input length ({OVER} tokens) exceeds the maximum allowed length ({LIMIT} tokens). "
+             "Use a shorter input or enable --allow-auto-truncate.")
+
+
+def _plant(router: str) -> None:
+    r = generate(router, {"text": sentinel_prompt(SENTINEL, 900), "sampling_params": {"max_new_tokens": 16}})
+    assert r.status_code == 200, r.text
+
+
+def _over_pool(stream: bool = False, n: int = OVER) -> dict:
+    return {"input_ids": [ord("z")] * (n - 1) + [10], "sampling_params": {"max_new_tokens": 256}, "stream": stream}
+
+
+def test_0519_leaks_stale_pages_under_http_200(deployment) -> None:
+    dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=DECODE_POOL, page_size=PAGE)
+    info = json.loads(__import__("httpx").get(dep.prefill_urls[0] + "/server_info").text)
+    assert info["max_req_input_len"] == LIMIT and info["max_total_num_tokens"] == PREFILL_POOL
+    _plant(dep.router_url)
+    r = generate(dep.router_url, _over_pool())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert SENTINEL in body["text"]  # another request's content, served as this one's answer
+    assert body["meta_info"]["prompt_tokens"] == OVER  # looks like the caller's prompt was processed
+    d = state(dep.decode_urls[0])
+    assert d["stats"]["kv_pages_received"] >= 1
+    # exactly at the limit the rejection path fires too; one token under, the prompt is served normally
+    r = generate(dep.router_url, _over_pool(n=LIMIT))
+    assert r.status_code == 200 and SENTINEL in r.json()["text"]
+    r = generate(dep.router_url, _over_pool(n=LIMIT - 1))
+    assert r.status_code == 200 and SENTINEL not in r.json()["text"] and "zzz" in r.json()["text"]
+
+
+def test_0520_no_leak_but_decode_hangs_until_waiting_timeout(deployment) -> None:
+    timeout = 3.0
+    dep = deployment(emulate="0.5.20", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=DECODE_POOL, page_size=PAGE, waiting_timeout=timeout)
+    _plant(dep.router_url)
+    decode = dep.decode_urls[0]
+    # Streaming: smg relays the decode's stream, so the client sees the error only after the timeout.
+    t0 = time.monotonic()
+    r = generate(dep.router_url, _over_pool(stream=True))
+    elapsed = time.monotonic() - t0
+    assert SENTINEL not in r.text
+    assert "timed out after" in r.text and "KVPoll.WaitingForInput" in r.text, r.text
+    assert elapsed >= timeout
+    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 15)
+    # Non-streaming: smg answers with the prefill's 400 at once; the decode still holds its
+    # reservation (nothing will ever arrive) until its timeout or its disconnect check.
+    r = generate(dep.router_url, _over_pool())
+    assert r.status_code == 400 and INPUT_MSG in r.json()["error"]["message"]
+    held = state(decode)
+    assert held["transfers"] and held["free_pages"] < held["num_pages"]
+    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 15)
+    assert state(decode)["stats"]["kv_pages_received"] == 57  # only the planting request's pages
+
+
+@pytest.mark.parametrize("version", ["0.5.21", "0.5.22"])
+def test_0521_plus_immediate_400_and_pages_released(deployment, version: str) -> None:
+    dep = deployment(emulate=version, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=DECODE_POOL, page_size=PAGE, waiting_timeout=120)
+    _plant(dep.router_url)
+    decode = dep.decode_urls[0]
+    received = state(decode)["stats"]["kv_pages_received"]
+    t0 = time.monotonic()
+    r = generate(dep.router_url, _over_pool())
+    assert time.monotonic() - t0 < 60  # far below the decode waiting timeout: no hang
+    assert r.status_code == 400
+    assert INPUT_MSG in r.json()["error"]["message"] and SENTINEL not in r.text
+    t0 = time.monotonic()
+    r = generate(dep.router_url, _over_pool(stream=True))
+    assert time.monotonic() - t0 < 60
+    assert INPUT_MSG in r.text and SENTINEL not in r.text
+    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 10)
+    assert state(decode)["stats"]["kv_pages_received"] == received  # no KV moved for the rejected ones
+
+
+def test_context_overflow_is_a_tokenizer_stage_400(deployment) -> None:
+    dep = deployment(emulate="0.5.22", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=DECODE_POOL, page_size=PAGE)
+    r = generate(dep.router_url, _over_pool(n=CONTEXT))
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] == (
+        f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens).")
