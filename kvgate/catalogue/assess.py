@@ -91,11 +91,14 @@ def assess_version(raw: str, *, backend: str | None = None, target: str | None =
     return assess(dets, target=target or f"sglang {raw}", release=raw, backend=backend, notes=notes, catalogue=cat)
 
 
-def assess_installed(installed: InstalledSglang, *, backend: str | None = None) -> Assessment:
-    """Method 3 (source signatures), plus method 1 on the package's declared version."""
+def assess_installed(
+    installed: InstalledSglang, *, backend: str | None = None, behaviour: Iterable[Detection] = ()
+) -> Assessment:
+    """Method 3 (source signatures), plus method 1 on the package's declared version, plus any
+    behaviour detections (method 4, see kvgate.catalogue.behaviour) the caller ran."""
     cat = load_catalogue()
     notes = [f"sglang package {installed.package_dir} ({installed.found_by})"]
-    dets = list(detect_by_source(cat, installed).values())
+    dets = list(detect_by_source(cat, installed).values()) + list(behaviour)
     dets += [d for d in _version_detections(cat, installed.version, notes) if not cat.get(d.fix_id).is_backport]
     return assess(dets, target=str(installed.package_dir), release=installed.version, backend=backend,
                   notes=notes, catalogue=cat)

@@ -115,5 +115,5 @@ def detect_by_source(cat: Catalogue, installed: InstalledSglang) -> dict[str, De
     out: dict[str, Detection] = {}
     for fix in cat.fixes:
         r = results[fix.id]
-        out[fix.id] = Detection(fix.id, "source", r.presence, (f"{where}:",) + r.evidence())
+        out[fix.id] = Detection(fix.id, "source", r.presence, (f"package {where}",) + r.evidence())
     return out

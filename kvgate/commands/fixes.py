@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from kvgate.catalogue import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
+from kvgate.catalogue.behaviour import detect_by_behaviour
 from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
 from kvgate.commands._common import handle_errors
 from kvgate.errors import TransportError, UsageError
@@ -68,6 +69,9 @@ def fixes(
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
+    probe: bool = typer.Option(
+        False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
+    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per behaviour probe."),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
@@ -76,8 +80,13 @@ def fixes(
     """
     chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
                                      ("--python", python), ("--url", url)) if val is not None]
-    if len(chosen) > 1:
+    # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
+    probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
+    if len(chosen) > 1 and not probe_pair:
         raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
+    if probe and python is None:
+        raise UsageError("--probe needs --python INTERPRETER (one that imports sglang, with --site-packages PATH "
+                         "when the package is not on its own path)")
     if rev is not None and repo is None:
         raise UsageError("--rev needs --repo")
     pairs = pair_outputs(list(formats), list(outputs))
@@ -92,8 +101,14 @@ def fixes(
         a = assess_checkout(repo, rev or "HEAD", backend=backend)
     elif url is not None:
         a = _assess_url(url, backend=backend, token=token, timeout=timeout)
+    elif probe_pair:
+        installed = from_site_packages(Path(str(site_packages)))
+        behaviour = detect_by_behaviour(str(python), [str(installed.package_dir.parent)], timeout=probe_timeout)
+        a = assess_installed(installed, backend=backend, behaviour=behaviour)
     elif python is not None:
-        a = assess_installed(from_python(python), backend=backend)
+        installed = from_python(python)
+        behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
+        a = assess_installed(installed, backend=backend, behaviour=behaviour)
     elif site_packages is not None and site_packages != "auto":
         a = assess_installed(from_site_packages(Path(site_packages)), backend=backend)
     else:

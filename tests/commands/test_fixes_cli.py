@@ -207,3 +207,10 @@ def test_not_sglang_and_bad_json_exit_4(payload_server) -> None:  # type: ignore
     assert _run("--url", srv.url).exit_code == 4
     bad = payload_server({"/server_info": Route(raw=b"<html>")})
     assert _run("--url", bad.url).exit_code == 4
+
+
+def test_probe_needs_python(tmp_path: Path) -> None:
+    res = _run("--version", "0.5.22", "--probe")
+    assert res.exit_code == 2 and "--probe needs --python" in res.stderr
+    res = _run("--site-packages", str(tmp_path), "--python", "python3")
+    assert res.exit_code == 2 and "give one of" in res.stderr  # the pair is only for --probe

@@ -1,0 +1,68 @@
+"""Detection by behaviour (method 4): the installed sglang's real PD code executed on CPU.
+
+The probes belong to the backport work (kvgate/backport/probe.py); this module only turns their
+results into detections. Admission probe -> #38935 (a rejected request is retired at both doors while
+valid and re-entering requests are kept). Hardening probe -> #38704's transferred-length check
+(checklist item 3: a one-token handoff into a longer reservation is aborted, a full one committed).
+A probe that could not run is "unknown", never a verdict.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Sequence
+
+from kvgate.catalogue.model import Detection, Presence
+from kvgate.errors import UsageError
+
+
+def _probe_module() -> Any:
+    try:
+        return importlib.import_module("kvgate.backport.probe")
+    except ImportError as exc:
+        raise UsageError(f"--probe: the behaviour probe is not available in this kvgate ({exc})") from None
+
+
+def admission_detection(result: Any) -> Detection:
+    """Map a kvgate.backport.probe.ProbeResult to a detection of #38935."""
+    where = f"{result.python}" + (f", sglang {result.version}" if result.version else "")
+    ev = [f"admission probe ({where}, {result.duration_s}s): {result.status}"]
+    for c in result.cases:
+        ev.append(f"{c.name} at {c.door}: {c.outcome} (expected {c.expect})")
+    if result.status == "RETIRED" and result.controls_ok:
+        if result.client_error:
+            ev.append(f"client receives {result.client_error}")
+        return Detection("pr-38935", "behaviour", Presence.PRESENT, tuple(ev))
+    if result.status == "RETIRED":
+        ev.append("rejected requests are retired, but a control case misbehaved: not #38935's behaviour")
+        return Detection("pr-38935", "behaviour", Presence.UNKNOWN, tuple(ev))
+    if result.status in ("ADMITTED", "PARTIAL"):
+        return Detection("pr-38935", "behaviour", Presence.ABSENT, tuple(ev))
+    ev.append(f"probe error: {result.error}" + (f" (missing {result.missing})" if result.missing else ""))
+    return Detection("pr-38935", "behaviour", Presence.UNKNOWN, tuple(ev))
+
+
+def hardening_detection(result: Any) -> Detection:
+    """Map a kvgate.backport.probe.HardeningProbeResult to a detection of #38704 (handoff coverage)."""
+    ev = [f"handoff-coverage probe ({result.python}, {result.duration_s}s): {result.status}"]
+    ev += [f"{c.name}: {c.outcome} (expected {c.expect})" for c in result.cases]
+    if result.status == "VERIFIED":
+        return Detection("pr-38704", "behaviour", Presence.PRESENT, tuple(ev))
+    if result.status == "UNVERIFIED":
+        return Detection("pr-38704", "behaviour", Presence.ABSENT, tuple(ev))
+    ev.append(f"probe error: {result.error}" + (f" (missing {result.missing})" if result.missing else ""))
+    return Detection("pr-38704", "behaviour", Presence.UNKNOWN, tuple(ev))
+
+
+def detect_by_behaviour(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> list[Detection]:
+    """Run the probes in `python` (with `extra_pythonpath` first on its path) and map their results."""
+    probe = _probe_module()
+    if os.sep in python:  # the probe runs in another working directory; keep venv symlinks unresolved
+        python = os.path.abspath(python)
+    out = [admission_detection(probe.run_admission_probe(python, extra_pythonpath, timeout=timeout))]
+    if hasattr(probe, "run_hardening_probe"):
+        out.append(hardening_detection(probe.run_hardening_probe(python, extra_pythonpath, timeout=timeout)))
+    return out
