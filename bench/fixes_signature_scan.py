@@ -1,0 +1,88 @@
+"""Time of kvgate's signature detection over an installed sglang tree, as a ratio of `grep -r`.
+
+Both run side by side in one process, on a warm page cache, for the same strings: every signature of
+the catalogue (substrings as fixed strings, regexes as extended regexes). kvgate reads the named files
+plus one pass over every .py file for the glob (backport marker) signatures; grep reads the whole tree.
+Goal: ratio <= 2 against `grep -r --include=*.py`.
+
+    .venv/bin/python bench/fixes_signature_scan.py [--release 0.5.23 | --path SITE_PACKAGES] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from kvgate.catalogue import load_catalogue
+from kvgate.catalogue.signatures import DirTree
+from kvgate.catalogue.source import from_site_packages
+from kvgate.upstream import unpacked_wheel
+
+
+def _grep_patterns() -> list[str]:
+    """Every catalogue signature as a POSIX extended regex (GNU grep -E)."""
+    out = []
+    for fix in load_catalogue().fixes:
+        for sig in fix.signatures:
+            if sig.substring is not None:
+                out.append(re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", sig.substring))
+            else:
+                out.append(str(sig.regex))
+    return out
+
+
+def _time(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
+    samples = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--release", default="0.5.23", help="real sglang wheel to unpack and scan")
+    ap.add_argument("--path", help="a site-packages folder holding sglang/ (instead of --release)")
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    site = Path(args.path) if args.path else unpacked_wheel(args.release)
+    pkg = from_site_packages(site).package_dir
+    cat = load_catalogue()
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
+        fh.write("\n".join(_grep_patterns()) + "\n")
+        patfile = fh.name
+
+    def kvgate_scan() -> None:
+        DirTree(pkg).scan(cat.fixes)
+
+    def grep(*extra: str):  # type: ignore[no-untyped-def]
+        def run() -> None:
+            # -l like kvgate (a file is done at its first hit per pattern set); exit 1 (no match) is fine
+            subprocess.run(["grep", "-r", "-l", "-E", "-f", patfile, *extra, str(pkg)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        return run
+
+    grep_py, grep_all = grep("--include=*.py"), grep()
+    for fn in (kvgate_scan, grep_py, grep_all):  # warm the page cache
+        fn()
+    t_k = _time(kvgate_scan, args.repeat)
+    t_py = _time(grep_py, args.repeat)
+    t_all = _time(grep_all, args.repeat)
+    n_py = sum(1 for _ in pkg.rglob("*.py"))
+    print(f"tree: {pkg} ({n_py} .py files); {sum(len(f.signatures) for f in cat.fixes)} signatures; "
+          f"median of {args.repeat}")
+    print(f"kvgate signature scan      : {t_k * 1000:8.1f} ms")
+    print(f"grep -r --include=*.py     : {t_py * 1000:8.1f} ms   ratio kvgate/grep = {t_k / t_py:.2f}")
+    print(f"grep -r (every file)       : {t_all * 1000:8.1f} ms   ratio kvgate/grep = {t_k / t_all:.2f}")
+    print(f"ratio {t_k / t_py:.2f} (goal <= 2): {'met' if t_k / t_py <= 2 else 'NOT met'}")
+    Path(patfile).unlink()
+
+
+if __name__ == "__main__":
+    main()
