@@ -1,0 +1,98 @@
+"""Sending sentinel-carrying requests and scanning every answer for foreign sentinels."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from kvgate.gates.probes.client import GenerateClient, ProbeResult
+from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.plan import ACCEPT, LengthProbe
+from kvgate.gates.probes.sentinels import Sentinel, Sighting, TokenCodec, new_sentinel, plant_ids, scan
+from kvgate.progress import Observer
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request of this run: its probe, where it ran, its sentinel and what came back."""
+
+    probe: LengthProbe
+    phase: str
+    sentinel: Sentinel
+    result: ProbeResult
+
+    @property
+    def label(self) -> str:
+        return f"{self.probe.label} [{self.phase}]"
+
+
+@dataclass
+class Sender:
+    """Builds dense sentinel prompts, sends them (concurrently when asked), keeps the sentinel book."""
+
+    client: GenerateClient
+    codec: TokenCodec
+    meter: CostMeter
+    observer: Observer
+    run_id: str = field(default_factory=lambda: secrets.token_hex(4))
+    book: list[Sentinel] = field(default_factory=list)
+    sent: list[Sent] = field(default_factory=list)
+    rids: dict[str, list[str]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def sentinel(self, owner: str) -> Sentinel:
+        s = new_sentinel(owner)
+        with self._lock:
+            self.book.append(s)
+        return s
+
+    def rid(self, probe: LengthProbe, phase: str) -> str:
+        return f"kvgate-{self.run_id}-{phase}-{probe.name}-{secrets.token_hex(3)}"
+
+    def one(self, probe: LengthProbe, phase: str, *, cancel_after_s: float | None = None,
+            stream: bool = False) -> Sent:
+        """Send one probe carrying a fresh sentinel densely (every token belongs to a sentinel copy)."""
+        s = self.sentinel(f"{probe.label} [{phase}]")
+        ids = plant_ids(self.codec, s, probe.length)
+        rid = self.rid(probe, phase)
+        with self._lock:
+            self.rids.setdefault(phase, []).append(rid)
+        res = self.client.generate(probe.name, ids, probe.max_new_tokens, rid=rid, cancel_after_s=cancel_after_s,
+                                   stream=stream)
+        del ids
+        self.meter.add(res, accepted_length=probe.expect == ACCEPT)
+        rec = Sent(probe, phase, s, res)
+        with self._lock:
+            self.sent.append(rec)
+        return rec
+
+    def pending_rids(self, phase: str) -> list[str]:
+        """Request ids sent (or being sent) in `phase`."""
+        with self._lock:
+            return list(self.rids.get(phase, []))
+
+    def many(self, probes: Sequence[LengthProbe], phase: str, description: str,
+             streamed: Sequence[LengthProbe] = ()) -> list[Sent]:
+        """Send all probes at once (concurrent tenants), `streamed` ones as streaming requests too;
+        progress advances per answer."""
+        out: list[Sent] = []
+        jobs = [(p, phase, False) for p in probes] + [(p, f"{phase}-stream", True) for p in streamed]
+        with self.observer.step(description, total=len(jobs)) as handle:
+            with ThreadPoolExecutor(max_workers=max(1, min(64, len(jobs)))) as pool:
+                futures = [pool.submit(self.one, p, ph, stream=st) for p, ph, st in jobs]
+                for f in futures:
+                    out.append(f.result())
+                    handle.advance(1)
+        return out
+
+    def sightings(self, records: Sequence[Sent]) -> list[Sighting]:
+        """Foreign sentinels in the given answers (against every sentinel of this run so far)."""
+        with self._lock:
+            book = list(self.book)
+        out: list[Sighting] = []
+        for r in records:
+            out.extend(scan(r.label, r.sentinel, r.result.searchable, book))
+        return out

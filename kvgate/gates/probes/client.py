@@ -1,0 +1,180 @@
+"""A /generate client that sends exact token counts (`input_ids`) and keeps everything it saw.
+
+Non-streaming with a hard deadline: a request that has not answered by then is a `hang`, whatever the
+server does later. The elapsed time of a non-streaming request with a short generation is the
+time-to-first-token plus a few decode steps, which is what the latency probe compares.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What one /generate probe observed."""
+
+    name: str
+    sent_tokens: int
+    max_new_tokens: int
+    status: int | None  # None: no HTTP answer (hang or transport failure)
+    elapsed_s: float
+    body: Any = None  # parsed JSON, or None
+    raw: str = ""  # first bytes of the body as text
+    timed_out: bool = False
+    transport_error: str | None = None
+    cancelled: bool = False
+    stream: bool = False
+    deadline_s: float | None = None
+    ttft_s: float | None = None  # streaming: time to the first data event
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """Generated text of a 200 answer ("" when absent)."""
+        if isinstance(self.body, dict) and isinstance(self.body.get("text"), str):
+            return self.body["text"]
+        if isinstance(self.body, list) and self.body and isinstance(self.body[0], dict):
+            t = self.body[0].get("text")
+            return t if isinstance(t, str) else ""
+        return ""
+
+    @property
+    def served(self) -> bool:
+        """The target answered with a result (not an error, not a hang)."""
+        if self.status != 200 or self.timed_out:
+            return False
+        return not (self.stream and (not isinstance(self.body, dict) or "error" in self.body))
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        body = self.body[0] if isinstance(self.body, list) and self.body else self.body
+        if isinstance(body, dict) and isinstance(body.get("meta_info"), dict):
+            return body["meta_info"]
+        return {}
+
+    @property
+    def searchable(self) -> str:
+        """Everything in the answer a foreign sentinel could hide in (text and error bodies)."""
+        return self.raw
+
+
+class GenerateClient:
+    """Sends /generate probes to the router with a per-probe deadline."""
+
+    def __init__(self, http: httpx.Client, router_url: str, deadline_s: float, raw_limit: int = 1 << 20) -> None:
+        self.http = http
+        self.url = router_url.rstrip("/") + "/generate"
+        self.deadline_s = deadline_s
+        self.raw_limit = raw_limit
+
+    def payload(self, ids: list[int], max_new_tokens: int, rid: str | None = None,
+                stream: bool = False) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+            "stream": stream,
+        }
+        if rid:
+            body["rid"] = rid
+        return body
+
+    def generate(self, name: str, ids: list[int], max_new_tokens: int, *, rid: str | None = None,
+                 deadline_s: float | None = None, cancel_after_s: float | None = None,
+                 stream: bool = False) -> ProbeResult:
+        """POST one probe. `cancel_after_s` drops the connection after that long (client-side cancel)."""
+        if stream:
+            return replace(self._generate_stream(name, ids, max_new_tokens, rid, deadline_s or self.deadline_s),
+                           deadline_s=deadline_s or self.deadline_s)
+        return replace(self._generate_plain(name, ids, max_new_tokens, rid, deadline_s, cancel_after_s),
+                       deadline_s=None if cancel_after_s is not None else (deadline_s or self.deadline_s))
+
+    def _generate_plain(self, name: str, ids: list[int], max_new_tokens: int, rid: str | None,
+                        deadline_s: float | None, cancel_after_s: float | None) -> ProbeResult:
+        limit = cancel_after_s if cancel_after_s is not None else (deadline_s or self.deadline_s)
+        timeout = httpx.Timeout(limit, connect=min(limit, 10.0))
+        content = json.dumps(self.payload(ids, max_new_tokens, rid)).encode()
+        t0 = time.monotonic()
+        try:
+            resp = self.http.post(self.url, content=content, timeout=timeout,
+                                  headers={"Content-Type": "application/json"})
+        except httpx.TimeoutException:
+            return ProbeResult(name, len(ids), max_new_tokens, None, time.monotonic() - t0,
+                               timed_out=cancel_after_s is None, cancelled=cancel_after_s is not None)
+        except httpx.HTTPError as exc:
+            return ProbeResult(name, len(ids), max_new_tokens, None, time.monotonic() - t0,
+                               transport_error=f"{type(exc).__name__}: {exc}")
+        elapsed = time.monotonic() - t0
+        raw = resp.content[: self.raw_limit].decode("utf-8", errors="replace")
+        try:
+            body: Any = resp.json()
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+            body = None
+        if elapsed > limit and cancel_after_s is None:
+            # httpx's read timeout is per read; a trickled answer past the deadline is still a hang.
+            return ProbeResult(name, len(ids), max_new_tokens, resp.status_code, elapsed, body, raw, timed_out=True)
+        return ProbeResult(name, len(ids), max_new_tokens, resp.status_code, elapsed, body, raw,
+                           cancelled=False)
+
+    def _generate_stream(self, name: str, ids: list[int], max_new_tokens: int, rid: str | None,
+                         deadline: float) -> ProbeResult:
+        """Streaming /generate: the router relays the decode's stream, so a decode that waits for KV that
+        never comes shows here (a non-streaming request may get the prefill's error at once)."""
+        content = json.dumps(self.payload(ids, max_new_tokens, rid, stream=True)).encode()
+        t0 = time.monotonic()
+        events: list[Any] = []
+        raw_parts: list[str] = []
+        ttft: float | None = None
+        status: int | None = None
+        timed_out = False
+        try:
+            with self.http.stream("POST", self.url, content=content, headers={"Content-Type": "application/json"},
+                                  timeout=httpx.Timeout(deadline, connect=min(deadline, 10.0))) as resp:
+                status = resp.status_code
+                for line in resp.iter_lines():
+                    if time.monotonic() - t0 > deadline:
+                        timed_out = True
+                        break
+                    raw_parts.append(line)
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if ttft is None:
+                        ttft = time.monotonic() - t0
+                    if data == "[DONE]":
+                        break
+                    try:
+                        events.append(json.loads(data))
+                    except ValueError:
+                        events.append({"unparsed": data})
+        except httpx.TimeoutException:
+            timed_out = True
+        except httpx.HTTPError as exc:
+            return ProbeResult(name, len(ids), max_new_tokens, status, time.monotonic() - t0, None,
+                               "\n".join(raw_parts)[: self.raw_limit], transport_error=f"{type(exc).__name__}: {exc}",
+                               stream=True, ttft_s=ttft)
+        elapsed = time.monotonic() - t0
+        body = _stream_body(events)
+        return ProbeResult(name, len(ids), max_new_tokens, None if timed_out and status is None else status, elapsed,
+                           body, "\n".join(raw_parts)[: self.raw_limit], timed_out=timed_out, stream=True, ttft_s=ttft)
+
+
+def _stream_body(events: list[Any]) -> Any:
+    """The stream folded into one document: the error event if any, else the last chunk (SGLang's
+    /generate chunks carry the cumulative text and meta_info)."""
+    for ev in events:
+        if isinstance(ev, dict) and "error" in ev:
+            return ev
+    dicts = [ev for ev in events if isinstance(ev, dict)]
+    if not dicts:
+        return None
+    last = dict(dicts[-1])
+    if not (isinstance(last.get("text"), str) and last["text"]):
+        # incremental streaming output: the chunks' texts add up
+        last["text"] = "".join(str(ev.get("text", "")) for ev in dicts)
+    return last

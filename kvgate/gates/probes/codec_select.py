@@ -1,0 +1,48 @@
+"""Choosing how sentinel text becomes token ids for this target (see sentinels.py)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import httpx
+
+from kvgate.gates.probes.sentinels import ByteCodec, ServerCodec, TokenCodec, new_sentinel
+from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.target import PREFILL, NodeReading
+
+
+def is_simulator(readings: Sequence[NodeReading]) -> bool:
+    """True when every worker says it is the kvgate simulator (its byte-level tokenizer is known)."""
+    def one(r: NodeReading) -> bool:
+        info = r.server_info
+        marks = [info.get("model_path"), info.get("served_model_name"), info.get("tokenizer_path")]
+        return bool(info.get("kvgate_simulator")) or any(isinstance(m, str) and "kvgate" in m.lower() for m in marks)
+
+    return bool(readings) and all(one(r) for r in readings)
+
+
+def _server_codec(http: httpx.Client, readings: Sequence[NodeReading]) -> tuple[ServerCodec | None, str]:
+    urls = [r.spec.url for r in readings if r.spec.role == PREFILL] or [r.spec.url for r in readings]
+    why = "no worker to ask"
+    for url in urls:
+        codec = ServerCodec(http, url)
+        try:
+            if codec.round_trips(new_sentinel("probe").text):
+                return codec, f"{url}/v1/tokenize (round-trip verified with /v1/detokenize)"
+            why = f"{url}/v1/detokenize does not give the sentinel back"
+        except (httpx.HTTPError, ValueError) as exc:
+            why = f"{url}/v1/tokenize unusable ({type(exc).__name__})"
+    return None, why
+
+
+def select_codec(http: httpx.Client, readings: Sequence[NodeReading],
+                 settings: ProbeSettings) -> tuple[TokenCodec | None, str]:
+    """The codec and a sentence saying why; None when sentinels cannot be decoded (canaries inconclusive)."""
+    if settings.tokenizer == "bytes":
+        return ByteCodec(settings.byte_offset), f"byte-level ids (offset {settings.byte_offset}, from the profile)"
+    codec, why = _server_codec(http, readings)
+    if codec is not None:
+        return codec, why
+    if settings.tokenizer == "auto" and is_simulator(readings):
+        return ByteCodec(0), "the kvgate simulator's byte-level tokenizer"
+    return None, why

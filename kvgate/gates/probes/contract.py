@@ -1,0 +1,148 @@
+"""The response contract of one length probe, checked as a whole, and its named failure classes.
+
+Accepted length: HTTP 200, `meta_info.prompt_tokens` equal to what was sent, a finish reason of type
+stop or length (with tokens generated). Rejected length: 4xx within `reject_within_s`, an error body
+that names the limit, no generated text. Everything else is one named class (style.md, "Peers'
+lessons": each PD failure shape is its own class).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable
+
+from kvgate.gates.probes.client import ProbeResult
+from kvgate.gates.probes.plan import ACCEPT, LengthProbe
+
+
+class Verdict(str, Enum):
+    """Contract outcome classes. OK_* pass; NO_OBSERVATION is inconclusive; every other is a failure."""
+
+    OK_ACCEPTED = "ok_accepted"
+    OK_REJECTED = "ok_rejected"
+    LEAK_SUSPECTED = "leak_suspected"  # 200 with generated text for a length that must be rejected
+    SERVED_OVER_LIMIT = "served_over_limit"  # 200 without text for a length that must be rejected
+    PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
+    SERVER_ERROR = "server_error"  # 5xx
+    ABORT_UNDER_200 = "abort_under_200"  # 200 with finish_reason abort
+    LENGTH_UNDER_200 = "length_under_200"  # 200 with finish_reason length but nothing generated
+    ERROR_UNDER_200 = "error_under_200"  # 200 whose body is an error document
+    MISSING_FINISH_REASON = "missing_finish_reason"
+    MALFORMED_RESPONSE = "malformed_response"  # 200 that is not a /generate document
+    HANG = "hang"  # no answer within the probe deadline
+    SLOW_REJECTION = "slow_rejection"  # 4xx, but not promptly
+    REJECTION_UNEXPLAINED = "rejection_unexplained"  # 4xx whose body does not name the limit
+    REJECTION_WITH_TEXT = "rejection_with_text"  # 4xx that still carries generated text
+    UNEXPECTED_REJECTION = "unexpected_rejection"  # 4xx for a length that must be accepted
+    UNEXPECTED_STATUS = "unexpected_status"  # 1xx/3xx, or 4xx of auth/routing
+    NO_OBSERVATION = "no_observation"  # transport failure: nothing observed
+
+    @property
+    def ok(self) -> bool:
+        return self in (Verdict.OK_ACCEPTED, Verdict.OK_REJECTED)
+
+
+@dataclass(frozen=True)
+class Classified:
+    """A verdict and the reason in words."""
+
+    verdict: Verdict
+    detail: str
+
+
+def _finish(meta: dict) -> tuple[str | None, object]:
+    fr = meta.get("finish_reason")
+    if isinstance(fr, dict):
+        return (fr.get("type") if isinstance(fr.get("type"), str) else None), fr
+    if isinstance(fr, str):
+        return fr, fr
+    return None, fr
+
+
+def _names_limit(raw: str, limits: Iterable[int]) -> bool:
+    for n in limits:
+        if re.search(rf"(?<![\d,]){n}(?![\d,])", raw) or re.search(rf"(?<![\d,]){n:,}(?![\d,])", raw):
+            return True
+    return False
+
+
+def _stream_error_code(res: ProbeResult) -> int | None:
+    if not (res.stream and res.status == 200 and isinstance(res.body, dict) and "error" in res.body):
+        return None
+    err = res.body["error"]
+    code = err.get("code", err.get("status")) if isinstance(err, dict) else None
+    if isinstance(code, int) and 400 <= code < 600:
+        return code
+    msg = str(err.get("message", "")) if isinstance(err, dict) else str(err)
+    return 500 if "failed" in msg.lower() or "timed out" in msg.lower() else 400
+
+
+def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[int],
+             reject_within_s: float) -> Classified:
+    """Check one answer against the whole contract of its probe."""
+    if res.timed_out:
+        limit = f"the {res.deadline_s:g} s probe deadline" if res.deadline_s else "the probe deadline"
+        mode = "streaming" if res.stream else "non-streaming"
+        return Classified(Verdict.HANG, f"no complete {mode} answer within {limit} (gave up after "
+                                        f"{res.elapsed_s:.1f} s)")
+    if res.status is None:
+        return Classified(Verdict.NO_OBSERVATION, f"transport failure: {res.transport_error}")
+    st = res.status
+    how = "HTTP"
+    streamed_error = _stream_error_code(res)
+    if streamed_error is not None:
+        # SGLang streams a rejection as HTTP 200 + `data: {"error": {...}}`: judge it by the error's code.
+        st = streamed_error
+        how = "streamed error (HTTP 200)"
+    if st >= 500:
+        return Classified(Verdict.SERVER_ERROR, f"{how} {st}: {res.raw[:200]!r}")
+    if 400 <= st < 500:
+        if st in (401, 403, 404, 405, 429):
+            return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
+        if probe.expect == ACCEPT:
+            return Classified(Verdict.UNEXPECTED_REJECTION, f"HTTP {st} for an accepted length: {res.raw[:200]!r}")
+        if res.text:
+            return Classified(Verdict.REJECTION_WITH_TEXT, f"HTTP {st} with {len(res.text)} chars of text")
+        if res.elapsed_s > reject_within_s:
+            return Classified(Verdict.SLOW_REJECTION,
+                              f"{how} {st} after {res.elapsed_s:.1f} s (> {reject_within_s:g} s)")
+        if not _names_limit(res.raw, limit_numbers):
+            return Classified(Verdict.REJECTION_UNEXPLAINED, f"{how} {st} body names no limit: {res.raw[:200]!r}")
+        return Classified(Verdict.OK_REJECTED, f"{how} {st} in {res.elapsed_s:.2f} s: {res.raw[:160]!r}")
+    if st != 200:
+        return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
+    body = res.body[0] if isinstance(res.body, list) and res.body else res.body
+    if not isinstance(body, dict):
+        return Classified(Verdict.MALFORMED_RESPONSE, f"HTTP 200 but not a JSON object: {res.raw[:120]!r}")
+    if "error" in body and not res.text:
+        return Classified(Verdict.ERROR_UNDER_200, f"HTTP 200 carrying an error: {res.raw[:200]!r}")
+    meta = res.meta
+    ftype, fr = _finish(meta)
+    if probe.expect != ACCEPT:
+        if res.text:
+            return Classified(Verdict.LEAK_SUSPECTED,
+                              f"HTTP 200 with {len(res.text)} chars of text for a length that must be rejected "
+                              f"(prompt_tokens {meta.get('prompt_tokens')!r}, finish_reason {fr!r})")
+        if ftype == "abort":
+            return Classified(Verdict.ABORT_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
+        if ftype == "length":
+            return Classified(Verdict.LENGTH_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
+        return Classified(Verdict.SERVED_OVER_LIMIT, f"HTTP 200 for a length that must be rejected: {fr!r}")
+    if "meta_info" not in body or not isinstance(body.get("text"), str):
+        return Classified(Verdict.MALFORMED_RESPONSE, f"HTTP 200 without text/meta_info: {res.raw[:160]!r}")
+    pt = meta.get("prompt_tokens")
+    if pt != res.sent_tokens:
+        return Classified(Verdict.PROMPT_TOKENS_MISMATCH, f"meta_info.prompt_tokens {pt!r}, sent {res.sent_tokens}")
+    if ftype is None:
+        return Classified(Verdict.MISSING_FINISH_REASON, f"meta_info.finish_reason {fr!r}")
+    if ftype == "abort":
+        return Classified(Verdict.ABORT_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
+    ct = meta.get("completion_tokens")
+    if ftype == "length" and not (isinstance(ct, int) and ct >= 1):
+        return Classified(Verdict.LENGTH_UNDER_200, f"finish_reason {fr!r} with completion_tokens {ct!r}")
+    if ftype not in ("stop", "length"):
+        return Classified(Verdict.MISSING_FINISH_REASON, f"unknown finish_reason {fr!r}")
+    return Classified(Verdict.OK_ACCEPTED, f"HTTP 200, prompt_tokens {pt}, finish_reason {ftype}, "
+                                           f"{res.elapsed_s:.2f} s")

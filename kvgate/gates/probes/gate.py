@@ -1,0 +1,266 @@
+"""The probing gates: what the deployment does at its limits, read from the bodies, not the status.
+
+Order (cheapest that can fail first; incident.md sections 4-5):
+1. tokenizer rejections: beyond the context and at the context (no prefill when correct);
+2. canary round A: cheap plants (the tenants), then the abort-path probes (first rejected length of
+   the pool bound, the danger band) together with fresh concurrent tenants;
+3. latency: one-page vs long prompts, one-sided KS;
+4. abort mid-transfer;
+5. canary round B: the longest accepted prompt as the plant (the one long prefill of the run), then
+   the abort-path probes and fresh concurrent tenants again.
+A confirmed leak (a foreign sentinel) stops the run early unless `early_stop` is false; what was not
+run is reported inconclusive, never passed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.base import GateContext
+from kvgate.gates.probes.abort import run_abort
+from kvgate.gates.probes.canary import Sender, Sent
+from kvgate.gates.probes.client import GenerateClient
+from kvgate.gates.probes.codec_select import select_codec
+from kvgate.gates.probes.contract import Classified, Verdict, classify
+from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
+from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, plan_length_probes
+from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
+from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.target import DECODE
+
+GATE = "probes"
+REMEDY_REJECT = ("upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
+                 "raise the KV pool to at least the context (incident.md section 1)")
+
+
+class ProbeGate:
+    """Gates 2-4 by probing through the router: exact-length contracts, canaries, latency, abort."""
+
+    name = GATE
+
+    def __init__(self, settings: ProbeSettings | None = None) -> None:
+        self.settings = settings
+
+    def run(self, ctx: GateContext) -> list[Finding]:
+        """Probe the deployment behind `ctx.options.router_url`; never raises for target behaviour."""
+        settings = self.settings or ProbeSettings.from_mapping(ctx.options.probes,
+                                                               ctx.options.profile_name or "probes")
+        router = ctx.options.router_url
+        node = f"router {router}" if router else "deployment"
+        if not router:
+            return [inconclusive(GATE, "setup", node, "probes need --router-url: nothing was probed")]
+        limits, problems = limits_from_readings(ctx.readings)
+        if limits is None:
+            return [inconclusive(GATE, "setup", node, "cannot plan exact probe lengths: " + "; ".join(problems),
+                                 remedy="fix the readings gate 1 reports as missing")]
+        return _Run(ctx, settings, limits, router.rstrip("/"), node).execute()
+
+
+class _Run:
+    """State of one probe run."""
+
+    def __init__(self, ctx: GateContext, settings: ProbeSettings, limits: ProbeLimits, router: str,
+                 node: str) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.limits = limits
+        self.node = node
+        self.obs = ctx.observer
+        self.meter = CostMeter(context=limits.context)
+        codec, how = select_codec(ctx.client.http, ctx.readings, settings)
+        self.codec_note = how
+        self.can_decode = codec is not None
+        # Without a codec the contract probes still run: byte ids are valid in every real vocabulary.
+        self.sender = Sender(GenerateClient(ctx.client.http, router, settings.deadline_s),
+                             codec or ByteCodec(settings.byte_offset), self.meter, self.obs)
+        self.findings: list[Finding] = []
+        self.observations: dict[str, list[tuple[Sent, Classified]]] = {}
+        self.stopped_by: str | None = None
+
+    # -- orchestration -----------------------------------------------------------------------
+
+    def execute(self) -> list[Finding]:
+        s, lim = self.settings, self.limits
+        probes = plan_length_probes(lim, s.max_new_tokens)
+        by_name = {p.name: p for p in probes}
+        over = [p for p in probes if p.name in ("pool_limit", "danger_band")]
+        self.obs.log(f"probes: context {lim.context:,}, max_req_input_len {lim.max_req_input_len:,}, "
+                     f"page {lim.page_size}; lengths " + ", ".join(p.label for p in probes)
+                     + f"; sentinels via {self.codec_note}")
+        tenant = self._tenant_probe()
+        samples: list[LatencySamples | None] = [None]
+        plant_b: list[Sent] = []
+
+        def tokenizer_rejections() -> None:
+            firsts = [by_name["beyond_context"], by_name["context_limit"]]
+            for rec in self.sender.many(firsts, "rejections", "tokenizer rejections", streamed=firsts):
+                self._contract(rec)
+
+        def round_a() -> None:
+            plants = self.sender.many([tenant(f"plantA{i:02d}") for i in range(s.tenants)], "A-plant",
+                                      f"round A: {s.tenants} small plants")
+            for rec in plants:
+                self._contract(rec)
+            self._round("A", over, tenant, plants)
+
+        def latency() -> None:
+            samples[0] = collect_latency(self.sender, lim, s)
+
+        def abort() -> None:
+            if not s.abort_probe:
+                self.findings.append(inconclusive(GATE, "abort.mid_transfer", self.node,
+                                                  "not run: abort_probe is false"))
+                return
+            decodes = [r.spec.url for r in self.ctx.readings if r.spec.role == DECODE]
+            model = samples[0].model(s.latency_alpha) if samples[0] is not None else None
+            f = run_abort(self.sender, self.ctx.client.http, decodes, lim, s, model, self.node)
+            if not self.can_decode and f.outcome.value == "passed":
+                f = inconclusive(GATE, f.check, self.node, "sentinels cannot be decoded: " + f.summary)
+            self.findings.append(f)
+            if f.outcome.value == "failed":
+                self.stopped_by = self.stopped_by or f"abort probe: {f.summary}"
+
+        def round_b() -> None:
+            with self.obs.step(f"round B: plant at the longest accepted length ({by_name['longest_accepted'].length:,}"
+                               " tokens)"):
+                plant = self.sender.one(by_name["longest_accepted"], "B-plant")
+            plant_b.append(plant)
+            self._contract(plant)
+            self._round("B", over, tenant, [plant])
+
+        phases: list[tuple[str, Callable[[], None]]] = [
+            ("tokenizer rejections", tokenizer_rejections),
+            ("canary round A (small plants)", round_a),
+            ("latency", latency),
+            ("abort mid-transfer", abort),
+            ("canary round B (at-limit plant)", round_b),
+        ]
+        skipped: list[str] = []
+        for title, fn in phases:
+            if self.stopped_by and s.early_stop:
+                skipped.append(title)
+                continue
+            self.obs.log(f"probes: {title}")
+            fn()
+        self._contract_findings(probes)
+        if "latency" not in skipped:
+            served = [rec for name in ("pool_limit", "danger_band") for rec, _ in self.observations.get(name, [])
+                      if rec.result.status == 200 and not rec.result.timed_out]
+            self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
+        if skipped:
+            self.findings.append(inconclusive(GATE, "skipped", self.node,
+                                              f"not run after a confirmed leak ({self.stopped_by}): "
+                                              + ", ".join(skipped) + " (set early_stop: false to run them)"))
+        self.ctx.cost.update(self.meter.as_cost())
+        return self.findings
+
+    def _tenant_probe(self) -> Callable[[str], LengthProbe]:
+        s, lim = self.settings, self.limits
+        unit = len(self.sender.codec.encode("<KVG0000000000>\n"))
+        length = s.tenant_tokens or max(2 * lim.page_size, 4 * unit, 32)
+        length = min(length, lim.longest_accepted)
+        mnt = max(1, min(s.max_new_tokens, lim.context - length))
+
+        def make(name: str) -> LengthProbe:
+            return LengthProbe(f"tenant-{name}", length, ACCEPT, "none", "concurrent canary tenant", mnt)
+
+        return make
+
+    def _round(self, tag: str, over: list[LengthProbe], tenant: Callable[[str], LengthProbe],
+               plants: list[Sent]) -> None:
+        """After a plant: abort-path probes and fresh tenants, all at once; then scan every answer."""
+        s = self.settings
+        batch = list(over) + [tenant(f"{tag}{i:02d}") for i in range(s.tenants)]
+        # Over-limit probes go both ways: non-streaming (the router may answer with the prefill's error)
+        # and streaming (the router relays the decode, so a decode waiting for KV that never comes hangs).
+        recs = self.sender.many(batch, f"{tag}", f"round {tag}: {len(over)} over-limit probe(s) x 2 + "
+                                                  f"{s.tenants} tenants", streamed=over)
+        tenants: list[Sent] = []
+        for rec in recs:
+            self._contract(rec)
+            if rec.probe.name.startswith("tenant-"):
+                tenants.append(rec)
+        sightings = self.sender.sightings(list(plants) + recs)
+        self.findings.append(self._canary_finding(tag, plants, recs, sightings))
+        self.findings.append(self._tenant_finding(tag, tenants, plants if tag == "A" else []))
+        if sightings:
+            self.stopped_by = self.stopped_by or f"round {tag}: {owners(sightings)[0]}"
+
+    # -- findings ------------------------------------------------------------------------------
+
+    def _contract(self, rec: Sent) -> Classified:
+        lim = self.limits
+        numbers = {lim.context, lim.max_req_input_len} | ({lim.pool} if lim.pool else set())
+        c = classify(rec.probe, rec.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
+        self.observations.setdefault(rec.probe.name, []).append((rec, c))
+        return c
+
+    def _contract_findings(self, probes: list[LengthProbe]) -> None:
+        for p in probes:
+            obs = self.observations.get(p.name, [])
+            check = f"contract.{p.name}"
+            expect = "HTTP 200, prompt_tokens == sent, finish reason" if p.expect == ACCEPT else \
+                "4xx promptly, error names the limit, no text"
+            ev = [Evidence(self.node, f"{rec.label}", {"verdict": c.verdict.value, "detail": c.detail,
+                                                      "status": rec.result.status,
+                                                      "elapsed_s": round(rec.result.elapsed_s, 3)}, expect)
+                  for rec, c in obs]
+            if not obs:
+                self.findings.append(inconclusive(GATE, check, self.node, f"{p.label}: not run", *ev))
+                continue
+            bad = [(rec, c) for rec, c in obs if not c.verdict.ok and c.verdict != Verdict.NO_OBSERVATION]
+            if bad:
+                rec, c = bad[0]
+                classes = sorted({c2.verdict.value for _, c2 in bad})
+                self.findings.append(failed(GATE, check, self.node,
+                                            f"{c.verdict.value}: {rec.label}: {c.detail}"
+                                            + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else ""),
+                                            *ev, remedy=REMEDY_REJECT))
+            elif any(c.verdict == Verdict.NO_OBSERVATION for _, c in obs):
+                self.findings.append(inconclusive(GATE, check, self.node,
+                                                  f"{p.label}: nothing observed ({obs[0][1].detail})", *ev))
+            else:
+                self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}",
+                                            *ev))
+
+    def _canary_finding(self, tag: str, plants: list[Sent], recs: list[Sent], sightings: list[Sighting]) -> Finding:
+        check = f"canary.round_{tag.lower()}"
+        answered = [r for r in list(plants) + recs if r.result.status is not None and r.result.raw]
+        ev = [Evidence(self.node, "canary.plants", [p.label for p in plants]),
+              Evidence(self.node, "canary.answers_scanned", len(answered)),
+              Evidence(self.node, "canary.sentinels", len(self.sender.book))]
+        if sightings:
+            what = owners(sightings)
+            ev.append(Evidence(self.node, "canary.leaks", what, "every answer carries only its own sentinel"))
+            return failed(GATE, check, self.node,
+                          f"cross-request content: {len(what)} foreign sentinel sighting(s); first: content of "
+                          f"{sightings[0].source} leaked into {sightings[0].victim}: {sightings[0].sentinel}",
+                          *ev, remedy=REMEDY_REJECT)
+        if not self.can_decode:
+            return inconclusive(GATE, check, self.node, f"sentinels cannot be decoded ({self.codec_note}): "
+                                "canary content was not checked", *ev)
+        if not answered:
+            return inconclusive(GATE, check, self.node, "no answer to scan", *ev)
+        return passed(GATE, check, self.node, f"{len(answered)} answers after {len(plants)} plant(s) carry no "
+                      "foreign sentinel", *ev)
+
+    def _tenant_finding(self, tag: str, tenants: list[Sent], plants: list[Sent]) -> Finding:
+        check = f"tenants.round_{tag.lower()}"
+        all_t = tenants + [p for p in plants if p.probe.name.startswith("tenant-")]
+        lim = self.limits
+        numbers = {lim.context, lim.max_req_input_len}
+        bad = []
+        for r in all_t:
+            c = classify(r.probe, r.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
+            if not c.verdict.ok:
+                bad.append(f"{r.label}: {c.verdict.value}: {c.detail}")
+        ev = [Evidence(self.node, "tenants.sent", len(all_t)),
+              Evidence(self.node, "tenants.bad", bad[:10], "every tenant answered 200 with its own prompt_tokens")]
+        if not all_t:
+            return inconclusive(GATE, check, self.node, "no tenant ran", *ev)
+        if bad:
+            return failed(GATE, check, self.node, f"{len(bad)} of {len(all_t)} tenant requests broke the contract: "
+                          f"{bad[0]}", *ev)
+        return passed(GATE, check, self.node, f"{len(all_t)} concurrent tenant requests answered in full", *ev)

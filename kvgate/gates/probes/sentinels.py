@@ -1,0 +1,145 @@
+"""Canary sentinels: fresh per run, planted as token ids, searched for in response text.
+
+Why text search: the probes must send `input_ids` (exact token counts), but a response comes back as
+text. A sentinel is therefore ASCII text (`<KVG` + 10 random base32 characters + `>`) turned into ids
+by a `TokenCodec`, and planted densely: the prompt is the ids of the sentinel's line repeated end to end, so every
+KV page of it holds sentinel content. Any stale read of those pages decodes back to sentinel text.
+
+How ids are obtained, honestly:
+- `ServerCodec`: the worker's own tokenizer through SGLang's `/v1/tokenize` (ids without special
+  tokens), accepted only if `/v1/detokenize` of the ids repeated twice gives the text back twice.
+- `ByteCodec`: the kvgate simulator's reversible byte-level tokenizer (id = byte + offset).
+- With neither, canary checks are inconclusive: kvgate cannot decode a model's ids on its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Iterable, Protocol, Sequence
+
+import httpx
+
+PREFIX = "KVG"
+_CORE_LEN = 10
+# A sentinel of any kvgate run, ours or an earlier one.
+ANY_SENTINEL = re.compile(PREFIX + r"[A-Z2-7]{%d}" % _CORE_LEN)
+# Fragments of this many random characters still identify a sentinel (40 bits) when an answer is
+# too short to hold a whole one.
+FRAGMENT = 8
+
+
+@dataclass(frozen=True)
+class Sentinel:
+    """One request's marker: the owner it identifies and its text."""
+
+    owner: str
+    core: str  # KVG + random part
+
+    @property
+    def text(self) -> str:
+        return f"<{self.core}>"
+
+    @property
+    def unit(self) -> str:
+        """What is planted, repeated: the sentinel on its own line (models echo lines; so does the simulator)."""
+        return self.text + "\n"
+
+    @property
+    def fragments(self) -> tuple[str, ...]:
+        rnd = self.core[len(PREFIX):]
+        return tuple(rnd[i:i + FRAGMENT] for i in range(len(rnd) - FRAGMENT + 1))
+
+    def found_in(self, text: str) -> bool:
+        return self.core in text or any(f in text for f in self.fragments)
+
+
+def new_sentinel(owner: str) -> Sentinel:
+    """A fresh sentinel from the OS CSPRNG (never reused across runs)."""
+    rnd = base64.b32encode(secrets.token_bytes(8)).decode("ascii")[:_CORE_LEN]
+    return Sentinel(owner, PREFIX + rnd)
+
+
+class TokenCodec(Protocol):
+    """Turns sentinel text into the target's token ids."""
+
+    name: str
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without special tokens."""
+
+
+@dataclass(frozen=True)
+class ByteCodec:
+    """Byte-level ids (the kvgate simulator's tokenizer): id = UTF-8 byte + offset."""
+
+    offset: int = 0
+    name: str = "bytes"
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.offset for b in text.encode("utf-8")]
+
+
+class ServerCodec:
+    """The worker's tokenizer via SGLang's /v1/tokenize, verified with /v1/detokenize."""
+
+    name = "server"
+
+    def __init__(self, http: httpx.Client, base_url: str, timeout: float = 10.0) -> None:
+        self.http = http
+        self.base = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def encode(self, text: str) -> list[int]:
+        resp = self.http.post(self.base + "/v1/tokenize", json={"prompt": text, "add_special_tokens": False},
+                              timeout=self.timeout)
+        resp.raise_for_status()
+        tokens = resp.json().get("tokens")
+        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
+            raise ValueError(f"/v1/tokenize returned no token list: {resp.text[:120]!r}")
+        return tokens
+
+    def round_trips(self, text: str) -> bool:
+        """True if the ids of `text`, repeated twice, decode to `text` twice (dense planting works)."""
+        ids = self.encode(text)
+        resp = self.http.post(self.base + "/v1/detokenize", json={"tokens": ids + ids}, timeout=self.timeout)
+        resp.raise_for_status()
+        decoded = resp.json().get("text")
+        return isinstance(decoded, str) and decoded.count(text.strip("<>")) == 2
+
+
+def plant_ids(codec: TokenCodec, sentinel: Sentinel, length: int) -> list[int]:
+    """Exactly `length` ids: the sentinel's ids repeated end to end (dense: every page holds it)."""
+    unit = codec.encode(sentinel.unit)
+    reps = -(-length // len(unit))
+    return (unit * reps)[:length]
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """A sentinel seen in a response it does not belong to."""
+
+    victim: str  # the request whose response carried it
+    source: str  # the request whose content it is ("an earlier kvgate run" when unknown)
+    sentinel: str
+
+
+def scan(victim: str, own: Sentinel | None, text: str, book: Sequence[Sentinel]) -> list[Sighting]:
+    """Every foreign sentinel in `text`: this run's (attributed) and earlier runs' (pattern)."""
+    out: list[Sighting] = []
+    for s in book:
+        if own is not None and s.core == own.core:
+            continue
+        if s.found_in(text):
+            out.append(Sighting(victim, s.owner, s.text))
+    ours = {s.core for s in book}
+    for m in set(ANY_SENTINEL.findall(text)):
+        if m not in ours:
+            out.append(Sighting(victim, "an earlier kvgate run (unknown request)", f"<{m}>"))
+    return out
+
+
+def owners(sightings: Iterable[Sighting]) -> list[str]:
+    return sorted({f"{s.source} -> {s.victim} ({s.sentinel})" for s in sightings})

@@ -1,0 +1,131 @@
+"""Settings of the probe gates, validated from a profile's `probes:` mapping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from kvgate.errors import ProfileError
+
+# SGLang's SGLANG_DISAGGREGATION_WAITING_TIMEOUT / BOOTSTRAP_TIMEOUT default (sglang-surface.md section 3).
+# A probe deadline at or above it cannot tell a hang from a slow error.
+SGLANG_WAITING_TIMEOUT_S = 300.0
+TOKENIZER_MODES = ("auto", "server", "bytes")
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """What the probe gates do and how hard they try. Every field is a profile key under `probes:`.
+
+    - deadline_s: seconds one probe may take before it is a `hang` (well under SGLang's 300 s timeout).
+    - reject_within_s: a rejection slower than this (or than deadline_s if smaller) is `slow_rejection`
+      (the contract says "promptly").
+    - tenants: concurrent canary tenants after each plant (each with its own sentinel).
+    - tenant_tokens: prompt length of one tenant; None = two KV pages, at least four sentinels.
+    - max_new_tokens: generation length asked of canary and over-limit probes (capped so that
+      prompt + max_new_tokens never exceeds the context, which SGLang's tokenizer would reject first).
+    - latency_samples: samples per bucket (one-page and long prompts, interleaved) for the KS test.
+    - latency_long_tokens: length of a "long" latency sample; None = latency_budget x context / samples.
+    - latency_budget: share of one context-length prefill the long latency bucket may cost in total.
+    - latency_alpha: significance level of the one-sided two-sample KS test.
+    - early_stop: stop after a confirmed leak (a foreign sentinel seen) instead of running every probe.
+    - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
+    - abort_attempts: cancellations tried, each at a different point of the expected transfer window.
+    - abort_tokens: prompt length of the request that is cancelled; None = 3 % of the context.
+    - abort_canaries: canary requests sent right after each cancellation.
+    - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
+      /v1/detokenize if they round-trip, else the simulator's byte-level tokenizer when the target is
+      the kvgate simulator, else canaries are inconclusive. "server": /v1/tokenize only. "bytes": ids are
+      UTF-8 bytes plus `byte_offset` (the kvgate simulator's tokenizer).
+    - byte_offset: id of byte 0 in "bytes" mode.
+    """
+
+    deadline_s: float = 30.0
+    reject_within_s: float = 10.0
+    tenants: int = 32
+    tenant_tokens: int | None = None
+    max_new_tokens: int = 48
+    latency_samples: int = 12
+    latency_long_tokens: int | None = None
+    latency_budget: float = 0.05
+    latency_alpha: float = 0.01
+    early_stop: bool = True
+    abort_probe: bool = True
+    abort_attempts: int = 3
+    abort_tokens: int | None = None
+    abort_canaries: int = 8
+    tokenizer: str = "auto"
+    byte_offset: int = 0
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str) -> "ProbeSettings":
+        """Validate a `probes:` mapping; any bad key raises ProfileError(source, key, problem)."""
+        mapping = dict(mapping or {})
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in mapping.items():
+            if key not in known:
+                raise ProfileError(source, f"probes.{key}", "unknown key; expected one of " + ", ".join(known))
+            values[key] = _coerce(source, key, value)
+        settings = cls(**values)
+        settings._check(source)
+        return settings
+
+    def _check(self, source: str) -> None:
+        def bad(key: str, problem: str) -> None:
+            raise ProfileError(source, f"probes.{key}", problem)
+
+        if not 0 < self.deadline_s < SGLANG_WAITING_TIMEOUT_S:
+            bad("deadline_s", f"must be > 0 and below SGLang's {SGLANG_WAITING_TIMEOUT_S:g} s waiting timeout")
+        if not self.reject_within_s > 0:
+            bad("reject_within_s", "must be > 0")
+        for key, lo, hi in (("tenants", 1, 1024), ("max_new_tokens", 1, 8192), ("latency_samples", 3, 1000),
+                            ("abort_attempts", 1, 20), ("abort_canaries", 1, 256), ("byte_offset", 0, 1 << 30)):
+            v = getattr(self, key)
+            if not lo <= v <= hi:
+                bad(key, f"must be between {lo} and {hi}, got {v}")
+        for key in ("tenant_tokens", "latency_long_tokens", "abort_tokens"):
+            v = getattr(self, key)
+            if v is not None and v < 1:
+                bad(key, f"must be a positive integer or null, got {v}")
+        if not 0 < self.latency_budget <= 1:
+            bad("latency_budget", "must be > 0 and <= 1 (a share of one context-length prefill)")
+        if not 0 < self.latency_alpha < 0.5:
+            bad("latency_alpha", "must be > 0 and < 0.5")
+        if self.tokenizer not in TOKENIZER_MODES:
+            bad("tokenizer", "must be one of " + ", ".join(TOKENIZER_MODES))
+
+    @property
+    def reject_limit_s(self) -> float:
+        """The effective "promptly" of a rejection."""
+        return min(self.reject_within_s, self.deadline_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens"}
+_BOOL = {"early_stop", "abort_probe"}
+_FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha"}
+_STR = {"tokenizer"}
+
+
+def _coerce(source: str, key: str, value: Any) -> Any:
+    where = f"probes.{key}"
+    if key in _BOOL:
+        if not isinstance(value, bool):
+            raise ProfileError(source, where, f"expected true or false, got {value!r}")
+        return value
+    if key in _STR:
+        if not isinstance(value, str):
+            raise ProfileError(source, where, f"expected a string, got {value!r}")
+        return value
+    if key in _FLOAT:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ProfileError(source, where, f"expected a number, got {value!r}")
+        return float(value)
+    if value is None and key in _INT_OR_NONE:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProfileError(source, where, f"expected an integer, got {value!r}")
+    return value
