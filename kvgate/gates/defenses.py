@@ -341,4 +341,48 @@ def run_defenses_gate(
     return findings
 
 
-__all__ = ["DefenseInputs", "GATE", "MLA_DSA_ARCHITECTURES", "inputs_from_reading", "run_defenses_gate"]
+#: Keys of a gate profile's `defenses:` section, with the type each must have.
+DEFENSE_KEYS: dict[str, type] = {
+    "deferred_release_env": bool,
+    "model_arch": str,
+    "require_checksum": bool,
+    "require_canary": bool,
+}
+
+
+def defense_options(section: Mapping[str, Any], where: str = "profile") -> dict[str, Any]:
+    """Validate a profile's `defenses:` mapping into run_defenses_gate keyword arguments (ProfileError if bad)."""
+    from kvgate.errors import ProfileError
+
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        if key not in DEFENSE_KEYS:
+            raise ProfileError(where, f"defenses.{key}", f"unknown key; expected one of {sorted(DEFENSE_KEYS)}")
+        if value is not None and not isinstance(value, DEFENSE_KEYS[key]):
+            raise ProfileError(where, f"defenses.{key}", f"expected {DEFENSE_KEYS[key].__name__}, got {value!r}")
+        out[key] = value
+    return out
+
+
+class DefensesGate:
+    """`kvgate check` adapter: the Gate protocol (kvgate.gates.base) around run_defenses_gate.
+
+    Options come from `CheckOptions.defenses` (the profile's `defenses:` section), validated at
+    construction so a bad profile is a usage error, not a crashed gate.
+    """
+
+    name = GATE
+
+    def __init__(self, options: Any = None) -> None:
+        section = getattr(options, "defenses", None) or {}
+        self.kwargs = defense_options(section, getattr(options, "profile_name", None) or "profile")
+
+    def run(self, ctx: Any) -> list[Finding]:
+        nodes = [inputs_from_reading(r) for r in ctx.readings]
+        if not nodes:
+            return []
+        return run_defenses_gate(nodes, **self.kwargs)
+
+
+__all__ = ["DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "GATE", "MLA_DSA_ARCHITECTURES", "defense_options",
+           "inputs_from_reading", "run_defenses_gate"]

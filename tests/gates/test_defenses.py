@@ -219,3 +219,34 @@ def test_adapter_from_a_node_reading() -> None:
     n = inputs_from_reading(r)
     assert (n.node, n.role) == (r.node, r.role)  # the role the node reports (live role wins)
     assert (n.version, n.transfer_backend, n.kv_checksum, n.tp_size, n.device) == ("0.5.23", "nixl", True, 2, "cuda")
+
+
+def test_profile_section_validation() -> None:
+    from kvgate.errors import ProfileError
+    from kvgate.gates.defenses import defense_options
+
+    assert defense_options({"model_arch": "GlmMoeDsaForCausalLM", "deferred_release_env": True}) == {
+        "model_arch": "GlmMoeDsaForCausalLM", "deferred_release_env": True}
+    with pytest.raises(ProfileError, match="defenses.require_checksum"):
+        defense_options({"require_checksum": "yes"})
+    with pytest.raises(ProfileError, match="unknown key"):
+        defense_options({"canary": True})
+
+
+def test_gate_adapter_runs_over_readings() -> None:
+    from types import SimpleNamespace
+
+    from kvgate.gates.base import CheckOptions
+    from kvgate.gates.defenses import DefensesGate
+    from kvgate.target import NodeSpec, parse_node
+    from tests.assets import sglang_payloads as Pl
+
+    doc = Pl.server_info(pool=2_000_000, context=1_048_576)
+    doc.update(version="0.5.20", kv_canary="log", device="cuda")
+    r = parse_node(NodeSpec("prefill", "http://p", 0), "/server_info", doc, Pl.v1_models(1_048_576), None)
+    gate = DefensesGate(CheckOptions(defenses={"model_arch": "GlmMoeDsaForCausalLM"}))
+    findings = gate.run(SimpleNamespace(readings=[r]))
+    assert gate.name == "defenses" and findings
+    assert _one(findings, "release").outcome is Outcome.FAILED
+    assert r.architectures is None  # no /model_info: the profile's model_arch is used
+    assert "not supported, not a defense" in _one(findings, "kv-canary").summary
