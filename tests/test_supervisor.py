@@ -1,0 +1,70 @@
+"""The process supervisor: own process groups, per-process logs, readiness deadline, no orphans."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvgate.supervisor import Supervisor, SupervisorError, free_port, pid_alive
+
+pytestmark = pytest.mark.slow
+
+# A parent that starts a grandchild (which ignores SIGTERM) and prints its pid.
+FAMILY = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _grandchild_pid(log: Path) -> int:
+    for _ in range(200):
+        text = log.read_text().strip()
+        if text:
+            return int(text.splitlines()[0])
+        time.sleep(0.05)
+    raise AssertionError("grandchild pid never logged")
+
+
+def test_teardown_kills_the_whole_group_including_sigterm_ignoring_grandchildren(tmp_path: Path) -> None:
+    with Supervisor(log_dir=tmp_path, grace_s=0.5) as sup:
+        proc = sup.start("family", [sys.executable, "-c", FAMILY])
+        grandchild = _grandchild_pid(proc.log_path)
+        assert pid_alive(proc.pid) and pid_alive(grandchild)
+    assert not pid_alive(proc.pid)
+    deadline = time.monotonic() + 10
+    while pid_alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)  # reaped by init once killed
+    assert not pid_alive(grandchild)
+
+
+def test_wait_ready_polls_http_until_the_service_answers(tmp_path: Path) -> None:
+    port = free_port()
+    script = f"import time, http.server; time.sleep(0.5); http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')"
+    with Supervisor(log_dir=tmp_path) as sup:
+        proc = sup.start("web", [sys.executable, "-c", script], ready_url=f"http://127.0.0.1:{port}/",
+                         cwd=tmp_path)
+        sup.wait_ready(deadline_s=30)
+        assert proc.alive()
+    assert (tmp_path / "web.log").exists()
+
+
+def test_wait_ready_reports_an_early_exit_with_the_log_tail(tmp_path: Path) -> None:
+    with Supervisor(log_dir=tmp_path) as sup:
+        sup.start("broken", [sys.executable, "-c", "print('boom: bad flag'); raise SystemExit(3)"],
+                  ready_url=f"http://127.0.0.1:{free_port()}/")
+        with pytest.raises(SupervisorError, match="boom: bad flag"):
+            sup.wait_ready(deadline_s=30)
+
+
+def test_wait_ready_deadline(tmp_path: Path) -> None:
+    with Supervisor(log_dir=tmp_path, grace_s=0.5) as sup:
+        sup.start("silent", [sys.executable, "-c", "import time; time.sleep(60)"],
+                  ready_url=f"http://127.0.0.1:{free_port()}/")
+        with pytest.raises(SupervisorError, match="not ready within"):
+            sup.wait_ready(deadline_s=0.5)
