@@ -98,7 +98,10 @@ def open_checkout(path: Path, rev: str = "HEAD") -> tuple[git.Repo, git.Commit, 
 
 
 def squash_commits(repo: git.Repo, commit: git.Commit, number: int) -> list[tuple[str, str]]:
-    """Ancestors of `commit` (itself included) whose message carries `(#number)`: (short sha, subject)."""
+    """Ancestors of `commit` (itself included) whose SUBJECT carries `(#number)`: (short sha, subject).
+
+    A body that merely mentions the PR (a follow-up, a revert) does not count.
+    """
     needle = f"(#{number})"
     try:
         text = repo.git.log(commit.hexsha, "-F", f"--grep={needle}", "--format=%h%x09%s")
@@ -107,7 +110,8 @@ def squash_commits(repo: git.Repo, commit: git.Commit, number: int) -> list[tupl
     out = []
     for line in text.splitlines():
         sha, _, subject = line.partition("\t")
-        out.append((sha, subject))
+        if needle in subject:
+            out.append((sha, subject))
     return out
 
 

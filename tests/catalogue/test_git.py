@@ -96,3 +96,17 @@ def test_bad_repo_and_rev_are_usage_errors(sglang_repo: Path, tmp_path: Path) ->
     empty.git.commit("-q", "-m", "init")
     with pytest.raises(UsageError, match="not an sglang checkout"):
         detect_by_git(load_catalogue(), tmp_path / "other", "HEAD")
+
+
+def test_a_body_mention_is_not_a_squash_commit(tmp_path: Path) -> None:
+    from kvgate.catalogue.git import squash_commits
+
+    repo = init_repo(tmp_path / "r")
+    (tmp_path / "r" / "f").write_text("x")
+    repo.git.add("-A")
+    repo.git.commit("-q", "-m", "Tidy the scheduler\n\nFollow-up to (#38935).")
+    assert squash_commits(repo, repo.head.commit, 38935) == []
+    (tmp_path / "r" / "f").write_text("y")
+    repo.git.commit("-q", "-am", "[PD] Do not admit intake-rejected requests to a PD handoff (#38935)")
+    hits = squash_commits(repo, repo.head.commit, 38935)
+    assert len(hits) == 1 and hits[0][1].endswith("(#38935)")
