@@ -89,8 +89,10 @@ class HardeningProbeResult:
 
 def _run_payload(mode: str, python: str, extra_pythonpath: Sequence[str | os.PathLike[str]],
                  timeout: float) -> tuple[dict[str, Any], float]:
+    if os.sep in python and not os.path.isabs(python):
+        python = os.path.abspath(python)  # the payload runs in another directory; keep venv symlinks as given
     env = dict(os.environ)
-    paths = [str(p) for p in extra_pythonpath]
+    paths = [os.path.abspath(str(p)) for p in extra_pythonpath]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     if paths:

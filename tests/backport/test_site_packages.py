@@ -1,0 +1,95 @@
+"""`kvgate backport --site-packages / --python` on a private copy of the really installed release."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.backport import engine
+from kvgate.backport.cpuenv import CpuEnv
+from kvgate.backport.engine import BackportFailed, Layout, Target, apply_series
+from kvgate.backport.manifest import MARKER_PREFIX, load_series
+from kvgate.cli import app
+
+from .conftest import tree_digest
+
+pytestmark = [pytest.mark.slow, pytest.mark.wheels]
+runner = CliRunner()
+
+
+def _kvgate(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, ["backport", *args])
+
+
+def test_apply_is_atomic_marked_idempotent_and_reverts_byte_for_byte(site: Callable[[str], CpuEnv]) -> None:
+    env = site("0.5.20")
+    root = env.site_packages
+    pristine = tree_digest(root)
+    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--with-hardening", "--format", "json")
+    assert res.exit_code == 0, res.output
+    marker = json.loads((root / "sglang/.kvgate-backport/applied.json").read_text())
+    assert [p["id"] for p in marker["patches"]] == [p.id for p in load_series("0.5.20").patches]
+    for info in marker["files"].values():  # the backup holds the original bytes
+        backup = root / "sglang/.kvgate-backport/backup" / info["site_path"]
+        assert tree_digest(backup.parent)[backup.name] == info["sha256_original"]
+    door = (root / "sglang/srt/disaggregation/prefill.py").read_text()
+    assert f"{MARKER_PREFIX}kvgate-admission-door" in door
+    patched = tree_digest(root)
+    again = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--with-hardening")
+    assert again.exit_code == 0 and "already applied" in again.stdout
+    assert tree_digest(root) == patched
+    rev = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
+    assert rev.exit_code == 0, rev.output
+    assert tree_digest(root) == pristine
+
+
+def test_corrupted_target_file_leaves_the_install_byte_identical(site: Callable[[str], CpuEnv]) -> None:
+    root = site("0.5.20").site_packages
+    victim = root / "sglang/srt/disaggregation/nixl/conn.py"  # touched only by the second patch
+    victim.write_bytes(victim.read_bytes().replace(b"class NixlKVManager", b"class NixlKVManagr", 1))
+    before = tree_digest(root)
+    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root))
+    assert res.exit_code == 2
+    assert "sglang/srt/disaggregation/nixl/conn.py" in res.stderr
+    assert tree_digest(root) == before
+
+
+def test_failure_while_writing_restores_every_file(site: Callable[[str], CpuEnv],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    root = site("0.5.20").site_packages
+    before = tree_digest(root)
+    real_replace = os.replace
+    calls = {"n": 0}
+
+    def flaky(src: str | Path, dst: str | Path) -> None:
+        calls["n"] += 1
+        if calls["n"] == 4:  # half way through the eight files
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(engine.os, "replace", flaky)
+    with pytest.raises(BackportFailed, match="nothing changed"):
+        apply_series(Target(Layout.SITE, root), load_series("0.5.20"))
+    assert calls["n"] == 4
+    assert tree_digest(root) == before
+
+
+def test_python_interpreter_finds_its_install(site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch) -> None:
+    env = site("0.5.20")
+    monkeypatch.setenv("PYTHONPATH", str(env.site_packages))
+    res = _kvgate("--to", "v0.5.20", "--python", env.python, "--check", "--format", "json")
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["target"]["root"] == str(env.site_packages.resolve())
+    assert [f["summary"].split(":")[0] for f in doc["findings"]] == ["would apply", "would apply"]
+
+
+def test_revert_without_a_backport_is_refused(site: Callable[[str], CpuEnv]) -> None:
+    root = site("0.5.20").site_packages
+    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
+    assert res.exit_code == 2 and "no kvgate backport recorded" in res.stderr
