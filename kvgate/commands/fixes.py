@@ -75,8 +75,8 @@ def fixes(
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
-    Exit 0: every correctness fix present; 1: one is missing; 2: usage error; 3: --strict and something
-    unknown; 4: --url unreachable.
+    Exit 0: every correctness fix present. 1: one is missing. 2: usage error. 3: --strict and an entry
+    is unknown. 4: --url unreachable.
     """
     chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
                                      ("--python", python), ("--url", url)) if val is not None]
@@ -119,7 +119,7 @@ def fixes(
         notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
     report = Report(
         command="fixes",
-        findings=tuple(to_findings(a)),
+        findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
         strict=strict,
         target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
                 "methods": list(a.methods), "backports": list(a.backports_present()),
