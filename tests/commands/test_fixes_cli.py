@@ -214,3 +214,23 @@ def test_probe_needs_python(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--probe needs --python" in res.stderr
     res = _run("--site-packages", str(tmp_path), "--python", "python3")
     assert res.exit_code == 2 and "give one of" in res.stderr  # the pair is only for --probe
+
+
+@pytest.mark.slow
+@pytest.mark.wheels
+def test_probe_runs_the_installed_admission_code() -> None:
+    pytest.importorskip("kvgate.backport.probe", reason="the behaviour probe (kvgate/backport/probe.py) is absent")
+    from kvgate.backport.cpuenv import CpuEnvError, cpu_env
+    from kvgate.upstream import DownloadError
+
+    try:
+        env = cpu_env("0.5.21")
+    except (DownloadError, CpuEnvError) as exc:
+        pytest.skip(f"CPU sglang 0.5.21 environment unavailable (package index): {exc}")
+    rc, doc = _json("--site-packages", str(env.site_packages), "--python", env.python, "--probe")
+    assert rc == 1 and doc["target"]["missing_correctness"] == ["ack-generations"]
+    assert "behaviour" in doc["target"]["methods"]
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert door["outcome"] == "passed" and "by behaviour" in door["summary"]
+    assert any(e["field"] == "by_behaviour" and e["value"].startswith("present: admission probe")
+               for e in door["evidence"])
