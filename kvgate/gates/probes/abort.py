@@ -89,6 +89,10 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
             canaries += sender.many([canary_p] * settings.abort_canaries, f"{phase}-canary",
                                     f"abort canaries {k + 1}/{n}")
             t.join(timeout=settings.deadline_s + at)
+            if box:
+                sender.observer.log(f"abort attempt {k + 1}: cancel at {at:.3f} s of ~{expected:.3f} s expected; "
+                                    f"victim {'cancelled' if box[0].result.cancelled else 'answered'} "
+                                    f"(HTTP {box[0].result.status}, {box[0].result.elapsed_s:.3f} s)")
             if box and box[0].result.cancelled:
                 cancelled.append(box[0])
             elif box:

@@ -147,7 +147,7 @@ class _Run:
         self._contract_findings(probes)
         if "latency" not in skipped:
             served = [rec for name in ("pool_limit", "danger_band") for rec, _ in self.observations.get(name, [])
-                      if rec.result.status == 200 and not rec.result.timed_out]
+                      if rec.result.served]
             self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
         if skipped:
             self.findings.append(inconclusive(GATE, "skipped", self.node,
@@ -256,7 +256,10 @@ class _Run:
             c = classify(r.probe, r.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
             if not c.verdict.ok:
                 bad.append(f"{r.label}: {c.verdict.value}: {c.detail}")
+        echoed = sum(1 for r in all_t if r.sentinel.found_in(r.result.text))
         ev = [Evidence(self.node, "tenants.sent", len(all_t)),
+              # Not required (a real model need not repeat its prompt); the simulator echoes it.
+              Evidence(self.node, "tenants.own_sentinel_echoed", echoed),
               Evidence(self.node, "tenants.bad", bad[:10], "every tenant answered 200 with its own prompt_tokens")]
         if not all_t:
             return inconclusive(GATE, check, self.node, "no tenant ran", *ev)

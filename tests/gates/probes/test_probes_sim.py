@@ -1,0 +1,128 @@
+"""The probe gates against simulated SGLang PD workers behind the real router (smg 1.13.0).
+
+Each test starts its own deployment (processes, loopback sockets, the real router; nothing mocked)
+and runs the probes through `kvgate.check.run_check`, the pipeline `kvgate check` uses.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+import pytest
+
+from kvgate.check import run_check
+from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Finding, Outcome, Report
+from kvgate.gates.base import CheckOptions, Gate
+from kvgate.gates.pool_context import PoolContextGate
+from kvgate.gates.probes import ProbeGate, ProbeSettings
+from kvgate.gates.probes.sentinels import ANY_SENTINEL
+from kvgate.sim.deploy import SimDeployment
+
+pytestmark = pytest.mark.slow
+
+CONTEXT, INCIDENT_POOL = 1_048_576, 681_280
+
+
+@pytest.fixture
+def deployment() -> Iterator[Any]:
+    started: list[SimDeployment] = []
+
+    def make(**kwargs: Any) -> SimDeployment:
+        dep = SimDeployment(**kwargs).start()
+        started.append(dep)
+        return dep
+
+    yield make
+    for dep in started:
+        dep.stop()
+
+
+def check(dep: SimDeployment, settings: dict[str, Any], *, with_gate1: bool = False) -> Report:
+    gates: list[Gate] = [ProbeGate(ProbeSettings.from_mapping(settings, "test"))]
+    if with_gate1:
+        gates.insert(0, PoolContextGate())
+    options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
+                           router_url=dep.router_url, timeout=30.0)
+    return run_check(options, gates=gates)
+
+
+def probe(report: Report, check_name: str) -> Finding:
+    found = [f for f in report.findings if f.gate == "probes" and f.check == check_name]
+    assert len(found) == 1, [f.test_id for f in report.findings]
+    return found[0]
+
+
+def failed_probes(report: Report) -> list[Finding]:
+    return [f for f in report.findings if f.gate == "probes" and f.outcome == Outcome.FAILED]
+
+
+def test_0519_incident_numbers_leak_is_named(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=INCIDENT_POOL,
+                     decode_pool=4_194_304, page_size=64)
+    report = check(dep, {"deadline_s": 30})
+    assert report.exit_status == ExitStatus.GATE_FAILED
+    leak = probe(report, "canary.round_a")
+    assert leak.outcome == Outcome.FAILED
+    # names the leaked sentinel, which request's content it is, and the probe (with its length)
+    sentinel = ANY_SENTINEL.search(leak.summary)
+    assert sentinel is not None
+    assert re.search(r"leaked into (pool_limit \(681,274 tokens\)|danger_band \(\d{3},\d{3} tokens\))", leak.summary)
+    assert probe(report, "contract.pool_limit").summary.startswith("leak_suspected: pool_limit (681,274 tokens)")
+    # early stop: the expensive at-limit plant was not paid for, and that is said, not passed
+    assert probe(report, "skipped").outcome == Outcome.INCONCLUSIVE
+    assert report.cost["probe_prefill_tokens"] < INCIDENT_POOL
+
+
+def test_0520_hangs_within_the_probe_deadline(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.20", context_length=131_072, prefill_pool=81_920, decode_pool=2_097_152,
+                     page_size=16, waiting_timeout=20)
+    report = check(dep, {"deadline_s": 3, "tenants": 8, "latency_samples": 6, "abort_attempts": 1})
+    assert report.exit_status == ExitStatus.GATE_FAILED
+    hang = probe(report, "contract.pool_limit")
+    assert hang.outcome == Outcome.FAILED and hang.summary.startswith("hang:")
+    assert "3 s probe deadline" in hang.summary
+    assert {f.summary.split(":")[0] for f in failed_probes(report)} == {"hang"}
+    for name in ("canary.round_a", "canary.round_b"):
+        assert probe(report, name).outcome == Outcome.PASSED
+
+
+def test_0522_pool_below_context_rejects_cleanly_while_gate1_fails(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.22", context_length=131_072, prefill_pool=81_920, decode_pool=1_048_576,
+                     page_size=16)
+    report = check(dep, {"deadline_s": 10, "tenants": 8, "latency_samples": 8}, with_gate1=True)
+    assert failed_probes(report) == []
+    for name in ("contract.pool_limit", "contract.danger_band", "contract.context_limit",
+                 "contract.beyond_context", "contract.longest_accepted", "canary.round_a", "canary.round_b"):
+        assert probe(report, name).outcome == Outcome.PASSED, probe(report, name).summary
+    assert "400" in probe(report, "contract.pool_limit").summary
+    assert any(f.gate == "pool-context" and f.outcome == Outcome.FAILED for f in report.findings)
+    assert report.exit_status == ExitStatus.GATE_FAILED
+
+
+def test_0522_pool_of_2_04m_passes(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.22", context_length=CONTEXT, prefill_pool=2_040_000, decode_pool=2_200_000,
+                     page_size=64)
+    report = check(dep, {"deadline_s": 30}, with_gate1=True)
+    assert [f.test_id for f in report.findings if f.outcome == Outcome.FAILED] == []
+    for name in ("contract.pool_limit", "contract.context_limit", "contract.beyond_context",
+                 "contract.longest_accepted", "canary.round_a", "canary.round_b", "tenants.round_a",
+                 "tenants.round_b", "latency.prefill_scaling"):
+        assert probe(report, name).outcome == Outcome.PASSED, probe(report, name).summary
+    assert report.exit_status == ExitStatus.PASSED
+    assert report.cost["probe_prefill_ratio_of_context"] <= 1.2
+
+
+def test_32_concurrent_tenants_each_carry_only_their_own_sentinel(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.22", context_length=65_536, prefill_pool=131_072, decode_pool=262_144,
+                     page_size=16)
+    report = check(dep, {"tenants": 32, "abort_probe": False, "latency_samples": 4})
+    for name in ("tenants.round_a", "tenants.round_b"):
+        f = probe(report, name)
+        assert f.outcome == Outcome.PASSED, f.summary
+        ev = {e.field: e.value for e in f.evidence}
+        # no response lost, and every one of them echoed its own sentinel (the simulator echoes its prompt)
+        assert ev["tenants.bad"] == [] and ev["tenants.own_sentinel_echoed"] == ev["tenants.sent"]
+    assert probe(report, "canary.round_a").outcome == Outcome.PASSED
+    assert probe(report, "canary.round_b").outcome == Outcome.PASSED
