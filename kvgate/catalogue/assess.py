@@ -166,6 +166,8 @@ def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None) -> 
         ev += [Evidence(node, f"by_{d.method}", f"{d.presence.value}: " + "; ".join(d.evidence)) for d in s.detections]
         if fix.uncertain:
             ev.append(Evidence(node, "uncertain", "; ".join(fix.uncertain)))
+        if fix.notes:
+            ev.append(Evidence(node, "notes", fix.notes))
         if s.presence is Presence.UNKNOWN:
             out.append(inconclusive(gate, fix.id, node, summary, *ev,
                                     remedy="read the code the server runs: kvgate fixes --site-packages PATH or --python INTERPRETER"))
