@@ -56,6 +56,8 @@ def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
     try:
         assert wait_for(lambda: state(decode)["transfers"].get("req-A", {}).get("pages_received", 0) >= 64, 30)
         assert httpx.post(decode + "/abort_request", json={"rid": "req-A"}, timeout=10).status_code == 200
+        # the abort is handled asynchronously: let the decode retire A before B asks for pages
+        assert wait_for(lambda: "req-A" not in state(decode)["transfers"], 30)
         b = pd_generate(fast, fast_port, decode, {
             "text": _b_prompt(), "rid": "req-B", "sampling_params": {"max_new_tokens": 100}}, timeout=60)
     finally:
@@ -69,7 +71,7 @@ def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
 @pytest.mark.parametrize("emulate", ["0.5.19", "0.5.21"])
 def test_deferred_release_off_late_writes_land_in_the_next_request(deployment, emulate: str) -> None:
     text, dstate = _run(deployment, emulate, deferred=False)
-    assert SENTINEL in text  # B's answer carries the aborted request's content
+    assert SENTINEL in text, text  # B's answer carries the aborted request's content
     assert dstate["stats"]["late_pages_received"] > 0
 
 

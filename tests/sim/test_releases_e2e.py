@@ -100,5 +100,24 @@ def test_context_overflow_is_a_tokenizer_stage_400(deployment) -> None:
                      decode_pool=DECODE_POOL, page_size=PAGE)
     r = generate(dep.router_url, _over_pool(n=CONTEXT))
     assert r.status_code == 400
-    assert r.json()["error"]["message"] == (
-        f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens).")
+    # smg relays whichever worker's 400 comes first (the prefill's wraps the raw body); same message
+    assert (f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
+            in r.json()["error"]["message"])
+
+
+def test_several_prefill_and_decode_workers_serve_their_own_content(deployment) -> None:
+    dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=DECODE_POOL, page_size=PAGE)
+    import concurrent.futures as cf
+
+    def one(i: int) -> tuple[int, str]:
+        r = generate(dep.router_url, {"text": f"request-{i}-line\n" * 30, "sampling_params": {"max_new_tokens": 17}})
+        assert r.status_code == 200, r.text
+        return i, r.json()["text"]
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(8)))
+    for i, text in results:
+        assert text.startswith(f"request-{i}-line\n")  # its own prompt, nobody else's
+    served = [state(u)["stats"]["requests"] for u in dep.prefill_urls + dep.decode_urls]
+    assert sum(served[:2]) == 8 and sum(served[2:]) == 8
