@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from kvgate.errors import TransportError, UsageError
@@ -32,8 +33,19 @@ def node_specs(options: CheckOptions) -> list[NodeSpec]:
 
 
 def default_gates(options: CheckOptions) -> list[Gate]:
-    """Gate 1 always; the defenses gate and the probe gates where they apply."""
-    gates: list[Gate] = [PoolContextGate()]
+    """Gate 1 and the defenses gate always; the probe gates when a router is given.
+
+    Construction validates the profile's sections, so a bad profile is a usage error before any
+    request is sent.
+    """
+    from kvgate.gates.defenses import DefensesGate
+
+    gates: list[Gate] = [PoolContextGate(), DefensesGate(options)]
+    if options.router_url:
+        from kvgate.gates.probes import ProbeGate, ProbeSettings
+
+        where = options.profile_name or "probe settings"
+        gates.append(ProbeGate(ProbeSettings.from_mapping(options.probes, where)))
     return gates
 
 
@@ -68,14 +80,26 @@ def run_check(
     token: str | None = None,
     observer: Observer | None = None,
     gates: Sequence[Gate] | None = None,
+    self_test: bool = False,
 ) -> Report:
-    """Run every gate against the target and return the report (never raises for target behaviour)."""
+    """Run every gate against the target and return the report (never raises for target behaviour).
+
+    With `self_test`, the probes first run against a simulated leaky release (the positive control);
+    if they cannot see that leak, no probe verdict of this run counts as passed.
+    """
     observer = observer or NullObserver()
     specs = node_specs(options)
+    if self_test and not specs:
+        return _self_test_only(options, observer)
     if not specs:
         raise UsageError("nothing to check: give at least one --prefill-url or --decode-url")
+    gates = list(gates) if gates is not None else default_gates(options)
     started = time.time()
     findings: list[Finding] = []
+    control: list[Finding] = []
+    if self_test:
+        control = _run_self_test(options, observer)
+        findings.extend(control)
     with TargetClient(timeout=options.timeout, token=token) as client:
         observer.log(f"reading server_info of {len(specs)} node(s)")
         readings: list[NodeReading] = []
@@ -90,7 +114,7 @@ def run_check(
         if options.router_url:
             findings.extend(_router_findings(client, options.router_url.rstrip("/")))
         ctx = GateContext(options=options, readings=readings, client=client, observer=observer, prior=findings)
-        for gate in (gates if gates is not None else default_gates(options)):
+        for gate in gates:
             observer.log(f"gate {gate.name}")
             try:
                 findings.extend(gate.run(ctx))
@@ -99,10 +123,38 @@ def run_check(
             except Exception as exc:  # noqa: BLE001 - a broken gate must block, never pass
                 findings.append(Finding(gate.name, "internal", "kvgate", Outcome.ERROR,
                                         f"gate crashed: {type(exc).__name__}: {exc}"))
+    if control and any(f.outcome is not Outcome.PASSED for f in control):
+        findings = _distrust_probes(findings, control)
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(command="check", findings=tuple(findings), strict=options.strict,
                   target=_target_summary(options, readings), cost=cost)
+
+
+def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:
+    from kvgate.gates.probes import ProbeSettings
+    from kvgate.gates.probes.selftest import run_self_test
+
+    settings = ProbeSettings.from_mapping(options.probes, options.profile_name or "probe settings")
+    return run_self_test(settings, observer)
+
+
+def _self_test_only(options: CheckOptions, observer: Observer) -> Report:
+    started = time.time()
+    findings = _run_self_test(options, observer)
+    return Report(command="check --self-test", findings=tuple(findings), strict=options.strict,
+                  cost={"wall_s": round(time.time() - started, 3)})
+
+
+def _distrust_probes(findings: list[Finding], control: list[Finding]) -> list[Finding]:
+    """A probe set that could not see a known leak cannot vouch for 'no leak': passes become inconclusive."""
+    out = []
+    for f in findings:
+        if f.gate == "probes" and f.outcome is Outcome.PASSED and f not in control:
+            f = replace(f, outcome=Outcome.INCONCLUSIVE,
+                        summary=f"{f.summary} (not trusted: the positive control did not see the known leak)")
+        out.append(f)
+    return out
 
 
 __all__ = ["run_check", "node_specs", "default_gates", "CheckOptions"]

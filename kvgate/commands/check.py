@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -56,13 +57,41 @@ def check(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    probe_deadline: Optional[float] = typer.Option(
+        None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
+    ),
+    tenants: Optional[int] = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round (default 32)."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak."),
+    deferred_release_env: Optional[bool] = typer.Option(
+        None, "--deferred-release-env/--no-deferred-release-env",
+        help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not expose it.",
+    ),
+    model_arch: Optional[str] = typer.Option(
+        None, "--model-arch", help="Model architecture (e.g. GlmMoeDsaForCausalLM) when workers do not report it."
+    ),
+    self_test: bool = typer.Option(
+        False, "--self-test", help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router]."
+    ),
 ) -> None:
-    """Gate a live PD deployment: pool vs context on every node; exit nonzero to block promotion."""
+    """Gate a live PD deployment: pool vs context, defenses, and (with --router-url) behavioural probes."""
     pairs = pair_outputs(list(fmt), list(output))
     try:
         options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
+        probes = dict(options.probes)
+        if probe_deadline is not None:
+            probes["deadline_s"] = probe_deadline
+        if tenants is not None:
+            probes["tenants"] = tenants
+        if keep_going:
+            probes["early_stop"] = False
+        defenses = dict(options.defenses)
+        if deferred_release_env is not None:
+            defenses["deferred_release_env"] = deferred_release_env
+        if model_arch is not None:
+            defenses["model_arch"] = model_arch
+        options = replace(options, probes=probes, defenses=defenses)
         token = token_from_env(token_env)
-        report = run_check(options, token=token, observer=_observer(quiet))
+        report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = _fatal_report("check", exc, strict)
         typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)

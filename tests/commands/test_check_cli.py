@@ -45,7 +45,7 @@ def test_incident_pool_fails_and_names_both_numbers(payload_server: Callable[...
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     doc = json.loads(res.stdout)
     assert doc["schema_version"] == 1 and doc["exit_status"] == 1
-    bad = [f for f in doc["findings"] if f["outcome"] == "failed"]
+    bad = [f for f in doc["findings"] if f["outcome"] == "failed" and f["gate"] == "pool-context"]
     assert {f["check"] for f in bad} == {"headroom", "headroom-dp0"}
     assert all(f["node"].startswith("prefill[0]") for f in bad)
     summary = bad[0]["summary"]
@@ -67,8 +67,8 @@ def test_doubled_pool_passes(payload_server: Callable[..., PayloadServer]) -> No
 
 
 def test_decode_pool_is_checked_too(payload_server: Callable[..., PayloadServer]) -> None:
-    p = worker(payload_server, mode="prefill", pool=2_040_000)
-    d = worker(payload_server, mode="decode", pool=900_000)
+    p = worker(payload_server, "0.5.22", mode="prefill", pool=2_040_000)
+    d = worker(payload_server, "0.5.22", mode="decode", pool=900_000)
     res = run("--prefill-url", p.url, "--decode-url", d.url, "--format", "json")
     assert res.exit_code == ExitStatus.GATE_FAILED
     bad = [f for f in json.loads(res.stdout)["findings"] if f["outcome"] == "failed"]
@@ -101,7 +101,7 @@ def test_role_mismatch_is_a_finding(payload_server: Callable[..., PayloadServer]
 
 
 def test_inconclusive_passes_without_strict_and_exits_3_with_it(payload_server: Callable[..., PayloadServer]) -> None:
-    p = worker(payload_server, "0.5.20", mode="prefill", pool=2_040_000, drop=("disaggregation_mode",),
+    p = worker(payload_server, "0.5.22", mode="prefill", pool=2_040_000, drop=("disaggregation_mode",),
                drop_in_states=("disaggregation_mode",))
     res = run("--prefill-url", p.url)
     assert res.exit_code == ExitStatus.PASSED, res.output
@@ -133,7 +133,7 @@ def test_5xx_and_bad_json_exit_4(payload_server: Callable[..., PayloadServer], r
 
 
 def test_get_server_info_fallback(payload_server: Callable[..., PayloadServer]) -> None:
-    srv = payload_server({"/get_server_info": Route(P.server_info(pool=2_040_000)),
+    srv = payload_server({"/get_server_info": Route(P.server_info("0.5.22", pool=2_040_000)),
                           "/v1/models": Route(P.v1_models())})
     res = run("--prefill-url", srv.url, "--format", "json")
     assert res.exit_code == ExitStatus.PASSED, res.output
@@ -168,14 +168,19 @@ def test_bundled_incident_profile_requires_the_advertised_context(payload_server
 
 
 def test_flags_override_profile(payload_server: Callable[..., PayloadServer]) -> None:
-    p = worker(payload_server, mode="prefill", pool=1_100_000)
-    assert run("--prefill-url", p.url, "--profile", "glm-5.3-1m").exit_code == ExitStatus.GATE_FAILED
-    assert run("--prefill-url", p.url, "--profile", "glm-5.3-1m", "--headroom", "1.0").exit_code == ExitStatus.PASSED
+    p = worker(payload_server, "0.5.23", mode="prefill", pool=1_100_000)
+
+    def headroom(*extra: str) -> str:
+        res = run("--prefill-url", p.url, "--profile", "glm-5.3-1m", "--format", "json", *extra)
+        return [f["outcome"] for f in json.loads(res.stdout)["findings"] if f["check"] == "headroom"][0]
+
+    assert headroom() == "failed"
+    assert headroom("--headroom", "1.0") == "passed"
 
 
 def test_junit_written_in_every_outcome(tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
-    good = worker(payload_server, pool=2_040_000)
-    bad = worker(payload_server, pool=681_280)
+    good = worker(payload_server, "0.5.22", pool=2_040_000)
+    bad = worker(payload_server, "0.5.22", pool=681_280)
     cases = {0: ["--prefill-url", good.url], 1: ["--prefill-url", bad.url],
              4: ["--prefill-url", f"http://127.0.0.1:{free_port()}"]}
     for code, args in cases.items():

@@ -1,0 +1,79 @@
+"""The CLI surface: --help never imports heavy dependencies; README usage matches the live --help."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from kvgate.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def _commands() -> list[list[str]]:
+    """Every command path of the CLI (top level, subcommands and sub-apps' commands)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    paths: list[list[str]] = [[]]
+
+    def walk(cmd, prefix: list[str]) -> None:  # type: ignore[no-untyped-def]
+        for name, sub in getattr(cmd, "commands", {}).items():
+            paths.append(prefix + [name])
+            walk(sub, prefix + [name])
+
+    walk(group, [])
+    return paths
+
+
+def test_help_of_every_command_imports_no_heavy_module() -> None:
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from kvgate.cli import app\n"
+        f"for path in {_commands()!r}:\n"
+        "    r = CliRunner().invoke(app, path + ['--help'])\n"
+        "    assert r.exit_code == 0, (path, r.output)\n"
+        "heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'sglang', 'smg') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+def _readme_invocations() -> list[list[str]]:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```(?:console|bash|sh|shell)\n(.*?)```", text, flags=re.S)
+    calls = []
+    for block in blocks:
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.strip().lstrip("$ ").strip()
+            m = re.search(r"(?:^|\s|/)kvgate\s+(.*)$", line)
+            if m:
+                calls.append(m.group(1).split())
+    return calls
+
+
+def test_readme_usage_matches_live_help() -> None:
+    calls = _readme_invocations()
+    assert calls, "README shows no kvgate invocation"
+    paths = {tuple(p) for p in _commands()}
+    for argv in calls:
+        words = [w for w in argv if not w.startswith("-")]
+        path: list[str] = []
+        for w in words:
+            if tuple(path + [w]) in paths:
+                path.append(w)
+            else:
+                break
+        res = runner.invoke(app, path + ["--help"], terminal_width=200)
+        assert res.exit_code == 0, (argv, res.output)
+        for flag in (a.split("=")[0] for a in argv if a.startswith("--")):
+            assert flag in res.output, f"README uses `kvgate {' '.join(path)} {flag}` but --help does not list it"
