@@ -33,6 +33,9 @@ def _root(
 from kvgate.commands.check import check  # noqa: E402
 
 app.command("check")(check)
+from kvgate.commands.drill import drill  # noqa: E402
+
+app.command("drill")(drill)
 # (more subcommands are registered below this line)
 from kvgate.commands.backport import backport  # noqa: E402
 
