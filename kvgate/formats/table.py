@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvgate.findings import Outcome, Report
@@ -37,17 +38,19 @@ class TableFormatter(Formatter):
         for col in ("result", "gate", "check", "node", "summary", "evidence"):
             table.add_column(col, overflow="fold")
         for f in report.findings:
+            # Text from targets and gates is data, not markup: "[...]" must print as is.
             table.add_row(
-                f"[{_STYLE[f.outcome]}]{f.outcome.value}[/]", f.gate, f.check, f.node, f.summary, _evidence_text(f)
+                f"[{_STYLE[f.outcome]}]{f.outcome.value}[/]",
+                *(escape(x) for x in (f.gate, f.check, f.node, f.summary, _evidence_text(f))),
             )
         console.print(table)
         for f in report.findings:
             if f.remedy and f.outcome is not Outcome.PASSED:
-                console.print(f"[bold]remedy[/] {f.test_id} ({f.node}): {f.remedy}")
+                console.print(f"[bold]remedy[/] {escape(f.test_id)} ({escape(f.node)}): {escape(f.remedy)}")
         if report.cost:
-            console.print("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items()))
+            console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items())))
         for n in report.notes:
-            console.print(f"note: {n}")
+            console.print(escape(f"note: {n}"))
         status = report.exit_status
         c = report.counts()
         console.print(

@@ -56,3 +56,11 @@ def test_junit_of_empty_report_is_valid() -> None:
 def test_markdown_escapes_pipes() -> None:
     text = ReportFormat.MARKDOWN.formatter().render(_report())
     assert "summary failed \\| pipe" in text and "### Remedies" in text
+
+
+def test_table_prints_brackets_verbatim() -> None:
+    from kvgate.findings import failed
+
+    report = Report(command="check", findings=(failed("g", "c", "prefill[0] http://x", "saw [tenant-a] in [b]"),))
+    text = ReportFormat.TABLE.formatter().render(report)
+    assert "[tenant-a]" in text and "prefill[0]" in text
