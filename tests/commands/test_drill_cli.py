@@ -1,0 +1,50 @@
+"""`kvgate drill` and `kvgate check --self-test`, in-process, against real simulator processes and the real router."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.cli import app
+from kvgate.exitcodes import ExitStatus
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+# The incident's ratio (681,280 / 1,048,576) at 1/16 scale.
+SCALED = ["--context-length", "65536", "--prefill-pool", "42580", "--decode-pool", "131072"]
+
+
+def _findings(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["findings"]
+
+
+def test_drill_on_leaky_release_fails_with_the_leak(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["drill", "--emulate", "0.5.19", *SCALED, "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == ExitStatus.GATE_FAILED, res.output
+    failed = {(f["gate"], f["check"]) for f in _findings(out) if f["outcome"] == "failed"}
+    assert ("pool-context", "headroom") in failed
+    assert ("defenses", "release") in failed
+    assert any(g == "probes" and c.startswith("canary.") for g, c in failed), failed
+
+
+def test_drill_on_fixed_release_with_doubled_pool_passes(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["drill", "--emulate", "0.5.22", "--context-length", "65536", "--prefill-pool",
+                              "131072", "--decode-pool", "131072", "--tenants", "8", "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    outcomes = {f["outcome"] for f in _findings(out)}
+    assert "failed" not in outcomes and "error" not in outcomes
+    assert any(f["gate"] == "probes" and f["outcome"] == "passed" for f in _findings(out))
+
+
+def test_self_test_sees_the_known_leak(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["check", "--self-test", "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    (f,) = _findings(out)
+    assert f["check"] == "selftest.positive_control" and f["outcome"] == "passed"
