@@ -472,7 +472,9 @@ class DecodeEngine(BaseEngine):
             # 0.5.21+ `DecodePreallocQueue.add`: retired before prealloc and receiver creation.
             raise RequestError(req.to_finish, value_error=True)
         n = int(req.input_ids.numel())
-        pages = await self._reserve(req, n)
+        # The reservation covers the prompt (what prefill must fill) plus the output tokens, whose KV
+        # the decode writes itself; the prefill is told only the prompt's pages.
+        pages = await self._reserve(req, n + req.max_new_tokens)
         t = _Transfer(req, pages, n, asyncio.get_running_loop().create_future())
         self.transfers[req.rid] = t
         try:
@@ -499,16 +501,22 @@ class DecodeEngine(BaseEngine):
 
     async def _reserve(self, req: SimReq, n: int) -> torch.Tensor:
         """`DecodePreallocQueue`: reserve pages for the length decode was told; wait while the pool is full."""
+        prompt_tokens = int(req.input_ids.numel())
+        if prompt_tokens > self.max_total_num_tokens:
+            # `DecodePreallocQueue` capacity check (normally unreachable: validate_input_length is stricter)
+            raise RequestError(Abort(f"Request {req.rid} exceeds the maximum number of tokens: "
+                                     f"{prompt_tokens} > {self.max_total_num_tokens}"))
+        need = min(self.pool.pages_for(n), self.pool.num_pages)
         deadline = time.time() + self.waiting_timeout
         while True:
             try:
-                return self.pool.alloc(self.pool.pages_for(n))
+                return self.pool.alloc(need)
             except PoolExhausted:
                 if time.time() > deadline:
                     raise RequestError(Abort(
-                        f"Request {req.rid} exceeds the maximum number of tokens: {n} > {self.max_total_num_tokens}"
-                    )) from None
-                await asyncio.sleep(0.01)
+                        f"Decode prealloc timed out for request {req.rid}: {need} pages not free after "
+                        f"{self.waiting_timeout:.1f}s", HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailable")) from None
+                await asyncio.sleep(0.01)  # the pool is full: wait in the prealloc queue
 
     async def _bootstrap(self, t: _Transfer) -> None:
         req = t.req
@@ -524,9 +532,10 @@ class DecodeEngine(BaseEngine):
                 f"KVTransferError(bootstrap_room={req.bootstrap_room}): cannot reach bootstrap server {host}:{port}: {exc}",
                 HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
         t.writer = writer
+        prompt_pages = t.pages[: self.pool.pages_for(t.num_tokens)]
         await transfer.send(writer, {"type": "register", "room": req.bootstrap_room, "rid": req.rid,
-                                     "num_tokens": t.num_tokens, "num_pages": int(t.pages.numel())},
-                            transfer.tensor_bytes(t.pages.to(torch.int64)))
+                                     "num_tokens": t.num_tokens, "num_pages": int(prompt_pages.numel())},
+                            transfer.tensor_bytes(prompt_pages.to(torch.int64)))
         t.reader_task = asyncio.create_task(self._receive(t, reader))
 
     async def _receive(self, t: _Transfer, reader: asyncio.StreamReader) -> None:
@@ -629,7 +638,15 @@ class DecodeEngine(BaseEngine):
             if not digest:
                 finish = {"type": "stop", "matched": None}
                 break
-            out.append(digest[step % len(digest)])
+            token = digest[step % len(digest)]
+            out.append(token)
+            # The output token's KV goes into the reservation after the prompt, so a later tenant
+            # that gets these pages finds this request's partial generation there too. It lies outside
+            # the attended range [0, num_tokens), so no re-read is needed (no version bump).
+            slot = t.num_tokens + step
+            page = slot // self.pool.page_size
+            if page < t.pages.numel():
+                self.pool.data[t.pages[page], slot % self.pool.page_size] = token
             if sink is not None:
                 await sink(out, tokenizer.decode(out))
             await asyncio.sleep(delay)

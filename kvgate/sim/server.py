@@ -231,6 +231,11 @@ def build_app(engine: BaseEngine) -> FastAPI:
         body = _loads(await request.body())
         try:
             req, _ = parse(body, prompt_key="prompt")
+        except RequestError as exc:
+            return openai_error(exc.abort)
+        if body.get("stream"):
+            return StreamingResponse(_completion_stream(engine, req, model_name), media_type="text/event-stream")
+        try:
             result = await run(req, request)
         except RequestError as exc:
             return openai_error(exc.abort)
@@ -297,6 +302,41 @@ async def _stream(engine: BaseEngine, req: SimReq) -> AsyncIterator[bytes]:
             engine.abort(req.rid)  # the client went away mid-stream
         if not finished:
             await asyncio.wait({task}, timeout=5)
+
+
+async def _completion_stream(engine: BaseEngine, req: SimReq, model: str) -> AsyncIterator[bytes]:
+    """Streaming `/v1/completions`: OpenAI chunks with text deltas, then [DONE]; errors as
+    `data: <ErrorResponse json>` (`serving_completions._generate_completion_stream`)."""
+    created = int(time.time())
+    sent = 0
+
+    def chunk(text: str, finish: str | None, usage: dict[str, int] | None = None) -> bytes:
+        doc: dict[str, Any] = {"id": req.rid, "object": "text_completion", "created": created, "model": model,
+                               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                                            "matched_stop": None}]}
+        if usage is not None:
+            doc["usage"] = usage
+        return _sse(doc)
+
+    async for event in _stream(engine, req):
+        if event == b"data: [DONE]\n\n":
+            yield event
+            return
+        doc = json.loads(event[len(b"data: "):])
+        if "error" in doc:
+            err = doc["error"]
+            yield _sse({"object": "error", "message": err["message"],
+                        "type": "BadRequestError" if err["code"] == 400 else str(err["code"]),
+                        "param": None, "code": err["code"]})
+            continue
+        text = doc["text"]
+        meta = doc["meta_info"]
+        finish = (meta.get("finish_reason") or {}).get("type")
+        if text[sent:] or finish:
+            usage = ({"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
+                      "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]} if finish else None)
+            yield chunk(text[sent:], finish, usage)
+            sent = len(text)
 
 
 async def serve(engine: BaseEngine) -> None:

@@ -67,3 +67,21 @@ def test_worker_without_bootstrap_room_and_completions_shape(deployment) -> None
     r = generate(dep.router_url, {"text": "one\ntwo\n", "stream": True, "sampling_params": {"max_new_tokens": 4}})
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
     assert '"text": "one\\n"' in r.text
+
+
+def test_streaming_completions_through_the_router(deployment) -> None:
+    dep = deployment(emulate="0.5.21", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16)
+    model = httpx.get(dep.decode_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
+    r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
+                   json={"model": model, "prompt": "alpha\nbeta\n", "max_tokens": 11, "stream": True})
+    assert r.status_code == 200, r.text
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    import json as _json
+
+    chunks = [_json.loads(e) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "alpha\nbeta\n"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
+                   json={"model": model, "prompt": "z" * 5000, "max_tokens": 4, "stream": True})
+    assert "Input length (5000 tokens) exceeds the maximum allowed length (4090 tokens)." in r.text
