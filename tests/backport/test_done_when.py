@@ -1,0 +1,61 @@
+"""Issue 6's "done when", end to end through the real CLI (in process) on the real 0.5.20 source."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.backport.cpuenv import CpuEnv
+from kvgate.cli import app
+
+from .conftest import tree_digest
+
+pytestmark = [pytest.mark.slow, pytest.mark.wheels]
+runner = CliRunner()
+REJECT = "Input length (8 tokens) exceeds the maximum allowed length (4 tokens)."
+
+
+def test_repo_apply_verify_fixes_and_no_op(checkout: Callable[[str], Path],
+                                           cpu_envs: Callable[[str], CpuEnv]) -> None:
+    cpu_envs("0.5.20")  # --verify runs the probe in the cached CPU environment
+    repo = checkout("0.5.20")
+    unpatched = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])
+    assert unpatched.exit_code == 1, unpatched.output  # not applied, and the real doors admit the rejection
+    assert json.loads(unpatched.stdout)["target"]["probe_status"] == "ADMITTED"
+
+    applied = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo)])
+    assert applied.exit_code == 0, applied.output
+    verify = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])
+    assert verify.exit_code == 0, verify.output
+    doc = json.loads(verify.stdout)
+    assert doc["target"]["probe_status"] == "RETIRED"
+    assert doc["target"]["client_error"]["status_code"] == 400
+    assert doc["target"]["client_error"]["message"] == REJECT
+
+    fixes = runner.invoke(app, ["fixes", "--repo", str(repo), "--format", "json"])
+    found = {f["check"]: f["summary"] for f in json.loads(fixes.stdout)["findings"]}
+    for patch_id in ("kvgate-admission-door", "kvgate-deferred-release-default"):
+        assert found[patch_id].startswith("present"), (patch_id, found.get(patch_id))
+
+    again = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo)])
+    assert again.exit_code == 0 and "already applied" in again.stdout
+
+
+def test_site_packages_apply_verify_with_hardening_and_revert(site: Callable[[str], CpuEnv]) -> None:
+    env = site("0.5.20")
+    root = env.site_packages
+    pristine = tree_digest(root)
+    args = ["backport", "--to", "v0.5.20", "--site-packages", str(root)]
+    assert runner.invoke(app, [*args, "--with-hardening"]).exit_code == 0
+    verify = runner.invoke(app, [*args, "--verify", "--python", env.python, "-f", "json"])
+    assert verify.exit_code == 0, verify.output
+    checks = {f["check"]: f["outcome"] for f in json.loads(verify.stdout)["findings"]}
+    assert checks["admission"] == "passed" and checks["handoff-coverage"] == "passed"
+    again = runner.invoke(app, [*args, "--with-hardening"])
+    assert again.exit_code == 0 and "already applied" in again.stdout
+    assert runner.invoke(app, [*args, "--revert"]).exit_code == 0
+    assert tree_digest(root) == pristine
