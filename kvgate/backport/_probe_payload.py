@@ -178,6 +178,10 @@ class _PageSize:
         self.page_size = page_size
         self.size_swa = 0
 
+    def get_kvcache(self) -> "_PlainKVPool":
+        # 0.5.22+: the decode door asks the allocator for its pool (a DSv4 pool forces a re-bootstrap).
+        return _PlainKVPool()
+
     def prealloc_ceiling_fits(self, full_tokens: int, swa_tokens: int) -> bool | None:
         # 0.5.21+: a plain (non-SWA) pool has no ceiling of its own, as sglang's base allocator says.
         return None
