@@ -258,7 +258,10 @@ class PrefillEngine(BaseEngine):
         self._room_waiters: dict[int, asyncio.Future[_Room]] = {}
         #: rooms retired at the door before decode registered: decode is told on registration
         self._retired: dict[int, Abort] = {}
-        self._forward_lock = asyncio.Lock()
+        #: one forward at a time; requests interleave chunk by chunk (FIFO), like continuous batching
+        self._gpu = asyncio.Lock()
+        self.running: dict[str, SimReq] = {}
+        self._aborted: set[str] = set()
         self._server: asyncio.base_events.Server | None = None
 
     async def start(self) -> None:
@@ -327,8 +330,18 @@ class PrefillEngine(BaseEngine):
             # 400 before bootstrap, metadata buffer or sender creation.
             return await self._retire_at_door(req)
         room = await self._await_bootstrap(req)
-        async with self._forward_lock:
+        self.running[req.rid] = req
+        try:
             return await self._forward_and_send(req, room)
+        finally:
+            self.running.pop(req.rid, None)
+            self._aborted.discard(req.rid)
+
+    def abort(self, rid: str | None, abort_all: bool = False) -> int:
+        """`/abort_request` (or a client disconnect): the request stops after the chunk in flight."""
+        hits = [r for r in self.running if abort_all or r == rid]
+        self._aborted.update(hits)
+        return len(hits)
 
     async def _retire_at_door(self, req: SimReq) -> dict[str, Any]:
         assert req.to_finish is not None and req.bootstrap_room is not None
@@ -350,7 +363,7 @@ class PrefillEngine(BaseEngine):
         ps = self.pool.page_size
         tokens = req.input_ids
         n = int(tokens.numel())
-        own = self.pool.alloc(self.pool.pages_for(n))
+        own = await self._alloc_wait(self.pool.pages_for(n))
         chunk = max(ps, (self.cfg.chunked_prefill_size // ps) * ps)
         tps = self.cfg.sim_prefill_tokens_per_s
         sent_pages = 0
@@ -359,10 +372,11 @@ class PrefillEngine(BaseEngine):
         try:
             for start in range(0, n, chunk):
                 piece = tokens[start:start + chunk]
-                if tps > 0:
-                    await asyncio.sleep(piece.numel() / tps)  # the forward pass of this chunk
                 p0, p1 = start // ps, -(-(start + piece.numel()) // ps)
-                self.pool.write_tokens(own[p0:p1], piece)
+                async with self._gpu:
+                    if tps > 0:
+                        await asyncio.sleep(piece.numel() / tps)  # the forward pass of this chunk
+                    self.pool.write_tokens(own[p0:p1], piece)
                 last = start + chunk >= n
                 if last and req.to_finish is not None and self.release.retires_aborted_result_after_forward():
                     # 0.5.20+ `_retire_aborted_prefill_result`: nothing is sent for the final result.
@@ -375,12 +389,17 @@ class PrefillEngine(BaseEngine):
                     sent_pages += int(dst.numel())
                 if room.peer_aborted and self.release.stops_late_chunks_after_abort():
                     break  # the chunk that was in flight has landed; #36988 sends no more
+                if req.rid in self._aborted:
+                    break  # aborted on this prefill (abort_request / client gone): no further chunks
             if retired:
                 assert req.to_finish is not None
                 abort = req.to_finish
                 req.finished_reason, req.to_finish = abort.finish_reason(), None
                 self.rooms.pop(room.room, None)
                 raise RequestError(abort, value_error=True)
+            if req.rid in self._aborted:
+                raise RequestError(Abort("Aborted by AbortReq.", HTTPStatus.INTERNAL_SERVER_ERROR,
+                                         "InternalServerError"))
             if not room.peer_aborted or not self.release.stops_late_chunks_after_abort():
                 # Transfer-complete with what prefill claims (`KVPoll.Success`). Pre-0.5.20 this is
                 # sent even for a request whose decode aborted (late results are not retired).
@@ -405,6 +424,14 @@ class PrefillEngine(BaseEngine):
             req.finished_reason = {"type": "length", "length": 0}
         return {"text": "", "output_ids": [],
                 "meta_info": _meta(req, prompt_tokens=n, completion_tokens=0, e2e=time.time() - req.created)}
+
+    async def _alloc_wait(self, num_pages: int) -> torch.Tensor:
+        """Wait in the queue until the prefill pool has room (requests in flight hold pages)."""
+        while True:
+            try:
+                return self.pool.alloc(num_pages)
+            except PoolExhausted:
+                await asyncio.sleep(0.01)
 
     async def _send(self, room: _Room, header: dict[str, Any], payload: bytes = b"") -> bool:
         try:
@@ -435,6 +462,7 @@ class _Transfer:
     num_tokens: int
     done: asyncio.Future[dict[str, Any]]
     ack: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     writer: asyncio.StreamWriter | None = None
     reader_task: asyncio.Task[None] | None = None
@@ -544,6 +572,7 @@ class DecodeEngine(BaseEngine):
         while True:
             msg = await transfer.recv(reader)
             if msg is None:
+                t.closed.set()  # the prefill closed the room: it will never write again
                 if t.writer is not None:
                     t.writer.close()
                 return
@@ -606,9 +635,15 @@ class DecodeEngine(BaseEngine):
             self._free(t)
 
     async def _release_after_ack(self, t: _Transfer) -> None:
-        try:
-            await asyncio.wait_for(t.ack.wait(), timeout=self.deferred_release_timeout)
-        except asyncio.TimeoutError:
+        waits = {asyncio.ensure_future(t.ack.wait())}
+        if self.release.acks_abort_after_drain():
+            # 0.5.21+ keeps the ACK target until writes drain; a closed room has drained too.
+            waits.add(asyncio.ensure_future(t.closed.wait()))
+        done, pending = await asyncio.wait(waits, timeout=self.deferred_release_timeout,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if not done:
             log.warning("Deferred KV release for room %s timed out after %.1fs", t.req.bootstrap_room,
                         self.deferred_release_timeout)
         self._free(t)

@@ -148,7 +148,7 @@ def build_app(engine: BaseEngine) -> FastAPI:
     @app.post("/abort_request")
     async def _abort(request: Request) -> Response:
         body = _loads(await request.body() or b"{}")
-        if isinstance(engine, DecodeEngine):
+        if isinstance(engine, (DecodeEngine, PrefillEngine)):
             engine.abort(body.get("rid"), bool(body.get("abort_all", False)))
         return Response(status_code=200)
 
@@ -202,7 +202,7 @@ def build_app(engine: BaseEngine) -> FastAPI:
             done, _ = await asyncio.wait({task}, timeout=poll)
             if done:
                 return task.result()
-            if await request.is_disconnected() and isinstance(engine, DecodeEngine):
+            if await request.is_disconnected() and isinstance(engine, (DecodeEngine, PrefillEngine)):
                 engine.abort(req.rid)
 
     @app.post("/generate")
@@ -298,7 +298,7 @@ async def _stream(engine: BaseEngine, req: SimReq) -> AsyncIterator[bytes]:
                 return
             yield item
     finally:
-        if not finished and isinstance(engine, DecodeEngine):
+        if not finished and isinstance(engine, (DecodeEngine, PrefillEngine)):
             engine.abort(req.rid)  # the client went away mid-stream
         if not finished:
             await asyncio.wait({task}, timeout=5)
