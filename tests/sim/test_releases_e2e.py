@@ -121,3 +121,20 @@ def test_several_prefill_and_decode_workers_serve_their_own_content(deployment) 
         assert text.startswith(f"request-{i}-line\n")  # its own prompt, nobody else's
     served = [state(u)["stats"]["requests"] for u in dep.prefill_urls + dep.decode_urls]
     assert sum(served[:2]) == 8 and sum(served[2:]) == 8
+
+
+def test_latency_signal_leaky_answer_is_faster_than_a_real_prefill(deployment) -> None:
+    """incident.md section 5, signal 3: prefill time grows with length; the leak skips the prefill."""
+    tps = 2000.0
+    dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=DECODE_POOL, page_size=PAGE, prefill_tokens_per_s=tps)
+    t0 = time.monotonic()
+    ok = generate(dep.router_url, _over_pool(n=1000))
+    accepted_s = time.monotonic() - t0
+    assert ok.status_code == 200 and ok.json()["meta_info"]["prompt_tokens"] == 1000
+    assert accepted_s >= 1000 / tps  # a real 1000-token prefill cannot be faster than the configured speed
+    t0 = time.monotonic()
+    leak = generate(dep.router_url, _over_pool(n=OVER))
+    leaky_s = time.monotonic() - t0
+    assert leak.status_code == 200 and leak.json()["meta_info"]["prompt_tokens"] == OVER
+    assert leaky_s < accepted_s  # twice the prompt, answered faster: only the one-token placeholder ran
