@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from kvgate.sim.releases import SUPPORTED
 from kvgate.sim.router import router_argv
-from kvgate.supervisor import ManagedProcess, Supervisor, free_port, http_ok
+from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port, http_ok
 
 
 @dataclass
@@ -91,8 +91,23 @@ class SimDeployment:
             argv.append("--disaggregation-enable-kv-checksum")
         return argv
 
-    def start(self) -> "SimDeployment":
-        """Start workers and router in parallel, then wait until all are ready (one deadline)."""
+    def start(self, attempts: int = 3) -> "SimDeployment":
+        """Start workers and router in parallel, then wait until all are ready (one deadline).
+
+        Ports are picked free just before the children bind them; if another process takes one in
+        between (other test runs on the same machine), the start is retried with fresh ports.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except SupervisorError as exc:
+                if attempt == attempts or "in use" not in str(exc).lower():
+                    raise
+                self.prefill_urls, self.decode_urls, self.bootstrap_ports = [], [], []
+                self.router_url = None
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "SimDeployment":
         if self.emulate not in SUPPORTED:
             raise ValueError(f"emulate must be one of {SUPPORTED}")
         if self.prefill < 1 or self.decode < 1:
