@@ -179,3 +179,42 @@ def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLik
                                 client_error=short.observed.get("client_error"),
                                 error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} "
                                 f"full={full.outcome}", missing=None, duration_s=round(elapsed, 2), python=python)
+
+
+HANDED_OFF = "HANDED_OFF"
+
+
+@dataclass(frozen=True)
+class ResultRetireProbeResult:
+    """What the post-forward probe saw in the real `process_batch_result_disagg_prefill`: RETIRED (an
+    aborted request's final result is released and answered, no KV chunk sent; a valid one is handed
+    off), HANDED_OFF (the aborted result's KV is sent anyway: the #30233 short handoff), or ERROR."""
+
+    status: str
+    version: str | None
+    cases: tuple[ProbeCase, ...]
+    client_error: dict[str, Any] | None
+    error: str | None
+    missing: str | None
+    duration_s: float
+    python: str
+
+
+def run_result_retire_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
+                            timeout: float = 300.0) -> ResultRetireProbeResult:
+    """Feed an aborted and a valid final prefill result through the real post-forward path."""
+    raw, elapsed = _run_payload("retire_results", python, extra_pythonpath, timeout)
+    if raw.get("status") != "ok":
+        return ResultRetireProbeResult(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
+                                       error=raw.get("error"), missing=raw.get("missing"),
+                                       duration_s=round(elapsed, 2), python=python)
+    cases = _cases(raw)
+    aborted = next(c for c in cases if c.name == "aborted_final_result")
+    valid = next(c for c in cases if c.name == "valid_final_result")
+    if valid.outcome != HANDED_OFF or aborted.outcome not in (RETIRED, HANDED_OFF):
+        status, error = ERROR, f"unexpected outcomes: aborted={aborted.outcome} valid={valid.outcome}"
+    else:
+        status, error = aborted.outcome, None
+    return ResultRetireProbeResult(status=status, version=raw.get("version"), cases=cases,
+                                   client_error=aborted.observed.get("client_error"), error=error, missing=None,
+                                   duration_s=round(elapsed, 2), python=python)

@@ -17,7 +17,14 @@ from kvgate.backport.engine import (
     site_packages_of,
 )
 from kvgate.backport.manifest import Series, load_series
-from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_admission_probe, run_hardening_probe
+from kvgate.backport.probe import (
+    ERROR,
+    RETIRED,
+    VERIFIED,
+    run_admission_probe,
+    run_hardening_probe,
+    run_result_retire_probe,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
@@ -146,6 +153,19 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         findings.append(failed(f"{GATE}-probe", "admission", node,
                                f"{adm.status}: rejected request admitted or a control case misbehaved", *ev,
                                remedy=f"kvgate backport --to {series.name}"))
+    if "kvgate-retire-aborted-results" in {p.id for p in series.patches}:
+        ret = run_result_retire_probe(python, extra, timeout=timeout)
+        rev = [Evidence("prefill", c.name, c.outcome, c.expect) for c in ret.cases]
+        if ret.status == RETIRED:
+            findings.append(passed(f"{GATE}-probe", "retire-aborted-results", node,
+                                   "RETIRED: an aborted request's final prefill result is released and answered, "
+                                   "no KV handoff", *rev))
+        elif ret.status == ERROR:
+            findings.append(inconclusive(f"{GATE}-probe", "retire-aborted-results", node,
+                                         f"probe error (no verdict): {ret.error}", *rev))
+        else:
+            findings.append(failed(f"{GATE}-probe", "retire-aborted-results", node,
+                                   f"{ret.status}: an aborted request's KV is handed off after the forward", *rev))
     if any(p.optional and p.id in have_ids for p in series.patches):
         hard = run_hardening_probe(python, extra, timeout=timeout)
         hev = [Evidence("decode", c.name, c.outcome, c.expect) for c in hard.cases]

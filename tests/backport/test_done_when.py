@@ -59,3 +59,14 @@ def test_site_packages_apply_verify_with_hardening_and_revert(site: Callable[[st
     assert again.exit_code == 0 and "already applied" in again.stdout
     assert runner.invoke(app, [*args, "--revert"]).exit_code == 0
     assert tree_digest(root) == pristine
+
+
+def test_v0_5_19_site_verify_runs_all_three_probes(site: Callable[[str], CpuEnv]) -> None:
+    env = site("0.5.19")
+    args = ["backport", "--to", "v0.5.19", "--site-packages", str(env.site_packages)]
+    assert runner.invoke(app, [*args, "--with-hardening"]).exit_code == 0
+    verify = runner.invoke(app, [*args, "--verify", "--python", env.python, "-f", "json"])
+    assert verify.exit_code == 0, verify.output
+    checks = {f["check"]: f["outcome"] for f in json.loads(verify.stdout)["findings"]}
+    assert checks["admission"] == checks["retire-aborted-results"] == checks["handoff-coverage"] == "passed"
+    assert all(checks[p] == "passed" for p in ("kvgate-admission-door", "kvgate-retire-aborted-results"))

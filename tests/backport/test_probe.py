@@ -22,6 +22,7 @@ from kvgate.backport.probe import (
     VERIFIED,
     run_admission_probe,
     run_hardening_probe,
+    run_result_retire_probe,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheels]
@@ -96,6 +97,28 @@ def test_hardening_probe_on_the_real_decode_commit_path(cpu_envs: Callable[[str]
     assert after.client_error["status_code"] == 500
     assert "KV handoff coverage mismatch" in after.client_error["message"]
     assert next(c for c in after.cases if c.name == "full_handoff").outcome == "COMMITTED"
+
+
+def test_post_forward_retire_on_the_real_result_path(cpu_envs: Callable[[str], CpuEnv],
+                                                     site: Callable[[str], CpuEnv]) -> None:
+    env = cpu_envs("0.5.19")
+    before = run_result_retire_probe(env.python, env.pythonpath)
+    assert before.status == "HANDED_OFF", before  # 0.5.19 sends the aborted stub's KV (#30233)
+    aborted = next(c for c in before.cases if c.name == "aborted_final_result")
+    assert aborted.observed["kv_chunks_sent"] == 1 and aborted.observed["client_error"] is None
+    after = run_result_retire_probe(*_pythonpath(_patched(site, "0.5.19")))
+    assert after.status == RETIRED, after
+    aborted = next(c for c in after.cases if c.name == "aborted_final_result")
+    assert aborted.observed["kv_chunks_sent"] == 0 and aborted.observed["metadata_slots_released"] == 1
+    assert aborted.observed["sender_aborted"] and aborted.observed["streamed"] == 1
+    assert after.client_error["status_code"] == 400 and after.client_error["message"] == REJECT
+    # Positive control: upstream 0.5.20 carries #36988 and retires it on its own.
+    env20 = cpu_envs("0.5.20")
+    assert run_result_retire_probe(env20.python, env20.pythonpath).status == RETIRED
+
+
+def _pythonpath(env: CpuEnv) -> tuple[str, tuple[str, ...]]:
+    return env.python, env.pythonpath
 
 
 def test_missing_code_is_a_probe_error_never_a_verdict(cpu_envs: Callable[[str], CpuEnv], tmp_path: Path) -> None:
