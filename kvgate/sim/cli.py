@@ -49,6 +49,8 @@ def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
 @handle_errors
 def up(
     emulate: str = typer.Option("0.5.20", help="SGLang release to reproduce: 0.5.19 .. 0.5.23."),
+    fixed_by: Optional[str] = typer.Option(
+        None, help="kvgate-backport or kvgate-backport-hardened: emulate kvgate's backport on 0.5.19/0.5.20."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Number of prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Number of decode workers."),
     context_length: int = typer.Option(8192, help="--context-length of every worker."),
@@ -72,8 +74,14 @@ def up(
 
     if emulate not in SUPPORTED:
         raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
+    from kvgate.sim.releases import get_release
+
+    try:
+        get_release(emulate, fixed_by)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     dep = SimDeployment(
-        emulate=emulate, prefill=prefill, decode=decode, context_length=context_length,
+        emulate=emulate, fixed_by=fixed_by, prefill=prefill, decode=decode, context_length=context_length,
         prefill_pool=prefill_pool, decode_pool=decode_pool, page_size=page_size,
         chunked_prefill_size=chunked_prefill_size, waiting_timeout=waiting_timeout,
         deferred_release=None if deferred_release is Deferred.default else deferred_release is Deferred.on,

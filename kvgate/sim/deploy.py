@@ -24,6 +24,7 @@ class SimDeployment:
 
     Knobs (SGLang's names where SGLang has the setting):
       emulate: "0.5.19" .. "0.5.23"; prefill / decode: worker counts.
+      fixed_by: None, "kvgate-backport" or "kvgate-backport-hardened" (0.5.19/0.5.20 + kvgate's series).
       context_length: `--context-length` of every worker; prefill_pool / decode_pool: `--max-total-tokens`.
       page_size: `--page-size`; chunked_prefill_size: `--chunked-prefill-size`.
       waiting_timeout: SGLANG_DISAGGREGATION_WAITING_TIMEOUT (s) for decode (SGLang: 300).
@@ -33,10 +34,12 @@ class SimDeployment:
       prefill_tokens_per_s: prefill compute speed, one value or one per prefill worker (0 = instant).
       decode_tokens_per_s: decode speed (0 = as fast as possible).
       seed: `--random-seed`. expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
+      allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
       router: False starts the workers only (router_url is then None).
     """
 
     emulate: str = "0.5.20"
+    fixed_by: str | None = None
     prefill: int = 1
     decode: int = 1
     context_length: int = 32768
@@ -53,6 +56,7 @@ class SimDeployment:
     seed: int = 0
     expose_env_vars: bool = False
     kv_checksum: bool = False
+    allow_auto_truncate: bool = False
     router: bool = True
     host: str = "127.0.0.1"
     log_dir: Path | None = None
@@ -89,6 +93,10 @@ class SimDeployment:
                 "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s)]
         if self.kv_checksum:
             argv.append("--disaggregation-enable-kv-checksum")
+        if self.fixed_by:
+            argv += ["--fixed-by", self.fixed_by]
+        if self.allow_auto_truncate:
+            argv.append("--allow-auto-truncate")
         return argv
 
     def start(self, attempts: int = 3) -> "SimDeployment":

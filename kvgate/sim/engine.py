@@ -98,6 +98,7 @@ class WorkerConfig:
     kv_canary_real_data: str = "none"
     kv_canary_sweep_interval: int = 0
     emulate: str = "0.5.20"
+    fixed_by: str | None = None
     sim_prefill_tokens_per_s: float = 2_000_000.0
     sim_decode_tokens_per_s: float = 0.0
     launch_command: str = ""
@@ -657,6 +658,13 @@ class DecodeEngine(BaseEngine):
         """Commit the transfer and generate. No transferred-length validation exists in 0.5.19-0.5.23
         (#38704 never merged), so a one-page handoff into an eight-page reservation is committed."""
         req = t.req
+        header = t.done.result()
+        if (self.release.validates_transfer_coverage() and not header.get("fake")
+                and int(header.get("claimed_tokens", -1)) != t.num_tokens):
+            raise RequestError(Abort(
+                f"KV transfer coverage mismatch for request {req.rid}: prefill claimed "
+                f"{header.get('claimed_tokens')} tokens, decode reserved {t.num_tokens}",
+                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
         version_seen = -1
         digest = b""
         out: list[int] = []

@@ -65,6 +65,10 @@ class Release0519:
         """Whether a door retire tells the registered decode (simulator model of #36612 + #38935)."""
         return False
 
+    def validates_transfer_coverage(self) -> bool:
+        """Decode-side check that the claimed transfer covers the reservation: in no release (#38704)."""
+        return False
+
     def server_info_extra(self, mode: str) -> dict[str, Any]:
         """Top-level `/server_info` keys that only some releases have."""
         return {"kv_events": None}
@@ -143,15 +147,64 @@ class Release0523(Release0522):
         return extra
 
 
+class KvgateBackport:
+    """kvgate's own backport series on 0.5.19/0.5.20 (issue 6), applied on top of a release object.
+
+    1. admission door: `is_unadmitted_reject` requests are retired at `PrefillBootstrapQueue.add` /
+       `DecodePreallocQueue.add` with their original error (what #38935 does);
+    2. deferred decode KV release on by default (what #41023 does; #40645's ACK fix is NOT part of the
+       series, so a deferring decode still waits for the hold timeout after a lost ACK);
+    on 0.5.19 also 3. aborted prefill results retired after the forward (what #36988 does);
+    optional hardening (`kvgate-backport-hardened`): decode checks, before committing a handoff, that the
+    KV coverage prefill claims equals what it reserved (checklist item 3; #38704 never merged).
+    The simulator's mismatch message is its own; the backport's real wording lives in backports/.
+    """
+
+    def __init__(self, base: Release0519, hardened: bool) -> None:
+        self._base = base
+        self.version = base.version
+        self.has_ready_endpoint = base.has_ready_endpoint
+        self.deferred_release_default = True
+        self.hardened = hardened
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+    def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
+        return aborted and not holds_resources
+
+    def retires_aborted_result_after_forward(self) -> bool:
+        return True
+
+    def stops_late_chunks_after_abort(self) -> bool:
+        return True
+
+    def notifies_decode_of_door_reject(self) -> bool:
+        return True
+
+    def validates_transfer_coverage(self) -> bool:
+        return self.hardened
+
+
+FIXED_BY = ("kvgate-backport", "kvgate-backport-hardened")
+
+
 _BY_VERSION: dict[str, type[Release0519]] = {
     "0.5.19": Release0519, "0.5.20": Release0520, "0.5.21": Release0521,
     "0.5.22": Release0522, "0.5.23": Release0523,
 }
 
 
-def get_release(version: str) -> Release0519:
-    """The behaviour object of an emulated release; ValueError for an unknown one."""
+def get_release(version: str, fixed_by: str | None = None) -> Release0519:
+    """The behaviour object of an emulated release (optionally with kvgate's backport); ValueError if unknown."""
     try:
-        return _BY_VERSION[version]()
+        release = _BY_VERSION[version]()
     except KeyError:
         raise ValueError(f"unsupported --emulate {version!r}; choose one of {', '.join(SUPPORTED)}") from None
+    if fixed_by is None:
+        return release
+    if fixed_by not in FIXED_BY:
+        raise ValueError(f"unsupported --fixed-by {fixed_by!r}; choose one of {', '.join(FIXED_BY)}")
+    if version not in ("0.5.19", "0.5.20"):
+        raise ValueError("--fixed-by kvgate-backport applies to 0.5.19 and 0.5.20 only")
+    return KvgateBackport(release, hardened=fixed_by.endswith("hardened"))  # type: ignore[return-value]

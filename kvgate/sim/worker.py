@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-size", "--tp", type=int, default=1)
     p.add_argument("--emulate", choices=list(SUPPORTED), default="0.5.20",
                    help="which SGLang release's behaviour to reproduce")
+    p.add_argument("--fixed-by", choices=["kvgate-backport", "kvgate-backport-hardened"], default=None,
+                   help="emulate kvgate's backport series on 0.5.19/0.5.20 (see kvgate/sim/releases.py)")
     p.add_argument("--sim-prefill-tokens-per-s", type=float, default=2_000_000.0,
                    help="prefill compute speed; 0 = instant")
     p.add_argument("--sim-decode-tokens-per-s", type=float, default=0.0,
@@ -88,11 +90,14 @@ def main(argv: list[str]) -> None:
         allow_auto_truncate=args.allow_auto_truncate,
         disaggregation_enable_kv_checksum=args.disaggregation_enable_kv_checksum, kv_canary=args.kv_canary,
         kv_canary_real_data=args.kv_canary_real_data, kv_canary_sweep_interval=args.kv_canary_sweep_interval,
-        emulate=args.emulate, sim_prefill_tokens_per_s=args.sim_prefill_tokens_per_s,
+        emulate=args.emulate, fixed_by=args.fixed_by, sim_prefill_tokens_per_s=args.sim_prefill_tokens_per_s,
         sim_decode_tokens_per_s=args.sim_decode_tokens_per_s,
         launch_command="python -m kvgate.sim worker " + shlex.join(argv),
     )
-    release = get_release(args.emulate)
+    try:
+        release = get_release(args.emulate, args.fixed_by)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     engine = (PrefillEngine if cfg.mode == "prefill" else DecodeEngine)(cfg, release)
 
     async def runner() -> None:

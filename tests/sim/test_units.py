@@ -135,3 +135,15 @@ def test_transfer_frames_over_a_real_socket() -> None:
     assert pages.tolist() == [5, 9] and content.tolist() == list(range(8))
     assert done is not None and done.header["claimed_tokens"] == 1
     assert eof is None
+
+
+def test_backport_emulation_only_on_old_releases() -> None:
+    r = get_release("0.5.20", "kvgate-backport")
+    assert r.version == "0.5.20" and r.admission_door_rejects(True, False) and r.deferred_release_default
+    assert not r.acks_abort_after_drain() and not r.validates_transfer_coverage()
+    assert get_release("0.5.19", "kvgate-backport-hardened").validates_transfer_coverage()
+    assert get_release("0.5.19", "kvgate-backport").retires_aborted_result_after_forward()
+    with pytest.raises(ValueError):
+        get_release("0.5.22", "kvgate-backport")
+    with pytest.raises(ValueError):
+        get_release("0.5.20", "upstream")

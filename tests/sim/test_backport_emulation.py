@@ -1,0 +1,52 @@
+"""`--fixed-by kvgate-backport[-hardened]`: 0.5.20 plus kvgate's own series (issue 6), and a short
+handoff that no release catches: with --allow-auto-truncate each worker truncates to its OWN limit, so
+a prefill with a small pool sends fewer tokens than the decode reserved (a simulator prediction from
+the code paths it models, not observed on a real SGLang)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.sim.conftest import generate, sentinel_prompt, state, wait_for
+
+pytestmark = pytest.mark.slow
+
+CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE = 4096, 1024, 16384, 16
+SENTINEL = "PLANTED-9e4a"
+
+
+def _scenario(deployment, **kw):
+    dep = deployment(context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=PAGE,
+                     waiting_timeout=120, **kw)
+    # The plant's answer echoes its sentinel; the decode writes that answer's KV after the prompt
+    # (slots 1000..1299), beyond what a truncating prefill will send for the next request.
+    r = generate(dep.router_url, {"text": sentinel_prompt(SENTINEL, 1000), "sampling_params": {"max_new_tokens": 300}})
+    assert r.status_code == 200 and SENTINEL in r.json()["text"], r.text
+    return dep
+
+
+TRUNCATED = [ord("z")] * 10 + [10] + [ord("q")] * 1989 + [10]  # 2001 tokens > the prefill limit (1018)
+
+
+def test_backport_on_0520_retires_at_the_door(deployment) -> None:
+    dep = _scenario(deployment, emulate="0.5.20", fixed_by="kvgate-backport")
+    r = generate(dep.router_url, {"input_ids": [ord("z")] * 2000, "sampling_params": {"max_new_tokens": 64}})
+    assert r.status_code == 400 and "Input length (2000 tokens) exceeds" in r.text and SENTINEL not in r.text
+    decode = dep.decode_urls[0]
+    assert state(decode)["deferred_release"] is True  # the series turns it on by default
+    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 10)
+
+
+def test_auto_truncate_short_handoff_leaks_even_on_0522(deployment) -> None:
+    dep = _scenario(deployment, emulate="0.5.22", allow_auto_truncate=True)
+    r = generate(dep.router_url, {"input_ids": TRUNCATED,
+                                  "sampling_params": {"max_new_tokens": 2000}})
+    assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == 2001
+    assert SENTINEL in r.json()["text"]  # decode read past what the truncating prefill sent
+
+
+def test_hardened_backport_refuses_the_short_handoff(deployment) -> None:
+    dep = _scenario(deployment, emulate="0.5.20", fixed_by="kvgate-backport-hardened", allow_auto_truncate=True)
+    r = generate(dep.router_url, {"input_ids": TRUNCATED,
+                                  "sampling_params": {"max_new_tokens": 2000}})
+    assert r.status_code >= 500 and "coverage mismatch" in r.text and SENTINEL not in r.text
