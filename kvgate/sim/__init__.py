@@ -38,12 +38,20 @@ Library API (what probe tests use)
         dep.pids            # every process (each leads its own process group)
 
 More knobs: chunked_prefill_size, bootstrap_timeout, deferred_release_timeout, expose_env_vars
-(SGLANG_EXPOSE_OWN_ENV_VARS=1), kv_checksum (flag reported only, STUB: no checksum computed),
-router=False (workers only), log_dir, extra_env, ready_deadline_s. Start-up takes ~2-3 s.
+(SGLANG_EXPOSE_OWN_ENV_VARS=1), allow_auto_truncate, fixed_by ("kvgate-backport" or
+"kvgate-backport-hardened" on 0.5.19/0.5.20: kvgate's own series, see releases.KvgateBackport),
+kv_checksum (flag reported only, STUB: no checksum is computed), router=False (workers only),
+log_dir, extra_env (e.g. {"SGLANG_REQUEST_STATE_WAIT_TIMEOUT": "1"}), ready_deadline_s.
+Start-up takes ~2-3 s; `stop()` ~1 s.
 
-Simulator-only endpoints on every worker (never used by the router): `GET /sim/state` (free pages,
-in-flight transfers, counters such as `late_pages_received`). SGLang's `POST /abort_request`
-({"rid": ...}) aborts a request on a decode worker.
+To pin one request to a chosen prefill/decode pair (the router's policy picks otherwise), send it
+the way the router does: `kvgate.sim.client.pd_generate(prefill_url, bootstrap_port, decode_url, body)`.
+
+Aborts: SGLang's `POST /abort_request` ({"rid": ...} or {"abort_all": true}) on a worker aborts at
+once; a client that disconnects is noticed, as in SGLang, only when the worker's wait times out
+(SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s). Simulator-only endpoint on every worker (never used by
+the router): `GET /sim/state` (free pages, in-flight transfers by rid with pages received,
+counters such as `late_pages_received` = page writes that landed after the request freed them).
 
 The toy model: token id = byte (reversible byte tokenizer, id 0 = pad/placeholder). Decode reads
 every slot it reserved, drops pad, keeps each distinct line once in order of first appearance, and
