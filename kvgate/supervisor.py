@@ -12,6 +12,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -84,6 +85,9 @@ class Supervisor:
 
     log_dir: Path
     grace_s: float = 5.0
+    #: Linux: children get SIGTERM if the thread that started them dies (even by SIGKILL), so a killed
+    #: supervisor leaves no orphans. Only safe when that thread lives as long as the children.
+    die_with_parent: bool = False
     processes: list[ManagedProcess] = field(default_factory=list)
 
     def start(
@@ -108,6 +112,7 @@ class Supervisor:
                 proc.popen = subprocess.Popen(  # noqa: S603 - argv is built by kvgate, never a shell string
                     proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=full_env, cwd=str(cwd) if cwd else None, start_new_session=True,
+                    preexec_fn=_die_with_parent if self.die_with_parent and sys.platform == "linux" else None,
                 )
             except OSError as exc:
                 raise SupervisorError(f"{name}: cannot start {argv[0]}: {exc}") from exc
@@ -178,6 +183,14 @@ class Supervisor:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: PR_SET_PDEATHSIG(SIGTERM)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -68,3 +68,27 @@ def test_wait_ready_deadline(tmp_path: Path) -> None:
                   ready_url=f"http://127.0.0.1:{free_port()}/")
         with pytest.raises(SupervisorError, match="not ready within"):
             sup.wait_ready(deadline_s=0.5)
+
+
+def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
+    """Even a SIGKILLed supervisor leaves no orphan when die_with_parent is on (Linux)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("PR_SET_PDEATHSIG is Linux-only")
+    import subprocess
+
+    script = (
+        "import sys, time; from pathlib import Path; from kvgate.supervisor import Supervisor\n"
+        f"sup = Supervisor(log_dir=Path({str(tmp_path)!r}), die_with_parent=True)\n"
+        "p = sup.start('sleeper', [sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print(p.pid, flush=True); time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert pid_alive(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not pid_alive(child)

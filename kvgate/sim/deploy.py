@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -126,7 +127,8 @@ class SimDeployment:
             raise ValueError("prefill_tokens_per_s: give one value or one per prefill worker")
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-sim-"))
         self.log_dir = log_dir
-        sup = Supervisor(log_dir=log_dir, grace_s=3.0)
+        sup = Supervisor(log_dir=log_dir, grace_s=3.0,
+                         die_with_parent=threading.current_thread() is threading.main_thread())
         self.supervisor = sup
         env = self._worker_env()
         workers: list[ManagedProcess] = []

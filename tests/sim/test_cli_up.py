@@ -81,3 +81,16 @@ def test_kvgate_help_does_not_import_torch_or_fastapi() -> None:
     code = ("import sys; from kvgate.cli import app; "
             "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ})
+
+
+def test_sim_up_killed_hard_leaves_no_orphans(tmp_path: Path) -> None:
+    """SIGKILL gives `sim up` no chance to clean up: the children die with it (PR_SET_PDEATHSIG)."""
+    proc, _ = _start(tmp_path, "--emulate", "0.5.22")
+    kids = _children(proc.pid)
+    assert len(kids) == 3
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while any(pid_alive(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(pid_alive(k) for k in kids)
