@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from kvgate.sim import tokenizer
 from kvgate.sim.engine import (Abort, BaseEngine, DecodeEngine, PrefillEngine, RequestError, SimReq,

@@ -5,9 +5,10 @@ prompt < context, decode pool large; an earlier request planted a sentinel in pa
 
 from __future__ import annotations
 
-import json
+import concurrent.futures as cf
 import time
 
+import httpx
 import pytest
 
 from tests.sim.conftest import generate, sentinel_prompt, state, wait_for
@@ -34,7 +35,7 @@ def _over_pool(stream: bool = False, n: int = OVER) -> dict:
 def test_0519_leaks_stale_pages_under_http_200(deployment) -> None:
     dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
                      decode_pool=DECODE_POOL, page_size=PAGE)
-    info = json.loads(__import__("httpx").get(dep.prefill_urls[0] + "/server_info").text)
+    info = httpx.get(dep.prefill_urls[0] + "/server_info", timeout=10).json()
     assert info["max_req_input_len"] == LIMIT and info["max_total_num_tokens"] == PREFILL_POOL
     _plant(dep.router_url)
     r = generate(dep.router_url, _over_pool())
@@ -108,7 +109,6 @@ def test_context_overflow_is_a_tokenizer_stage_400(deployment) -> None:
 def test_several_prefill_and_decode_workers_serve_their_own_content(deployment) -> None:
     dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
                      decode_pool=DECODE_POOL, page_size=PAGE)
-    import concurrent.futures as cf
 
     def one(i: int) -> tuple[int, str]:
         r = generate(dep.router_url, {"text": f"request-{i}-line\n" * 30, "sampling_params": {"max_new_tokens": 17}})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -77,9 +79,7 @@ def test_streaming_completions_through_the_router(deployment) -> None:
     assert r.status_code == 200, r.text
     events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    import json as _json
-
-    chunks = [_json.loads(e) for e in events[:-1]]
+    chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "alpha\nbeta\n"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
     r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
