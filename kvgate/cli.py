@@ -36,6 +36,9 @@ app.command("check")(check)
 from kvgate.commands.drill import drill  # noqa: E402
 
 app.command("drill")(drill)
+from kvgate.commands.up import up  # noqa: E402
+
+app.command("up")(up)
 # (more subcommands are registered below this line)
 from kvgate.commands.backport import backport  # noqa: E402
 

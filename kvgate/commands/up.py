@@ -1,0 +1,112 @@
+"""`kvgate up`: start a real SGLang PD deployment (or the simulator) and, with --gate, gate it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import List, Optional
+
+import typer
+
+from kvgate.commands._common import handle_errors
+from kvgate.commands.check import _fatal_report, _observer
+from kvgate.errors import KvgateError
+from kvgate.exitcodes import ExitStatus
+from kvgate.formats import ReportFormat
+from kvgate.gates.base import CheckOptions
+from kvgate.reporting import emit, pair_outputs
+from kvgate.secrets import redact
+
+
+class _Stop(Exception):
+    """SIGTERM unwinds into the teardown."""
+
+
+def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+    raise _Stop()
+
+
+@handle_errors
+def up(
+    model_path: str = typer.Option(..., "--model-path", help="Model for every worker (SGLang --model-path)."),
+    prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
+    decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
+    tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
+    context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="SGLang --context-length."),
+    prefill_pool: Optional[int] = typer.Option(None, "--prefill-pool", min=1, help="Prefill --max-total-tokens."),
+    decode_pool: Optional[int] = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
+    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
+    transfer_backend: str = typer.Option("mooncake", "--transfer-backend", help="mooncake, nixl, ascend, mori, mooncake_tcp."),
+    ib_device: Optional[str] = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
+    python: Optional[str] = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
+    engine: str = typer.Option("sglang", "--engine", help="sglang (real workers, GPUs) or sim (the simulator)."),
+    emulate: Optional[str] = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
+    ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
+    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
+    gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
+    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
+    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    strict: bool = typer.Option(False, "--strict", help="With --gate: exit 3 when any check is inconclusive."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    worker_arg: List[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
+) -> None:
+    """Start prefill and decode workers and the real router; print the URLs, or gate them with --gate."""
+    import sys
+
+    from kvgate.check import run_check
+    from kvgate.launch import PDDeployment, PDLaunchPlan
+
+    pairs = pair_outputs(list(fmt), list(output))
+    plan = PDLaunchPlan(
+        model_path=model_path, prefill=prefill, decode=decode, tp_size=tp_size, context_length=context_length,
+        prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
+        mem_fraction_static=mem_fraction_static, page_size=page_size, transfer_backend=transfer_backend,
+        ib_device=ib_device, python=python or sys.executable, engine=engine, emulate=emulate,
+        extra_worker_args=tuple(worker_arg), ready_deadline_s=ready_deadline,
+        # So that the defenses gate can read the deferred-release setting the workers really run with.
+        env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1"},
+    )
+    plan.validate()
+    dep = PDDeployment(plan, log_dir=log_dir)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        observer = _observer(quiet)
+        if observer:
+            observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
+        if not gate:
+            dep.start()
+            info = dep.info()
+            typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
+            typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
+            typer.echo("Press Ctrl-C to stop.", err=True)
+            while True:
+                time.sleep(0.5)
+                assert dep.supervisor is not None
+                dead = [p.name for p in dep.supervisor.processes if not p.alive()]
+                if dead:
+                    raise KvgateError(f"{', '.join(dead)} exited unexpectedly; see {dep.log_dir}")
+        try:
+            with dep:
+                options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
+                                       router_url=dep.router_url, strict=strict, timeout=30.0,
+                                       context_len=context_length)
+                report = run_check(options, observer=observer)
+        except KvgateError as exc:
+            report = _fatal_report("up --gate", exc, strict)
+            typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
+        problems = emit(report, pairs)
+        for p in problems:
+            typer.echo(f"kvgate: error: {redact(p)}", err=True)
+        status = report.exit_status
+        if problems and status is ExitStatus.PASSED:
+            status = ExitStatus.USAGE_ERROR
+        raise typer.Exit(int(status))
+    except (KeyboardInterrupt, _Stop):
+        typer.echo("kvgate up: stopping", err=True)
+    finally:
+        dep.stop()
+        signal.signal(signal.SIGTERM, previous)

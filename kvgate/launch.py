@@ -1,0 +1,178 @@
+"""Launching a real SGLang PD deployment: N prefill and M decode workers plus the real router.
+
+For GPU machines: workers are `python -m sglang.launch_server` with SGLang's own PD flags
+(sglang-surface.md section 3, the upstream PD docs and sglang's disaggregation test fixture), the
+router is `smg launch --pd-disaggregation`. The same plan can run the embedded simulator instead
+(`engine="sim"`), whose workers take SGLang's flag names, so the launch path is exercised where
+there is no GPU. Processes are owned by `kvgate.supervisor`: one process group each, per-process
+logs, a readiness deadline, teardown of every group.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from kvgate.errors import UsageError
+from kvgate.supervisor import ManagedProcess, Supervisor, free_port
+
+ENGINES = ("sglang", "sim")
+BACKENDS = ("mooncake", "nixl", "ascend", "mori", "mooncake_tcp")  # `fake` is decode-only in SGLang
+
+
+@dataclass(frozen=True)
+class PDLaunchPlan:
+    """What to start. GPU placement: prefill i, then decode j, each on `tp_size` consecutive GPUs."""
+
+    model_path: str
+    prefill: int = 1
+    decode: int = 1
+    tp_size: int = 1
+    context_length: int | None = None
+    prefill_max_total_tokens: int | None = None
+    decode_max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    page_size: int | None = None
+    transfer_backend: str = "mooncake"
+    ib_device: str | None = None
+    host: str = "127.0.0.1"
+    python: str = sys.executable
+    engine: str = "sglang"
+    emulate: str | None = None
+    extra_worker_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready_deadline_s: float = 1800.0
+
+    def validate(self) -> None:
+        if self.engine not in ENGINES:
+            raise UsageError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
+        if self.transfer_backend not in BACKENDS:
+            raise UsageError(f"--transfer-backend {self.transfer_backend!r}: choose one of {', '.join(BACKENDS)} "
+                             "(SGLang's prefill refuses 'fake')")
+        if self.prefill < 1 or self.decode < 1 or self.tp_size < 1:
+            raise UsageError("need at least one prefill and one decode worker, and --tp-size >= 1")
+        if self.engine == "sim" and self.emulate is None:
+            raise UsageError("--engine sim needs --emulate (the SGLang release to reproduce)")
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """Ports and GPUs of one worker."""
+
+    role: str
+    index: int
+    port: int
+    bootstrap_port: int
+    nccl_port: int
+    base_gpu_id: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}{self.index}"
+
+
+def plan_slots(plan: PDLaunchPlan) -> list[WorkerSlot]:
+    """Free ports for every worker; GPUs assigned in order, tp_size each."""
+    slots: list[WorkerSlot] = []
+    gpu = 0
+    prefill_bootstrap = free_port(plan.host)
+    for role, count in (("prefill", plan.prefill), ("decode", plan.decode)):
+        for i in range(count):
+            # Each prefill serves its own bootstrap; decodes name the first (the router passes the real one).
+            bport = free_port(plan.host) if role == "prefill" and i > 0 else prefill_bootstrap
+            slots.append(WorkerSlot(role, i, free_port(plan.host), bport, free_port(plan.host), gpu))
+            gpu += plan.tp_size
+    return slots
+
+
+def worker_argv(plan: PDLaunchPlan, slot: WorkerSlot) -> list[str]:
+    """The command line of one worker, SGLang's flags throughout."""
+    if plan.engine == "sglang":
+        argv = [plan.python, "-m", "sglang.launch_server", "--model-path", plan.model_path]
+    else:
+        argv = [plan.python, "-m", "kvgate.sim", "worker", "--model-path", plan.model_path,
+                "--emulate", str(plan.emulate)]
+    argv += [
+        "--disaggregation-mode", slot.role,
+        "--host", plan.host, "--port", str(slot.port),
+        "--disaggregation-bootstrap-port", str(slot.bootstrap_port),
+        "--disaggregation-transfer-backend", plan.transfer_backend,
+        "--tp-size", str(plan.tp_size),
+    ]
+    if plan.engine == "sglang":
+        # GPU placement and NCCL rendezvous exist only on the real engine.
+        argv += ["--base-gpu-id", str(slot.base_gpu_id), "--nccl-port", str(slot.nccl_port)]
+        if plan.mem_fraction_static is not None:
+            argv += ["--mem-fraction-static", str(plan.mem_fraction_static)]
+    if plan.ib_device:
+        argv += ["--disaggregation-ib-device", plan.ib_device]
+    if plan.context_length is not None:
+        argv += ["--context-length", str(plan.context_length)]
+    pool = plan.prefill_max_total_tokens if slot.role == "prefill" else plan.decode_max_total_tokens
+    if pool is not None:
+        argv += ["--max-total-tokens", str(pool)]
+    if plan.page_size is not None:
+        argv += ["--page-size", str(plan.page_size)]
+    return argv + list(plan.extra_worker_args)
+
+
+@dataclass
+class PDDeployment:
+    """A started deployment: its URLs, its supervisor. `stop()` tears down every process group."""
+
+    plan: PDLaunchPlan
+    log_dir: Path | None = None
+    router_url: str | None = field(default=None, init=False)
+    prefill_urls: list[str] = field(default_factory=list, init=False)
+    decode_urls: list[str] = field(default_factory=list, init=False)
+    supervisor: Supervisor | None = field(default=None, init=False)
+
+    def start(self) -> "PDDeployment":
+        from kvgate.sim.router import router_argv  # builds the real smg command line; imports nothing heavy
+
+        self.plan.validate()
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-pd-"))
+        self.log_dir = log_dir
+        sup = Supervisor(log_dir=log_dir, grace_s=10.0)
+        self.supervisor = sup
+        env = dict(self.plan.env)
+        try:
+            workers: list[ManagedProcess] = []
+            prefill_pairs: list[tuple[str, int]] = []
+            for slot in plan_slots(self.plan):
+                url = f"http://{self.plan.host}:{slot.port}"
+                workers.append(sup.start(slot.name, worker_argv(self.plan, slot), ready_url=url + "/health", env=env))
+                if slot.role == "prefill":
+                    self.prefill_urls.append(url)
+                    prefill_pairs.append((url, slot.bootstrap_port))
+                else:
+                    self.decode_urls.append(url)
+            rport = free_port(self.plan.host)
+            self.router_url = f"http://{self.plan.host}:{rport}"
+            router = sup.start("router", router_argv(prefill=prefill_pairs, decode=self.decode_urls,
+                                                     host=self.plan.host, port=rport,
+                                                     prometheus_port=free_port(self.plan.host)),
+                               ready_url=self.router_url + "/readiness")
+            sup.wait_ready(workers, deadline_s=self.plan.ready_deadline_s, poll_s=0.5)
+            sup.wait_ready([router], deadline_s=min(300.0, self.plan.ready_deadline_s), poll_s=0.5)
+        except BaseException:
+            sup.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+    def info(self) -> dict[str, object]:
+        return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,
+                "logs": str(self.log_dir)}
+
+    def __enter__(self) -> "PDDeployment":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

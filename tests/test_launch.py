@@ -1,0 +1,65 @@
+"""Launching PD deployments: SGLang's command lines, and the whole path run with the simulator engine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.cli import app
+from kvgate.errors import UsageError
+from kvgate.exitcodes import ExitStatus
+from kvgate.launch import PDLaunchPlan, plan_slots, worker_argv
+
+runner = CliRunner()
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_sglang_argv_uses_sglang_flags_and_places_gpus() -> None:
+    plan = PDLaunchPlan(model_path="zai-org/GLM-5.3", prefill=2, decode=1, tp_size=4, context_length=1_048_576,
+                        prefill_max_total_tokens=2_040_000, transfer_backend="nixl", ib_device="mlx5_0",
+                        python="/opt/py/bin/python")
+    slots = plan_slots(plan)
+    argvs = [worker_argv(plan, s) for s in slots]
+    assert [a[:3] for a in argvs] == [["/opt/py/bin/python", "-m", "sglang.launch_server"]] * 3
+    assert [_flag(a, "--disaggregation-mode") for a in argvs] == ["prefill", "prefill", "decode"]
+    assert [_flag(a, "--base-gpu-id") for a in argvs] == ["0", "4", "8"]
+    assert len({_flag(a, "--nccl-port") for a in argvs}) == 3
+    assert len({_flag(a, "--port") for a in argvs}) == 3
+    assert _flag(argvs[0], "--max-total-tokens") == "2040000" and "--max-total-tokens" not in argvs[2]
+    assert all(_flag(a, "--disaggregation-transfer-backend") == "nixl" for a in argvs)
+    assert all(_flag(a, "--context-length") == "1048576" for a in argvs)
+    # each prefill serves its own bootstrap port
+    assert _flag(argvs[0], "--disaggregation-bootstrap-port") != _flag(argvs[1], "--disaggregation-bootstrap-port")
+
+
+@pytest.mark.parametrize("kw", [{"engine": "vllm"}, {"transfer_backend": "fake"}, {"engine": "sim"}, {"decode": 0}])
+def test_invalid_plans_are_usage_errors(kw: dict) -> None:
+    with pytest.raises(UsageError):
+        PDLaunchPlan(model_path="m", **kw).validate()
+
+
+@pytest.mark.slow
+def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["up", "--engine", "sim", "--emulate", "0.5.22", "--model-path", "toy",
+                              "--context-length", "8192", "--prefill-pool", "16384", "--decode-pool", "16384",
+                              "--gate", "-q", "-f", "json", "-o", str(out)])
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    doc = json.loads(out.read_text())
+    assert {n["role"] for n in doc["target"]["nodes"]} == {"prefill", "decode"}
+    deferred = [f for f in doc["findings"] if f["check"] == "deferred-release"]
+    assert deferred and all(f["outcome"] == "passed" for f in deferred), deferred
+
+
+@pytest.mark.slow
+def test_up_gate_fails_a_leaky_release(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["up", "--engine", "sim", "--emulate", "0.5.19", "--model-path", "toy",
+                              "--context-length", "8192", "--prefill-pool", "4096", "--decode-pool", "16384",
+                              "--gate", "-q"])
+    assert res.exit_code == ExitStatus.GATE_FAILED, res.output
