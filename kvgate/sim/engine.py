@@ -703,6 +703,7 @@ class DecodeEngine(BaseEngine):
     def state(self) -> dict[str, Any]:
         base = super().state()
         base["transfers"] = {rid: {"room": t.req.bootstrap_room, "pages": int(t.pages.numel()),
+                                   "first_page": int(t.pages[0]) if t.pages.numel() else None,
                                    "pages_received": t.pages_received, "aborted": t.aborted.is_set()}
                              for rid, t in self.transfers.items()}
         return base
