@@ -221,6 +221,7 @@ def _apply_site(target: Target, series: Series, patches: tuple[Patch, ...], k: i
     marker = _read_marker(target) or {"series": series.name, "base_release": series.base_release, "patches": [],
                                        "files": {}}
     new_backups: list[Path] = []
+    fresh = not target.marker_dir.exists()
     try:
         for path in final:
             rel = target.rel(files[path])
@@ -239,6 +240,8 @@ def _apply_site(target: Target, series: Series, patches: tuple[Patch, ...], k: i
     except BaseException as exc:
         for b in new_backups:
             b.unlink(missing_ok=True)
+        if fresh:  # leave no empty backup folders behind either
+            shutil.rmtree(target.marker_dir, ignore_errors=True)
         if isinstance(exc, KvgateError):
             raise
         if isinstance(exc, OSError):

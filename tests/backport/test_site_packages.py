@@ -77,6 +77,7 @@ def test_failure_while_writing_restores_every_file(site: Callable[[str], CpuEnv]
         apply_series(Target(Layout.SITE, root), load_series("0.5.20"))
     assert calls["n"] == 4
     assert tree_digest(root) == before
+    assert not (root / "sglang/.kvgate-backport").exists()
 
 
 def test_python_interpreter_finds_its_install(site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch) -> None:
