@@ -5,9 +5,9 @@ send canary requests sized to take over the pages it held. With decode-side rele
 writes drain (deferred release off), the late writes land in the canaries' pages and a canary answers
 with the cancelled request's content. None may.
 
-The cancel is both a client disconnect (what a real client does; the router drops its upstream
-requests) and SGLang's `POST /abort_request {"rid"}` on every decode worker, so the decode-side
-abort happens even where a router does not propagate the disconnect. When the transfer is in flight
+The cancel is SGLang's `POST /abort_request {"rid"}` on every decode worker: a decode-initiated abort,
+the case deferred release exists for (the router forwards `rid` unchanged). Without decode URLs it
+falls back to the client's disconnect, which a router may or may not propagate. When the transfer is in flight
 is estimated from the latency probe (median latencies interpolated to the abort length); attempts
 cancel at evenly spread points of that window.
 """
@@ -32,7 +32,7 @@ CHECK = "abort.mid_transfer"
 
 
 def abort_length(limits: ProbeLimits, settings: ProbeSettings) -> int:
-    want = settings.abort_tokens if settings.abort_tokens is not None else int(0.02 * limits.context)
+    want = settings.abort_tokens if settings.abort_tokens is not None else int(0.015 * limits.context)
     return max(16 * limits.one_page, min(want, limits.longest_accepted))
 
 
@@ -69,40 +69,56 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
     canaries: list[Sent] = []
     notes: list[str] = []
     n = settings.abort_attempts
+    tries = 0
+    points: list[float] = []
+    per_try = la + canary_p.length * settings.abort_canaries
+    budget = settings.abort_budget * limits.context
     with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {la:,} tokens", total=n) as handle:
-        for k in range(n):
+        # A try whose request answered before the cancel observed nothing; it does not count.
+        while len(cancelled) < n and tries < 2 * n:
+            if tries and (tries + 1) * per_try > budget:
+                notes.append(f"stopped after {tries} tries: abort_budget ({settings.abort_budget:g} x context) spent")
+                break
+            k = len(cancelled)
             at = max(0.005, expected * (k + 1) / (n + 1))
-            phase = f"abort{k}"
+            points.append(round(at, 4))
+            phase = f"abort{tries}"
+            tries += 1
             box: list[Sent] = []
-            rid_holder: list[str] = []
-
-            def victim() -> None:
-                box.append(sender.one(victim_p, phase, cancel_after_s=at))
-
-            # The rid is chosen inside Sender.one; read it back from the first request of this phase.
-            t = threading.Thread(target=victim, daemon=True)
+            # Without decode URLs the only cancel left is the client's disconnect.
+            disconnect = at if not decode_urls else None
+            t = threading.Thread(target=lambda: box.append(sender.one(victim_p, phase, cancel_after_s=disconnect)),
+                                 daemon=True)
             t.start()
             time.sleep(at)
-            rid_holder.extend(s for s in sender.pending_rids(phase))
-            for rid in rid_holder:
+            for rid in sender.pending_rids(phase):
                 notes += _abort_on_decodes(http, decode_urls, rid)
-            canaries += sender.many([canary_p] * settings.abort_canaries, f"{phase}-canary",
-                                    f"abort canaries {k + 1}/{n}")
+            batch = sender.many([canary_p] * settings.abort_canaries, f"{phase}-canary",
+                                f"abort canaries after cancel {tries}")
             t.join(timeout=settings.deadline_s + at)
-            if box:
-                sender.observer.log(f"abort attempt {k + 1}: cancel at {at:.3f} s of ~{expected:.3f} s expected; "
-                                    f"victim {'cancelled' if box[0].result.cancelled else 'answered'} "
-                                    f"(HTTP {box[0].result.status}, {box[0].result.elapsed_s:.3f} s)")
-            if box and box[0].result.cancelled:
-                cancelled.append(box[0])
-            elif box:
-                notes.append(f"attempt {k}: the request answered (HTTP {box[0].result.status}) before the "
-                             f"cancel at {at:.3f} s")
-            handle.advance(1)
+            victim = box[0] if box else None
+            # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
+            hit = victim is not None and (victim.result.cancelled or not victim.result.served)
+            if victim is not None:
+                sender.observer.log(f"abort try {tries}: cancel at {at:.3f} s of ~{expected:.3f} s expected; victim "
+                                    f"{'aborted in flight' if hit else 'answered first'} (HTTP {victim.result.status}, "
+                                    f"{victim.result.elapsed_s:.3f} s)")
+            canaries += batch
+            if hit and victim is not None:
+                if not victim.result.cancelled:
+                    sender.meter.charge_prefill(la)  # aborted, so not counted as served; it was prefilled
+                cancelled.append(victim)
+                handle.advance(1)
+            else:
+                notes.append(f"try {tries}: the request answered before the cancel at {at:.3f} s")
+                if victim is not None and victim.result.served:
+                    # it was faster than expected: aim the next cancels inside what was observed
+                    expected = min(expected, victim.result.elapsed_s)
     sightings = sender.sightings(canaries)
     ev = [Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
           Evidence(node, "abort.canaries", len(canaries)),
-          Evidence(node, "abort.cancel_points_s", [round(expected * (k + 1) / (n + 1), 4) for k in range(n)])]
+          Evidence(node, "abort.cancel_points_s", points),
+          Evidence(node, "abort.tries", tries)]
     if sightings:
         ev.append(Evidence(node, "abort.sightings", owners(sightings), "no canary carries another request's content"))
         from_cancelled = [s for s in sightings if "abort_victim" in s.source]
@@ -113,8 +129,9 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
                              "default from 0.5.21) and upgrade to 0.5.22+")
     answered = [c for c in canaries if c.result.status == 200]
     if not cancelled:
-        return inconclusive(GATE, CHECK, node, "no request could be cancelled mid-transfer (each answered first): "
-                            "nothing observed; raise abort_tokens", *ev, Evidence(node, "abort.notes", notes[:6]))
+        return inconclusive(GATE, CHECK, node, f"no request could be cancelled mid-transfer in {tries} tries (each "
+                            "answered first): nothing observed; raise abort_tokens or abort_budget", *ev,
+                            Evidence(node, "abort.notes", notes[:6]))
     if len(answered) < len(canaries):
         lost = [f"{c.label}: HTTP {c.result.status}" for c in canaries if c.result.status != 200]
         return inconclusive(GATE, CHECK, node, f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}",

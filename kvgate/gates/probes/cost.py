@@ -35,6 +35,11 @@ class CostMeter:
                 else:
                     self.over_limit_served += res.sent_tokens
 
+    def charge_prefill(self, tokens: int) -> None:
+        """Count a prompt the target prefilled (at least partly) without serving it, e.g. one aborted."""
+        with self._lock:
+            self.prefill_tokens += tokens
+
     def as_cost(self) -> dict[str, Any]:
         """Flat keys for the report's cost section."""
         out: dict[str, Any] = {

@@ -31,7 +31,9 @@ class ProbeSettings:
     - early_stop: stop after a confirmed leak (a foreign sentinel seen) instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
     - abort_attempts: cancellations tried, each at a different point of the expected transfer window.
-    - abort_tokens: prompt length of the request that is cancelled; None = 3 % of the context.
+    - abort_tokens: prompt length of the request that is cancelled; None = 1.5 % of the context.
+    - abort_budget: share of one context-length prefill the abort probe may spend on victims and
+      canaries in total; tries stop when the next one would exceed it (the first always runs).
     - abort_canaries: canary requests sent right after each cancellation.
     - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
       /v1/detokenize if they round-trip, else the simulator's byte-level tokenizer when the target is
@@ -54,6 +56,7 @@ class ProbeSettings:
     abort_attempts: int = 3
     abort_tokens: int | None = None
     abort_canaries: int = 8
+    abort_budget: float = 0.1
     tokenizer: str = "auto"
     byte_offset: int = 0
 
@@ -88,6 +91,8 @@ class ProbeSettings:
             v = getattr(self, key)
             if v is not None and v < 1:
                 bad(key, f"must be a positive integer or null, got {v}")
+        if not 0 < self.abort_budget <= 10:
+            bad("abort_budget", "must be > 0 and <= 10 (a multiple of one context-length prefill)")
         if not 0 < self.latency_budget <= 1:
             bad("latency_budget", "must be > 0 and <= 1 (a share of one context-length prefill)")
         if not 0 < self.latency_alpha < 0.5:
@@ -106,7 +111,7 @@ class ProbeSettings:
 
 _INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens"}
 _BOOL = {"early_stop", "abort_probe"}
-_FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha"}
+_FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha", "abort_budget"}
 _STR = {"tokenizer"}
 
 

@@ -126,3 +126,31 @@ def test_32_concurrent_tenants_each_carry_only_their_own_sentinel(deployment: An
         assert ev["tenants.bad"] == [] and ev["tenants.own_sentinel_echoed"] == ev["tenants.sent"]
     assert probe(report, "canary.round_a").outcome == Outcome.PASSED
     assert probe(report, "canary.round_b").outcome == Outcome.PASSED
+
+
+ABORT_SHAPE = dict(prefill=2, context_length=16_384, prefill_pool=65_536, decode_pool=262_144, page_size=16,
+                   chunked_prefill_size=1024, prefill_tokens_per_s=[2048, 0], decode_tokens_per_s=25)
+ABORT_SETTINGS = {"deadline_s": 20, "tenants": 4, "latency_samples": 4, "abort_tokens": 4096,
+                  "abort_attempts": 3, "abort_canaries": 16, "max_new_tokens": 32, "abort_budget": 4}
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "simulator gap (reported): through the router, the in-flight chunk of a request aborted on the decode "
+    "rarely lands once new requests follow at once (decode late_pages_received mostly stays 0; seen in about "
+    "1 run of 4); the simulator's own page-lifetime test pins requests with pd_generate, bypassing the router"))
+def test_deferred_release_off_abort_mid_transfer_finds_cross_request_content(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.21", deferred_release=False, **ABORT_SHAPE)
+    report = check(dep, ABORT_SETTINGS)
+    f = probe(report, "abort.mid_transfer")
+    assert f.outcome == Outcome.FAILED, f.summary
+    assert "abort_victim" in f.summary and "abort_canary" in f.summary and ANY_SENTINEL.search(f.summary)
+
+
+def test_deferred_release_on_abort_mid_transfer_cancels_and_stays_clean(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.22", **ABORT_SHAPE)
+    report = check(dep, ABORT_SETTINGS)
+    f = probe(report, "abort.mid_transfer")
+    ev = {e.field: e.value for e in f.evidence}
+    # requests were really aborted in flight (a 200 would mean the cancel came too late and is not counted)
+    assert f.outcome == Outcome.PASSED, f.summary
+    assert len(ev["abort.cancelled"]) >= 1 and ev["abort.canaries"] >= 16
