@@ -34,6 +34,8 @@ class SimDeployment:
       deferred_release_timeout: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT (SGLang: 30).
       prefill_tokens_per_s: prefill compute speed, one value or one per prefill worker (0 = instant).
       decode_tokens_per_s: decode speed (0 = as fast as possible).
+      transfer_tokens_per_s: KV transfer bandwidth; a posted chunk write lands size/bandwidth later and
+        is "in flight" meanwhile (0 = instant).
       seed: `--random-seed`. expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
       allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
       router: False starts the workers only (router_url is then None).
@@ -54,6 +56,7 @@ class SimDeployment:
     deferred_release_timeout: float | None = None
     prefill_tokens_per_s: float | Sequence[float] = 2_000_000.0
     decode_tokens_per_s: float = 0.0
+    transfer_tokens_per_s: float = 0.0
     seed: int = 0
     expose_env_vars: bool = False
     kv_checksum: bool = False
@@ -91,7 +94,8 @@ class SimDeployment:
                 "--context-length", str(self.context_length), "--max-total-tokens", str(pool),
                 "--page-size", str(self.page_size), "--chunked-prefill-size", str(self.chunked_prefill_size),
                 "--random-seed", str(self.seed), "--emulate", self.emulate,
-                "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s)]
+                "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s),
+                "--sim-transfer-tokens-per-s", _num(self.transfer_tokens_per_s)]
         if self.kv_checksum:
             argv.append("--disaggregation-enable-kv-checksum")
         if self.fixed_by:

@@ -101,6 +101,7 @@ class WorkerConfig:
     fixed_by: str | None = None
     sim_prefill_tokens_per_s: float = 2_000_000.0
     sim_decode_tokens_per_s: float = 0.0
+    sim_transfer_tokens_per_s: float = 0.0
     launch_command: str = ""
 
     #: The toy model's own context window when `--context-length` is not given.
@@ -248,6 +249,9 @@ class _Room:
     dst_pages: torch.Tensor
     writer: asyncio.StreamWriter
     peer_aborted: bool = False
+    #: posted transfer work, delivered in order by `sender` (a write is "in flight" while queued)
+    outbox: asyncio.Queue[tuple[dict[str, Any], bytes, float] | None] | None = None
+    sender: asyncio.Task[None] | None = None
 
 
 class PrefillEngine(BaseEngine):
@@ -413,10 +417,11 @@ class PrefillEngine(BaseEngine):
                     f"with exception KVTransferError(bootstrap_room={room.room}): Aborted by the decode peer",
                     HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
         finally:
+            # Source pages are held until the posted writes drained (no reuse under an in-flight read).
+            await self._drain_and_close(room)
             self.pool.free(own)
             self.rooms.pop(room.room, None)
             self._room_waiters.pop(room.room, None)
-            room.writer.close()
         elapsed = max(time.time() - t0, 1e-9)
         self.last_gen_throughput = n / elapsed
         if req.finished_reason is None:
@@ -434,17 +439,47 @@ class PrefillEngine(BaseEngine):
             except PoolExhausted:
                 await asyncio.sleep(0.01)
 
-    async def _send(self, room: _Room, header: dict[str, Any], payload: bytes = b"") -> bool:
-        try:
-            await transfer.send(room.writer, header, payload)
-            return True
-        except (ConnectionError, RuntimeError):
-            return False
+    async def _send(self, room: _Room, header: dict[str, Any], payload: bytes = b"", delay: float = 0.0) -> None:
+        """Post a message on the room's transfer queue (the KV sender). It is delivered in order after
+        `delay` (transfer time); the forward does not wait for it, as with RDMA writes."""
+        if room.outbox is None:
+            room.outbox = asyncio.Queue()
+            room.sender = asyncio.create_task(self._deliver(room))
+        await room.outbox.put((header, payload, delay))
+
+    async def _deliver(self, room: _Room) -> None:
+        assert room.outbox is not None
+        broken = False
+        while True:
+            item = await room.outbox.get()
+            try:
+                if item is None:
+                    return
+                header, payload, delay = item
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                if not broken:
+                    try:
+                        await transfer.send(room.writer, header, payload)
+                        if header["type"] == "kv":
+                            self.stats["kv_pages_sent"] += int(header["count"])
+                    except (ConnectionError, RuntimeError):
+                        broken = True
+            finally:
+                room.outbox.task_done()
+
+    async def _drain_and_close(self, room: _Room) -> None:
+        """Wait until every posted write has been delivered, then close the room's connection."""
+        if room.outbox is not None:
+            await room.outbox.put(None)
+            await room.outbox.join()
+        room.writer.close()
 
     async def _send_kv(self, room: _Room, dst: torch.Tensor, content: torch.Tensor) -> None:
-        if await self._send(room, {"type": "kv", "room": room.room, "count": int(dst.numel())},
-                            transfer.pack_pages(dst, content)):
-            self.stats["kv_pages_sent"] += int(dst.numel())
+        bw = self.cfg.sim_transfer_tokens_per_s
+        delay = content.numel() / bw if bw > 0 else 0.0
+        await self._send(room, {"type": "kv", "room": room.room, "count": int(dst.numel())},
+                         transfer.pack_pages(dst, content), delay)
 
     async def _send_done(self, room: _Room, claimed_tokens: int, claimed_pages: int) -> None:
         await self._send(room, {"type": "done", "room": room.room, "claimed_tokens": claimed_tokens,

@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prefill compute speed; 0 = instant")
     p.add_argument("--sim-decode-tokens-per-s", type=float, default=0.0,
                    help="decode speed (one attention over the reservation per token); 0 = as fast as possible")
+    p.add_argument("--sim-transfer-tokens-per-s", type=float, default=0.0,
+                   help="KV transfer bandwidth in tokens/s; a posted page write lands that much later "
+                        "(it is in flight meanwhile); 0 = instant")
     return p
 
 
@@ -92,6 +95,7 @@ def main(argv: list[str]) -> None:
         kv_canary_real_data=args.kv_canary_real_data, kv_canary_sweep_interval=args.kv_canary_sweep_interval,
         emulate=args.emulate, fixed_by=args.fixed_by, sim_prefill_tokens_per_s=args.sim_prefill_tokens_per_s,
         sim_decode_tokens_per_s=args.sim_decode_tokens_per_s,
+        sim_transfer_tokens_per_s=args.sim_transfer_tokens_per_s,
         launch_command="python -m kvgate.sim worker " + shlex.join(argv),
     )
     try:

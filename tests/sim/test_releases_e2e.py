@@ -138,3 +138,12 @@ def test_latency_signal_leaky_answer_is_faster_than_a_real_prefill(deployment) -
     leaky_s = time.monotonic() - t0
     assert leak.status_code == 200 and leak.json()["meta_info"]["prompt_tokens"] == OVER
     assert leaky_s < accepted_s  # twice the prompt, answered faster: only the one-token placeholder ran
+
+
+def test_kv_transfer_takes_time_when_bandwidth_is_set(deployment) -> None:
+    dep = deployment(emulate="0.5.22", context_length=CONTEXT, prefill_pool=4096, decode_pool=DECODE_POOL,
+                     page_size=PAGE, prefill_tokens_per_s=0, transfer_tokens_per_s=4096)
+    t0 = time.monotonic()
+    r = generate(dep.router_url, {"text": "payload line\n" * 230, "sampling_params": {"max_new_tokens": 13}})
+    assert r.status_code == 200 and r.json()["text"] == "payload line\n"
+    assert time.monotonic() - t0 >= 2990 / 4096  # the pages were in flight for size / bandwidth
