@@ -1,9 +1,11 @@
 """The simulated scheduler of one PD worker: admission, bootstrap, prefill forward, KV transfer, decode.
 
-One asyncio event loop per worker process. The prefill runs its forwards one request at a time
-(chunked, `--chunked-prefill-size` tokens per chunk, `--sim-prefill-tokens-per-s` of compute), the
-decode preallocates pages at bootstrap, applies whatever page writes arrive, and "attends" over
-every page it reserved at every decode step.
+One asyncio event loop per worker process. The prefill runs one forward at a time, chunk by chunk
+(`--chunked-prefill-size` tokens per chunk, `--sim-prefill-tokens-per-s` of compute), and requests
+interleave per chunk like continuous batching; each chunk's pages are posted to the room's sender
+queue (delivered after `--sim-transfer-tokens-per-s` transfer time). The decode preallocates pages at
+bootstrap, applies whatever page writes arrive, and "attends" over the prompt slots it reserved at
+every decode step, writing its output tokens' KV after them.
 
 The toy model (decode side): the attended context is read from the pool (pad token 0 skipped), cut
 into lines, and reduced to its distinct lines in order of first appearance (at most 64 KiB); output
@@ -255,7 +257,7 @@ class _Room:
 
 
 class PrefillEngine(BaseEngine):
-    """Prefill side: bootstrap server, serial chunked forward, KV sender."""
+    """Prefill side: bootstrap server, chunked forward (requests interleave per chunk), KV sender queue."""
 
     def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
         super().__init__(cfg, release)
@@ -267,7 +269,7 @@ class PrefillEngine(BaseEngine):
         self._gpu = asyncio.Lock()
         self.running: dict[str, SimReq] = {}
         self._aborted: set[str] = set()
-        self._server: asyncio.base_events.Server | None = None
+        self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
         """Listen on the bootstrap port (`--disaggregation-bootstrap-port`, bound on `--host`)."""
