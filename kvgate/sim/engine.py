@@ -104,6 +104,8 @@ class WorkerConfig:
     sim_prefill_tokens_per_s: float = 2_000_000.0
     sim_decode_tokens_per_s: float = 0.0
     sim_transfer_tokens_per_s: float = 0.0
+    mem_fraction_static: float | None = None
+    tp_size: int = 1
     launch_command: str = ""
 
     #: The toy model's own context window when `--context-length` is not given.
@@ -215,6 +217,8 @@ class BaseEngine:
         A too-long input gets `Req.set_finish_with_abort` semantics (`managers/schedule_batch.py`):
         `to_finish = FINISH_ABORT(...)` and `origin_input_ids = [0]`; `finished()` stays False.
         """
+        if req.bootstrap_room is None and self.cfg.disaggregation_transfer_backend == "fake":
+            req.bootstrap_room = -1  # a synthetic room: no KV moves ("synthetic decode benchmarks")
         if req.bootstrap_room is None:
             raise RequestError(Abort(
                 f"Invalid request: Disaggregated request received without bootstrap room id. req.rid={req.rid!r}"))
@@ -544,7 +548,7 @@ class DecodeEngine(BaseEngine):
         t = _Transfer(req, pages, n, asyncio.get_running_loop().create_future())
         self.transfers[req.rid] = t
         try:
-            if req.bootstrap_host == FAKE_BOOTSTRAP_HOST:
+            if req.bootstrap_host == FAKE_BOOTSTRAP_HOST or self.cfg.disaggregation_transfer_backend == "fake":
                 t.done.set_result({"type": "done", "claimed_tokens": 0, "fake": True})
             else:
                 await self._bootstrap(t)

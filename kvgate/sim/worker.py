@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--disaggregation-mode", choices=["prefill", "decode"], required=True)
     p.add_argument("--disaggregation-bootstrap-port", type=int, default=8998)
     p.add_argument("--disaggregation-transfer-backend", default="mooncake",
-                   choices=["mooncake", "nixl", "ascend", "mori", "mooncake_tcp"])
+                   choices=["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"],
+                   help="reported only: the simulator always moves KV over its loopback protocol")
     p.add_argument("--disaggregation-ib-device", default=None)
     p.add_argument("--disaggregation-enable-kv-checksum", action="store_true",
                    help="0.5.21+; accepted and reported in server_info. STUB: no checksum is computed.")
@@ -52,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-canary-sweep-interval", type=int, default=0)
     p.add_argument("--skip-server-warmup", action="store_true")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--tp-size", "--tp", type=int, default=1)
+    p.add_argument("--tp-size", "--tp", "--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--base-gpu-id", type=int, default=0, help="accepted for command-line compatibility")
+    p.add_argument("--nccl-port", type=int, default=None, help="accepted for command-line compatibility")
+    p.add_argument("--mem-fraction-static", type=float, default=None, help="reported in server_info only")
+    p.add_argument("--disable-overlap-schedule", action="store_true")
     p.add_argument("--emulate", choices=list(SUPPORTED), default="0.5.20",
                    help="which SGLang release's behaviour to reproduce")
     p.add_argument("--fixed-by", choices=["kvgate-backport", "kvgate-backport-hardened"], default=None,
@@ -78,6 +83,9 @@ def main(argv: list[str]) -> None:
     if sys.version_info < (3, 10):  # pragma: no cover
         raise SystemExit("python >= 3.10 required")
     args = build_parser().parse_args(argv)
+    if args.disaggregation_transfer_backend == "fake" and args.disaggregation_mode == "prefill":
+        # `arg_groups/pd_disaggregation_hook.py`
+        raise SystemExit("AssertionError: Prefill server does not support 'fake' as the transfer backend")
     if args.disaggregation_enable_kv_checksum and args.emulate < "0.5.21":
         raise SystemExit(f"error: unrecognized arguments: --disaggregation-enable-kv-checksum (not in {args.emulate})")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.disaggregation_mode}:{args.port}] %(message)s")
@@ -96,6 +104,7 @@ def main(argv: list[str]) -> None:
         emulate=args.emulate, fixed_by=args.fixed_by, sim_prefill_tokens_per_s=args.sim_prefill_tokens_per_s,
         sim_decode_tokens_per_s=args.sim_decode_tokens_per_s,
         sim_transfer_tokens_per_s=args.sim_transfer_tokens_per_s,
+        mem_fraction_static=args.mem_fraction_static, tp_size=args.tp_size,
         launch_command="python -m kvgate.sim worker " + shlex.join(argv),
     )
     try:
