@@ -3,8 +3,8 @@
 For GPU machines: workers are `python -m sglang.launch_server` with SGLang's own PD flags
 (sglang-surface.md section 3, the upstream PD docs and sglang's disaggregation test fixture), the
 router is `smg launch --pd-disaggregation`. The same plan can run the embedded simulator instead
-(`engine="sim"`), whose workers take SGLang's flag names, so the launch path is exercised where
-there is no GPU. Processes are owned by `kvgate.supervisor`: one process group each, per-process
+(`engine="sim"`), whose workers take SGLang's flag names (placement flags accepted and ignored), so
+the same command lines are exercised where there is no GPU. Processes are owned by `kvgate.supervisor`: one process group each, per-process
 logs, a readiness deadline, teardown of every group.
 """
 
@@ -102,11 +102,10 @@ def worker_argv(plan: PDLaunchPlan, slot: WorkerSlot) -> list[str]:
         "--disaggregation-transfer-backend", plan.transfer_backend,
         "--tp-size", str(plan.tp_size),
     ]
-    if plan.engine == "sglang":
-        # GPU placement and NCCL rendezvous exist only on the real engine.
-        argv += ["--base-gpu-id", str(slot.base_gpu_id), "--nccl-port", str(slot.nccl_port)]
-        if plan.mem_fraction_static is not None:
-            argv += ["--mem-fraction-static", str(plan.mem_fraction_static)]
+    # The simulator accepts (and ignores) the placement flags, so both engines get one command line.
+    argv += ["--base-gpu-id", str(slot.base_gpu_id), "--nccl-port", str(slot.nccl_port)]
+    if plan.mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(plan.mem_fraction_static)]
     if plan.ib_device:
         argv += ["--disaggregation-ib-device", plan.ib_device]
     if plan.context_length is not None:

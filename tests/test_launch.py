@@ -34,9 +34,14 @@ def test_sglang_argv_uses_sglang_flags_and_places_gpus() -> None:
     assert _flag(argvs[0], "--max-total-tokens") == "2040000" and "--max-total-tokens" not in argvs[2]
     assert all(_flag(a, "--disaggregation-transfer-backend") == "nixl" for a in argvs)
     assert all(_flag(a, "--context-length") == "1048576" for a in argvs)
-    # each prefill serves its own bootstrap port
-    assert _flag(argvs[0], "--disaggregation-bootstrap-port") != _flag(argvs[1], "--disaggregation-bootstrap-port")
+    # The simulator engine gets the very same SGLang flags; only the program differs.
+    import dataclasses
 
+    sim_plan = dataclasses.replace(plan, engine="sim", emulate="0.5.20")
+    sim = worker_argv(sim_plan, slots[2])
+    assert sim[1:4] == ["-m", "kvgate.sim", "worker"]
+    tail = argvs[2][argvs[2].index("--disaggregation-mode"):]
+    assert sim[sim.index("--disaggregation-mode"):] == tail
 
 @pytest.mark.parametrize("kw", [{"engine": "vllm"}, {"transfer_backend": "fake"}, {"engine": "sim"}, {"decode": 0}])
 def test_invalid_plans_are_usage_errors(kw: dict) -> None:
