@@ -347,7 +347,8 @@ async def serve(engine: BaseEngine) -> None:
     app = build_app(engine)
     await engine.start()
     config = uvicorn.Config(app, host=engine.cfg.host, port=engine.cfg.port, log_level="warning",
-                            access_log=False, lifespan="off", timeout_keep_alive=75)
+                            access_log=False, lifespan="off", timeout_keep_alive=75,
+                            timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     try:
         await server.serve()
