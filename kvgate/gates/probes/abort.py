@@ -32,7 +32,7 @@ CHECK = "abort.mid_transfer"
 
 
 def abort_length(limits: ProbeLimits, settings: ProbeSettings) -> int:
-    want = settings.abort_tokens if settings.abort_tokens is not None else int(0.015 * limits.context)
+    want = settings.abort_tokens if settings.abort_tokens is not None else int(0.012 * limits.context)
     return max(16 * limits.one_page, min(want, limits.longest_accepted))
 
 

@@ -41,6 +41,7 @@ class Sender:
     book: list[Sentinel] = field(default_factory=list)
     sent: list[Sent] = field(default_factory=list)
     rids: dict[str, list[str]] = field(default_factory=dict)
+    transport_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def sentinel(self, owner: str) -> Sentinel:
@@ -67,6 +68,8 @@ class Sender:
         rec = Sent(probe, phase, s, res)
         with self._lock:
             self.sent.append(rec)
+            if res.transport_error is not None:
+                self.transport_failures += 1
         return rec
 
     def pending_rids(self, phase: str) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -32,7 +32,6 @@ class ProbeResult:
     stream: bool = False
     deadline_s: float | None = None
     ttft_s: float | None = None  # streaming: time to the first data event
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def text(self) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, error, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.gates.probes.abort import run_abort
 from kvgate.gates.probes.canary import Sender, Sent
@@ -149,6 +149,10 @@ class _Run:
             served = [rec for name in ("pool_limit", "danger_band") for rec, _ in self.observations.get(name, [])
                       if rec.result.served]
             self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
+        lost = self.sender.transport_failures
+        if lost and lost == self.meter.requests:
+            self.findings.append(error(GATE, "transport", self.node, f"the router never answered: all {lost} probe "
+                                       "requests failed at the transport level"))
         if skipped:
             self.findings.append(inconclusive(GATE, "skipped", self.node,
                                               f"not run after a confirmed leak ({self.stopped_by}): "
@@ -252,9 +256,12 @@ class _Run:
         lim = self.limits
         numbers = {lim.context, lim.max_req_input_len}
         bad = []
+        unobserved = []
         for r in all_t:
             c = classify(r.probe, r.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
-            if not c.verdict.ok:
+            if c.verdict == Verdict.NO_OBSERVATION:
+                unobserved.append(f"{r.label}: {c.detail}")
+            elif not c.verdict.ok:
                 bad.append(f"{r.label}: {c.verdict.value}: {c.detail}")
         echoed = sum(1 for r in all_t if r.sentinel.found_in(r.result.text))
         ev = [Evidence(self.node, "tenants.sent", len(all_t)),
@@ -266,4 +273,7 @@ class _Run:
         if bad:
             return failed(GATE, check, self.node, f"{len(bad)} of {len(all_t)} tenant requests broke the contract: "
                           f"{bad[0]}", *ev)
+        if unobserved:
+            return inconclusive(GATE, check, self.node, f"{len(unobserved)} of {len(all_t)} tenant requests got no "
+                                f"answer at all: {unobserved[0]}", *ev)
         return passed(GATE, check, self.node, f"{len(all_t)} concurrent tenant requests answered in full", *ev)

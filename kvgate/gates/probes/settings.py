@@ -31,7 +31,7 @@ class ProbeSettings:
     - early_stop: stop after a confirmed leak (a foreign sentinel seen) instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
     - abort_attempts: cancellations tried, each at a different point of the expected transfer window.
-    - abort_tokens: prompt length of the request that is cancelled; None = 1.5 % of the context.
+    - abort_tokens: prompt length of the request that is cancelled; None = 1.2 % of the context.
     - abort_budget: share of one context-length prefill the abort probe may spend on victims and
       canaries in total; tries stop when the next one would exceed it (the first always runs).
     - abort_canaries: canary requests sent right after each cancellation.
@@ -47,16 +47,16 @@ class ProbeSettings:
     tenants: int = 32
     tenant_tokens: int | None = None
     max_new_tokens: int = 48
-    latency_samples: int = 12
+    latency_samples: int = 20
     latency_long_tokens: int | None = None
-    latency_budget: float = 0.05
+    latency_budget: float = 0.06
     latency_alpha: float = 0.01
     early_stop: bool = True
     abort_probe: bool = True
     abort_attempts: int = 3
     abort_tokens: int | None = None
     abort_canaries: int = 8
-    abort_budget: float = 0.1
+    abort_budget: float = 0.08
     tokenizer: str = "auto"
     byte_offset: int = 0
 
