@@ -1,7 +1,19 @@
-"""Probing gates (issue 4): exact-length contracts, canaries, latency and abort mid-transfer.
+"""Probing gates (issue 4): what a PD deployment does at its limits, read from response bodies.
 
-Public API: `ProbeGate(settings)` (a gate named "probes"), `ProbeSettings.from_mapping(mapping, source)`,
-`Verdict` (the contract's named failure classes) and `run_self_test` in `kvgate.gates.probes.selftest`.
+API:
+- `ProbeGate(settings: ProbeSettings | None = None)`: a gate named "probes" (`run(ctx) -> list[Finding]`).
+  It needs `ctx.options.router_url` and worker readings (limits come from gate 1's NodeReadings);
+  without settings it validates `ctx.options.probes` itself (source: the profile name).
+- `ProbeSettings.from_mapping(mapping, source)`: validated settings (keys documented on the class);
+  a bad key or value raises `ProfileError(source, "probes.<key>", problem)`.
+- `run_self_test(settings, observer)` in `kvgate.gates.probes.selftest`: the positive control.
+- `Verdict`: the contract's outcome classes (failure class names in finding summaries).
+
+Check names (finding.check, gate "probes"): contract.{beyond_context,context_limit,pool_limit,
+danger_band,longest_accepted}, canary.round_a, canary.round_b, tenants.round_a, tenants.round_b,
+latency.prefill_scaling, abort.mid_transfer, plus setup / skipped / transport when they apply.
+Cost keys put in `ctx.cost`: probe_requests, probe_tokens_sent, probe_prefill_tokens,
+probe_over_limit_served_tokens, probe_wall_s, probe_prefill_ratio_of_context.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ class ProbeSettings:
     - latency_alpha: significance level of the one-sided two-sample KS test.
     - early_stop: stop after a confirmed leak (a foreign sentinel seen) instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
-    - abort_attempts: cancellations tried, each at a different point of the expected transfer window.
+    - abort_attempts: in-flight cancellations wanted, each at a different point of the expected transfer
+      window (a try whose request answered first does not count; at most 2 x abort_attempts tries).
     - abort_tokens: prompt length of the request that is cancelled; None = 1.2 % of the context.
     - abort_budget: share of one context-length prefill the abort probe may spend on victims and
       canaries in total; tries stop when the next one would exceed it (the first always runs).
