@@ -154,3 +154,21 @@ def test_deferred_release_on_abort_mid_transfer_cancels_and_stays_clean(deployme
     # requests were really aborted in flight (a 200 would mean the cancel came too late and is not counted)
     assert f.outcome == Outcome.PASSED, f.summary
     assert len(ev["abort.cancelled"]) >= 1 and ev["abort.canaries"] >= 16
+
+
+def test_self_test_sees_the_known_leak() -> None:
+    from kvgate.gates.probes.selftest import run_self_test
+
+    findings = run_self_test(ProbeSettings(), None)
+    assert [f.test_id for f in findings] == ["probes.selftest.positive_control"]
+    control = findings[0]
+    assert control.outcome == Outcome.PASSED, control.summary
+    assert ANY_SENTINEL.search(control.summary)
+
+
+def test_self_test_that_cannot_see_the_leak_is_inconclusive() -> None:
+    from kvgate.gates.probes.selftest import run_self_test
+
+    # generation too short to carry any sentinel fragment: the probes are blind, so nothing is trusted
+    findings = run_self_test(ProbeSettings(max_new_tokens=1, abort_probe=False, latency_samples=3), None)
+    assert findings[0].outcome == Outcome.INCONCLUSIVE, findings[0].summary
