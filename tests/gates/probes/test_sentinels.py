@@ -34,3 +34,75 @@ def test_scan_flags_sentinels_of_earlier_runs() -> None:
     mine = new_sentinel("mine")
     hits = scan("mine", mine, old.text, [mine])
     assert len(hits) == 1 and "earlier kvgate run" in hits[0].source
+
+
+def _tokenizer_server(offset: int, lossy: bool = False):
+    """A loopback worker with SGLang's /v1/tokenize and /v1/detokenize over a shifted byte vocabulary."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v1/tokenize":
+                out = {"tokens": [b + offset for b in body["prompt"].encode()], "count": 0, "max_model_len": 1}
+            else:
+                text = bytes(t - offset for t in body["tokens"]).decode()
+                out = {"text": text.lower() if lossy else text}
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def _readings(url: str, model_path: str = "org/model"):
+    from kvgate.target import NodeSpec, parse_node
+    from tests.assets.sglang_payloads import model_info, server_info, v1_models
+
+    info = server_info(context=4096, pool=8192)
+    info["model_path"] = model_path
+    return [parse_node(NodeSpec("prefill", url), "/server_info", info, v1_models(4096), model_info())]
+
+
+def test_codec_uses_the_workers_tokenizer_when_it_round_trips() -> None:
+    import httpx
+
+    from kvgate.gates.probes.codec_select import select_codec
+    from kvgate.gates.probes.settings import ProbeSettings
+
+    srv, url = _tokenizer_server(offset=1000)
+    try:
+        with httpx.Client() as http:
+            codec, how = select_codec(http, _readings(url), ProbeSettings())
+            assert codec is not None and codec.name == "server" and "round-trip" in how
+            s = new_sentinel("x")
+            assert plant_ids(codec, s, 40)[:3] == [b + 1000 for b in s.unit.encode()[:3]]
+    finally:
+        srv.shutdown()
+
+
+def test_codec_refuses_a_tokenizer_that_does_not_round_trip() -> None:
+    import httpx
+
+    from kvgate.gates.probes.codec_select import select_codec
+    from kvgate.gates.probes.settings import ProbeSettings
+
+    srv, url = _tokenizer_server(offset=0, lossy=True)
+    try:
+        with httpx.Client() as http:
+            codec, how = select_codec(http, _readings(url), ProbeSettings())
+            assert codec is None and "does not give the sentinel back" in how  # canaries become inconclusive
+            codec, _ = select_codec(http, _readings(url, "kvgate-sim/byte-echo"), ProbeSettings())
+            assert codec is not None and codec.name == "bytes"  # the simulator's known tokenizer
+    finally:
+        srv.shutdown()
