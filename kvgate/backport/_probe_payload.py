@@ -205,7 +205,11 @@ def _publish_launch_config() -> list[str]:
     bag_cls = getattr(rc, "_ConfigBag", None)
     if ctx is None or bag_cls is None or not hasattr(ctx, "is_config_namespace_published"):
         return []
-    defaults = {"memory": {"disable_radix_cache": False}, "spec": {"speculative_algorithm": None}}
+    defaults = {
+        "memory": {"disable_radix_cache": False},
+        "spec": {"speculative_algorithm": None},
+        "disagg": {"disaggregation_decode_allocation_policy": "early"},
+    }
     bags = dict(ctx._config_bags or {})
     published = []
     for ns, leaves in defaults.items():
@@ -441,24 +445,43 @@ def retire_results(w: World) -> dict[str, Any]:
     return {"status": "ok", "cases": cases}
 
 
+MODES = {"admission": admission, "hardening": hardening, "retire_results": retire_results}
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    # AttributeError/ImportError name what is missing; anything else still is an error, never a verdict.
+    missing = getattr(exc, "name", None) if isinstance(exc, (AttributeError, ImportError)) else None
+    return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "missing": missing,
+            "traceback": traceback.format_exc(limit=6)}
+
+
+def _run_mode(name: str, world: World) -> dict[str, Any]:
+    started = time.monotonic()
+    try:
+        out = MODES[name](world)
+    except Exception as exc:
+        out = _error(exc)
+    out["duration_s"] = round(time.monotonic() - started, 2)
+    return out
+
+
 def main(argv: list[str]) -> int:
+    """argv: MODE STUB_FILE; MODE is one of MODES or "all" (every probe on one import of sglang)."""
     mode, stub_file = argv[1], argv[2]
     started = time.monotonic()
     out: dict[str, Any]
     try:
         stubbed = _ensure_torchvision(stub_file)
         world = World()
-        out = {"admission": admission, "hardening": hardening, "retire_results": retire_results}[mode](world)
+        if mode == "all":
+            out = {"status": "ok", "suite": {name: _run_mode(name, world) for name in MODES}}
+        else:
+            out = _run_mode(mode, world)
         out.update(version=world.version, sglang_path=world.path, torchvision_stub=stubbed,
                    published_config=world.published_config)
-    except (AttributeError, ImportError, TypeError, NameError) as exc:
-        missing = getattr(exc, "name", None)
-        out = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "missing": missing,
-               "traceback": traceback.format_exc(limit=6)}
-    except Exception as exc:  # the probe broke: an error, never a verdict
-        out = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "missing": None,
-               "traceback": traceback.format_exc(limit=6)}
-    out["duration_s"] = round(time.monotonic() - started, 2)
+    except Exception as exc:
+        out = _error(exc)
+    out["import_and_run_s"] = round(time.monotonic() - started, 2)
     sys.stdout.flush()
     print(RESULT_TAG + json.dumps(out, default=str), flush=True)
     return 0

@@ -130,6 +130,10 @@ def run_admission_probe(python: str, extra_pythonpath: Sequence[str | os.PathLik
     """Push a rejected, a valid and re-entering requests through the real PD doors of the sglang that
     `python` imports (with `extra_pythonpath` first on its path)."""
     raw, elapsed = _run_payload("admission", python, extra_pythonpath, timeout)
+    return _admission(raw, elapsed, python)
+
+
+def _admission(raw: dict[str, Any], elapsed: float, python: str) -> ProbeResult:
     if raw.get("status") != "ok":
         return ProbeResult(status=ERROR, version=raw.get("version"), sglang_path=raw.get("sglang_path"), cases=(),
                            controls_ok=False, client_error=None, error=raw.get("error"), missing=raw.get("missing"),
@@ -162,6 +166,10 @@ def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLik
     """Publish a short (1-token) and a full handoff with the real `MetadataBuffers.set_buf` and commit
     each through the real `DecodeTransferQueue._commit_transfer_to_req`."""
     raw, elapsed = _run_payload("hardening", python, extra_pythonpath, timeout)
+    return _hardening(raw, elapsed, python)
+
+
+def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HardeningProbeResult:
     if raw.get("status") != "ok":
         return HardeningProbeResult(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
                                     error=raw.get("error"), missing=raw.get("missing"),
@@ -179,7 +187,6 @@ def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLik
                                 client_error=short.observed.get("client_error"),
                                 error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} "
                                 f"full={full.outcome}", missing=None, duration_s=round(elapsed, 2), python=python)
-
 
 HANDED_OFF = "HANDED_OFF"
 
@@ -204,6 +211,10 @@ def run_result_retire_probe(python: str, extra_pythonpath: Sequence[str | os.Pat
                             timeout: float = 300.0) -> ResultRetireProbeResult:
     """Feed an aborted and a valid final prefill result through the real post-forward path."""
     raw, elapsed = _run_payload("retire_results", python, extra_pythonpath, timeout)
+    return _result_retire(raw, elapsed, python)
+
+
+def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> ResultRetireProbeResult:
     if raw.get("status") != "ok":
         return ResultRetireProbeResult(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
                                        error=raw.get("error"), missing=raw.get("missing"),
@@ -218,3 +229,34 @@ def run_result_retire_probe(python: str, extra_pythonpath: Sequence[str | os.Pat
     return ResultRetireProbeResult(status=status, version=raw.get("version"), cases=cases,
                                    client_error=aborted.observed.get("client_error"), error=error, missing=None,
                                    duration_s=round(elapsed, 2), python=python)
+
+
+@dataclass(frozen=True)
+class ProbeSuite:
+    """Every probe, run on one import of sglang (one subprocess): what `--verify` and tests use."""
+
+    admission: ProbeResult
+    hardening: HardeningProbeResult
+    result_retire: ResultRetireProbeResult
+    duration_s: float
+
+
+def run_all_probes(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
+                   timeout: float = 300.0) -> ProbeSuite:
+    """Run the admission, hardening and post-forward probes in one interpreter process."""
+    raw, elapsed = _run_payload("all", python, extra_pythonpath, timeout)
+    suite = raw.get("suite") if raw.get("status") == "ok" else None
+    shared = {k: raw.get(k) for k in ("version", "sglang_path", "torchvision_stub")}
+
+    def part(name: str) -> dict[str, Any]:
+        if suite is None:
+            return raw  # the import itself failed: every probe reports that error
+        return {**suite[name], **shared}
+
+    def took(name: str) -> float:
+        return float(suite[name].get("duration_s", 0.0)) if suite else elapsed
+
+    return ProbeSuite(admission=_admission(part("admission"), took("admission"), python),
+                      hardening=_hardening(part("hardening"), took("hardening"), python),
+                      result_retire=_result_retire(part("retire_results"), took("retire_results"), python),
+                      duration_s=round(elapsed, 2))

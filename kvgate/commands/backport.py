@@ -21,9 +21,7 @@ from kvgate.backport.probe import (
     ERROR,
     RETIRED,
     VERIFIED,
-    run_admission_probe,
-    run_hardening_probe,
-    run_result_retire_probe,
+    run_all_probes,
 )
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
@@ -136,7 +134,8 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         from kvgate.backport.cpuenv import cpu_env
 
         python = cpu_env(series.base_release).python
-    adm = run_admission_probe(python, extra, timeout=timeout)
+    suite = run_all_probes(python, extra, timeout=timeout)  # one import of sglang for every probe
+    adm = suite.admission
     ev = [Evidence(c.door, f"{c.door}.{c.name}", c.outcome, c.expect) for c in adm.cases]
     if adm.client_error:
         ev.append(Evidence(node, "client_error", f"{adm.client_error.get('status_code')} "
@@ -154,7 +153,7 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
                                f"{adm.status}: rejected request admitted or a control case misbehaved", *ev,
                                remedy=f"kvgate backport --to {series.name}"))
     if "kvgate-retire-aborted-results" in {p.id for p in series.patches}:
-        ret = run_result_retire_probe(python, extra, timeout=timeout)
+        ret = suite.result_retire
         rev = [Evidence("prefill", c.name, c.outcome, c.expect) for c in ret.cases]
         if ret.status == RETIRED:
             findings.append(passed(f"{GATE}-probe", "retire-aborted-results", node,
@@ -167,7 +166,7 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
             findings.append(failed(f"{GATE}-probe", "retire-aborted-results", node,
                                    f"{ret.status}: an aborted request's KV is handed off after the forward", *rev))
     if any(p.optional and p.id in have_ids for p in series.patches):
-        hard = run_hardening_probe(python, extra, timeout=timeout)
+        hard = suite.hardening
         hev = [Evidence("decode", c.name, c.outcome, c.expect) for c in hard.cases]
         if hard.client_error:
             hev.append(Evidence(node, "client_error", f"{hard.client_error.get('status_code')} "
@@ -181,7 +180,7 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         else:
             findings.append(failed(f"{GATE}-probe", "handoff-coverage", node,
                                    f"{hard.status}: a short handoff was committed", *hev))
-    notes = (f"probe ran in {adm.python} (sglang {adm.version}, {adm.duration_s}s"
+    notes = (f"probes ran in {adm.python} (sglang {adm.version}, {suite.duration_s}s"
              f"{', torchvision STUB' if adm.torchvision_stub else ''})",)
     return Report(command=f"backport verify {series.name}", findings=tuple(findings), strict=True,
                   target={"layout": target.layout.value, "root": node, "series": series.name,
