@@ -1,0 +1,61 @@
+"""Maintainer tool: recompute a series' manifest hashes from the real release wheel.
+
+`python -m kvgate.backport.regen v0.5.20 [--write]` applies the series' diffs in order to the files of
+the unpacked sglang wheel and prints (or writes) each patch's `files` list: which files it changes,
+their sha256 before and after. Run it after editing a patch; everything else in the manifest is kept.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import yaml
+
+from kvgate.backport.diffapply import apply, parse
+from kvgate.backport.manifest import load_series, normalise_release, sha256_bytes
+from kvgate.upstream import unpacked_wheel
+
+
+def recompute(release: str) -> list[dict[str, object]]:
+    """Per patch, in order: {"id", "files": [{"path", "sha256_before", "sha256_after"}]} from the wheel."""
+    release = normalise_release(release)
+    series = load_series(release)
+    root = unpacked_wheel(release)
+    state: dict[str, bytes] = {}
+    out: list[dict[str, object]] = []
+    for patch in series.patches:
+        files = []
+        for d in parse(patch.diff_text()):
+            site_rel = d.path[len("python/"):] if d.path.startswith("python/") else d.path
+            before = state.get(d.path) or (root / site_rel).read_bytes()
+            after = apply(before.decode("utf-8"), d).encode("utf-8")
+            state[d.path] = after
+            files.append({"path": d.path, "sha256_before": sha256_bytes(before), "sha256_after": sha256_bytes(after)})
+        out.append({"id": patch.id, "files": files})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m kvgate.backport.regen vX.Y.Z [--write]", file=sys.stderr)
+        return 2
+    release = normalise_release(args[0])
+    fresh = {p["id"]: p["files"] for p in recompute(release)}
+    path = load_series(release).directory / "manifest.yaml"
+    text = path.read_text(encoding="utf-8")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    data = yaml.safe_load(text)
+    for patch in data["patches"]:
+        patch["files"] = fresh[patch["id"]]
+    rendered = header + yaml.safe_dump(data, sort_keys=False, width=110)
+    if "--write" in args:
+        path.write_text(rendered, encoding="utf-8")
+        print(f"wrote {path}")
+    else:
+        sys.stdout.write(rendered)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
