@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from pathlib import Path
+from typing import Any, Callable, NoReturn, TypeVar
 
 import typer
 
 from kvgate.errors import KvgateError
 from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Finding, Outcome, Report
+from kvgate.formats import ReportFormat
+from kvgate.reporting import emit
 from kvgate.secrets import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -36,3 +40,25 @@ def handle_errors(func: F) -> F:
             raise fail(str(exc), exc.exit_status) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def fatal_report(command: str, exc: KvgateError, strict: bool) -> Report:
+    """The report of a run that could not start or broke: one error finding, the error's exit status."""
+    typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
+    finding = Finding("kvgate", "run", "kvgate", Outcome.ERROR, str(exc))
+    return Report(command=command, findings=(finding,), strict=strict, fatal_status=exc.exit_status)
+
+
+def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]]) -> NoReturn:
+    """Write the report everywhere it was asked for, then exit with its status.
+
+    A report file that could not be written turns a pass into a usage error: a pipeline must not
+    promote on a verdict nobody can read.
+    """
+    problems = emit(report, pairs)
+    for p in problems:
+        typer.echo(f"kvgate: error: {redact(p)}", err=True)
+    status = report.exit_status
+    if problems and status is ExitStatus.PASSED:
+        status = ExitStatus.USAGE_ERROR
+    raise typer.Exit(int(status))

@@ -10,15 +10,13 @@ from typing import List, Optional
 import typer
 
 from kvgate.check import run_check
-from kvgate.commands._common import handle_errors
+from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError
-from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats import ReportFormat
 from kvgate.gates.base import CheckOptions
 from kvgate.progress import LineObserver, Observer, RichObserver
-from kvgate.reporting import emit, pair_outputs
-from kvgate.secrets import redact, token_from_env
+from kvgate.reporting import pair_outputs
+from kvgate.secrets import token_from_env
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
@@ -28,11 +26,6 @@ def _observer(quiet: bool) -> Observer | None:
     if quiet:
         return None
     return RichObserver() if sys.stderr.isatty() else LineObserver()
-
-
-def _fatal_report(command: str, exc: KvgateError, strict: bool) -> Report:
-    finding = Finding("kvgate", "run", "kvgate", Outcome.ERROR, str(exc))
-    return Report(command=command, findings=(finding,), strict=strict, fatal_status=exc.exit_status)
 
 
 @handle_errors
@@ -93,15 +86,8 @@ def check(
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
-        report = _fatal_report("check", exc, strict)
-        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
-    problems = emit(report, pairs)
-    for p in problems:
-        typer.echo(f"kvgate: error: {redact(p)}", err=True)
-    status = report.exit_status
-    if problems and status is ExitStatus.PASSED:
-        status = ExitStatus.USAGE_ERROR
-    raise typer.Exit(int(status))
+        report = fatal_report("check", exc, strict)
+    finish(report, pairs)
 
 
 def _options(

@@ -12,14 +12,12 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import handle_errors
-from kvgate.commands.check import _fatal_report, _observer
+from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
-from kvgate.exitcodes import ExitStatus
 from kvgate.formats import ReportFormat
 from kvgate.gates.base import CheckOptions
-from kvgate.reporting import emit, pair_outputs
-from kvgate.secrets import redact
+from kvgate.reporting import pair_outputs
 
 
 @handle_errors
@@ -73,15 +71,7 @@ def drill(
             )
             report = run_check(options, observer=observer)
     except ImportError as exc:
-        report = _fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"), strict)
-        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
+        report = fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"), strict)
     except KvgateError as exc:
-        report = _fatal_report("drill", exc, strict)
-        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
-    problems = emit(report, pairs)
-    for p in problems:
-        typer.echo(f"kvgate: error: {redact(p)}", err=True)
-    status = report.exit_status
-    if problems and status is ExitStatus.PASSED:
-        status = ExitStatus.USAGE_ERROR
-    raise typer.Exit(int(status))
+        report = fatal_report("drill", exc, strict)
+    finish(report, pairs)

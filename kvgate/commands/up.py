@@ -11,14 +11,12 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import handle_errors
-from kvgate.commands.check import _fatal_report, _observer
+from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError
-from kvgate.exitcodes import ExitStatus
 from kvgate.formats import ReportFormat
 from kvgate.gates.base import CheckOptions
-from kvgate.reporting import emit, pair_outputs
-from kvgate.secrets import redact
+from kvgate.reporting import pair_outputs
 
 
 class _Stop(Exception):
@@ -96,15 +94,8 @@ def up(
                                        context_len=context_length)
                 report = run_check(options, observer=observer)
         except KvgateError as exc:
-            report = _fatal_report("up --gate", exc, strict)
-            typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
-        problems = emit(report, pairs)
-        for p in problems:
-            typer.echo(f"kvgate: error: {redact(p)}", err=True)
-        status = report.exit_status
-        if problems and status is ExitStatus.PASSED:
-            status = ExitStatus.USAGE_ERROR
-        raise typer.Exit(int(status))
+            report = fatal_report("up --gate", exc, strict)
+        finish(report, pairs)
     except (KeyboardInterrupt, _Stop):
         typer.echo("kvgate up: stopping", err=True)
     finally:
