@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import List, Optional
 
@@ -130,11 +131,17 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         else:
             findings.append(failed(GATE, p.id, node, f"not applied: {p.title}",
                                    remedy=f"kvgate backport --to {series.name} ..."))
-    if python is None:
-        from kvgate.backport.cpuenv import cpu_env
+    with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as tmp:
+        if python is None:
+            from kvgate.backport.cpuenv import cpu_env
 
-        python = cpu_env(series.base_release).python
-    suite = run_all_probes(python, extra, timeout=timeout)  # one import of sglang for every probe
+            python = cpu_env(series.base_release).python
+            if target.layout is Layout.SITE:
+                # Expose only sglang/ from that site-packages: its own torch (often a CUDA build) must not
+                # shadow the CPU environment's.
+                (Path(tmp) / "sglang").symlink_to(target.root / "sglang", target_is_directory=True)
+                extra = [tmp]
+        suite = run_all_probes(python, extra, timeout=timeout)  # one import of sglang for every probe
     adm = suite.admission
     ev = [Evidence(c.door, f"{c.door}.{c.name}", c.outcome, c.expect) for c in adm.cases]
     if adm.client_error:

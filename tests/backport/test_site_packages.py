@@ -40,6 +40,10 @@ def test_apply_is_atomic_marked_idempotent_and_reverts_byte_for_byte(site: Calla
     door = (root / "sglang/srt/disaggregation/prefill.py").read_text()
     assert f"{MARKER_PREFIX}kvgate-admission-door" in door
     patched = tree_digest(root)
+    # --verify without --python: the cached CPU environment imports only sglang/ from this folder.
+    verify = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--verify", "--format", "json")
+    assert verify.exit_code == 0, verify.output
+    assert json.loads(verify.stdout)["target"]["probe_status"] == "RETIRED"
     again = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--with-hardening")
     assert again.exit_code == 0 and "already applied" in again.stdout
     assert tree_digest(root) == patched
