@@ -308,6 +308,15 @@ class PrefillEngine(BaseEngine):
             if msg.type == "abort":
                 room.peer_aborted = True
 
+    def state(self) -> dict[str, Any]:
+        base = super().state()
+        base["running"] = sorted(self.running)
+        base["aborted"] = sorted(self._aborted)
+        base["rooms"] = {str(r.room): {"rid": r.rid, "peer_aborted": r.peer_aborted,
+                                       "queued": r.outbox.qsize() if r.outbox is not None else 0}
+                         for r in self.rooms.values()}
+        return base
+
     async def _send_failed(self, room: _Room, abort: Abort) -> None:
         try:
             await transfer.send(room.writer, {"type": "failed", "room": room.room, "status_code": int(abort.status_code),
@@ -520,6 +529,14 @@ class DecodeEngine(BaseEngine):
         super().__init__(cfg, release)
         self.transfers: dict[str, _Transfer] = {}
         self._held: list[asyncio.Task[None]] = []
+        #: Receiving ends of rooms, held until the prefill closes them. In SGLang the decode's whole KV
+        #: buffer is registered with the transfer engine once, when the KV manager starts
+        #: (`mooncake/conn.py MooncakeKVManager.__init__` -> `register_buffer_to_engine`), so a prefill's
+        #: write lands whether or not the request's `KVReceiver` still exists. Without this strong
+        #: reference, asyncio keeps only weak references to tasks: once the request returned, the
+        #: garbage collector could destroy the receiving task and its socket, silently dropping every
+        #: late write (how often depended on allocation pressure, e.g. new requests arriving).
+        self._receivers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         return None
@@ -607,6 +624,8 @@ class DecodeEngine(BaseEngine):
                                      "num_tokens": t.num_tokens, "num_pages": int(prompt_pages.numel())},
                             transfer.tensor_bytes(prompt_pages.to(torch.int64)))
         t.reader_task = asyncio.create_task(self._receive(t, reader))
+        self._receivers.add(t.reader_task)
+        t.reader_task.add_done_callback(self._receivers.discard)
 
     async def _receive(self, t: _Transfer, reader: asyncio.StreamReader) -> None:
         """The receiving end of the room's writes. Like RDMA, a page write lands on the pages it names,
