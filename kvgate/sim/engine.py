@@ -255,6 +255,8 @@ class _Room:
     dst_pages: torch.Tensor
     writer: asyncio.StreamWriter
     peer_aborted: bool = False
+    #: pages of posted KV writes not yet landed (nor skipped): what is "in flight" for this room
+    pages_in_flight: int = 0
     #: posted transfer work, delivered in order by `sender` (a write is "in flight" while queued)
     outbox: asyncio.Queue[tuple[dict[str, Any], bytes, float] | None] | None = None
     sender: asyncio.Task[None] | None = None
@@ -313,7 +315,7 @@ class PrefillEngine(BaseEngine):
         base["running"] = sorted(self.running)
         base["aborted"] = sorted(self._aborted)
         base["rooms"] = {str(r.room): {"rid": r.rid, "peer_aborted": r.peer_aborted,
-                                       "queued": r.outbox.qsize() if r.outbox is not None else 0}
+                                       "pages_in_flight": r.pages_in_flight}
                          for r in self.rooms.values()}
         return base
 
@@ -402,13 +404,16 @@ class PrefillEngine(BaseEngine):
                     # 0.5.20+ `_retire_aborted_prefill_result`: nothing is sent for the final result.
                     retired = True
                     break
+                if room.peer_aborted and self.release.stops_late_chunks_after_abort():
+                    # The room failed: this chunk is not posted (`mooncake/conn.py
+                    # MooncakeKVManager.add_transfer_request` returns for a KVPoll.Failed room); only
+                    # writes already in flight still land (see `_deliver`).
+                    break
                 dst = room.dst_pages[p0:min(p1, room.dst_pages.numel())]
                 if dst.numel():
                     content = self.pool.read_pages(own[p0:p0 + dst.numel()])
                     await self._send_kv(room, dst, content)
                     sent_pages += int(dst.numel())
-                if room.peer_aborted and self.release.stops_late_chunks_after_abort():
-                    break  # the chunk that was in flight has landed; #36988 sends no more
                 if req.rid in self._aborted:
                     break  # aborted on this prefill (abort_request / client gone): no further chunks
             if retired:
@@ -467,20 +472,28 @@ class PrefillEngine(BaseEngine):
         broken = False
         while True:
             item = await room.outbox.get()
+            pages = 0
             try:
                 if item is None:
                     return
                 header, payload, delay = item
+                pages = int(header["count"]) if header["type"] == "kv" else 0
+                if pages and room.peer_aborted and self.release.stops_late_chunks_after_abort():
+                    # `mooncake/conn.py MooncakeKVManager.transfer_worker` checks the room's status when
+                    # it dequeues a chunk and skips it once the room failed; the write it had already
+                    # started (below, `delay` long, like `batch_transfer_sync`) still lands.
+                    continue
                 if delay > 0:
                     await asyncio.sleep(delay)
                 if not broken:
                     try:
                         await transfer.send(room.writer, header, payload)
-                        if header["type"] == "kv":
-                            self.stats["kv_pages_sent"] += int(header["count"])
+                        if pages:
+                            self.stats["kv_pages_sent"] += pages
                     except (ConnectionError, RuntimeError):
                         broken = True
             finally:
+                room.pages_in_flight -= pages
                 room.outbox.task_done()
 
     async def _drain_and_close(self, room: _Room) -> None:
@@ -493,6 +506,7 @@ class PrefillEngine(BaseEngine):
     async def _send_kv(self, room: _Room, dst: torch.Tensor, content: torch.Tensor) -> None:
         bw = self.cfg.sim_transfer_tokens_per_s
         delay = content.numel() / bw if bw > 0 else 0.0
+        room.pages_in_flight += int(dst.numel())
         await self._send(room, {"type": "kv", "room": room.room, "count": int(dst.numel())},
                          transfer.pack_pages(dst, content), delay)
 

@@ -53,7 +53,12 @@ class Release0519:
         return False
 
     def stops_late_chunks_after_abort(self) -> bool:
-        """Before #36988 a decode abort does not stop the prefill's remaining chunk sends."""
+        """Before #36988 a decode abort does not stop the prefill's remaining chunk sends.
+
+        Simulator choice (the leaky worst case issue 3 asks for): the published 0.5.19 wheel's
+        `mooncake/conn.py` already fails the room on the decode's abort notification, after which
+        `add_transfer_request` posts nothing and `transfer_worker` skips queued chunks; the simulator
+        keeps sending here nonetheless."""
         return False
 
     def acks_abort_after_drain(self) -> bool:
@@ -94,7 +99,10 @@ class Release0520(Release0519):
         return True
 
     def stops_late_chunks_after_abort(self) -> bool:
-        """#36988 ignores late results of retired requests: only the chunk in flight still lands."""
+        """Once the prefill learned of a decode abort the room is failed (`mooncake/conn.py`, bootstrap
+        thread's "ABORT" handling): `MooncakeKVManager.add_transfer_request` posts no further chunk and
+        `transfer_worker` skips chunks it dequeues for the failed room. Only the write already in flight
+        (posted and started before the abort arrived) still lands."""
         return True
 
 

@@ -1,11 +1,17 @@
 """Page lifetime (incident.md section 4, gate 4): a decode-side abort while prefill is still writing.
 
-Two prefills (one slow, one instant) and one decode. Request A (with a sentinel) streams its KV in
-1-second chunks from the slow prefill; when its first chunk has landed, the test aborts A on the
-decode (SGLang's `/abort_request`). Request B, the same size, then goes to the fast prefill. With
-deferred release OFF the decode frees A's pages at once, B gets them, and A's in-flight chunk lands
-in B's pages while B is decoding: B's text carries A's sentinel. With it ON the pages are held until
-the prefill's drain ACK, B gets other pages, and B's text stays its own.
+Two prefills (one slow, one instant) and one decode. Request A (its sentinel on every page) computes
+1-second chunks on the slow prefill, and each chunk's KV write is in flight for 2 s (a transfer
+bandwidth, as with RDMA: the write is posted and lands later). While A's first write is in flight,
+the test aborts A on the decode (SGLang's `/abort_request`). Request B, small (its one write lands
+well before A's), then goes to the fast prefill. With deferred release OFF the decode frees A's
+pages at once, B gets the lowest of them, and A's in-flight write lands in B's pages while B is
+decoding: B's text carries A's sentinel. With it ON the pages are held until the prefill's drain
+ACK, B gets other pages, and B's text stays its own.
+
+From 0.5.20 the simulator posts nothing more once the prefill learned of the abort (the room is
+failed) and skips queued writes; only the write already in flight lands, so the abort must come
+while one is in flight (the prefill's `/sim/state` shows its `pages_in_flight`).
 
 Both requests are pinned to a prefill with `pd_generate`, which sends exactly what the router
 forwards (same JSON + bootstrap host/port/room to prefill and decode); the router's own policy would
@@ -26,22 +32,27 @@ pytestmark = pytest.mark.slow
 
 SENTINEL = "SECRET-OF-A-91d2"
 SIZE = 4096  # 256 pages of 16; four 1024-token chunks of 1 s each on the slow prefill
+B_SIZE = 256  # 16 pages: B's one write (0.5 s) lands long before A's in-flight one (2 s)
 
 
 def _a_prompt() -> str:
-    text = ("aaaa\n" * 300 + SENTINEL + "\n") * 20
-    return text[:SIZE]
+    return ((SENTINEL + "\n") * (SIZE // len(SENTINEL) + 1))[:SIZE]  # a sentinel line on every page
 
 
 def _b_prompt() -> str:
-    return ("bbbb-own-line\n" * 400)[:SIZE]
+    return ("bbbb-own-line\n" * 400)[:B_SIZE]
+
+
+def _a_in_flight(prefill_url: str) -> bool:
+    rooms = state(prefill_url)["rooms"].values()
+    return any(r["rid"] == "req-A" and r["pages_in_flight"] > 0 for r in rooms)
 
 
 def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
     dep = deployment(emulate=emulate, prefill=2, decode=1, context_length=16384, prefill_pool=16384,
                      decode_pool=65536, page_size=16, chunked_prefill_size=1024,
-                     prefill_tokens_per_s=[1024, 0], decode_tokens_per_s=25, deferred_release=deferred,
-                     router=False)
+                     prefill_tokens_per_s=[1024, 0], transfer_tokens_per_s=512, decode_tokens_per_s=25,
+                     deferred_release=deferred, router=False)
     slow, fast = dep.prefill_urls
     slow_port, fast_port = dep.bootstrap_ports
     decode = dep.decode_urls[0]
@@ -54,7 +65,8 @@ def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
     th = threading.Thread(target=run_a)
     th.start()
     try:
-        assert wait_for(lambda: state(decode)["transfers"].get("req-A", {}).get("pages_received", 0) >= 64, 30)
+        assert wait_for(lambda: _a_in_flight(slow), 30)
+        assert state(decode)["transfers"]["req-A"]["pages_received"] == 0  # the first write has not landed
         assert httpx.post(decode + "/abort_request", json={"rid": "req-A"}, timeout=10).status_code == 200
         # the abort is handled asynchronously: let the decode retire A before B asks for pages
         assert wait_for(lambda: "req-A" not in state(decode)["transfers"], 30)
@@ -73,6 +85,9 @@ def test_deferred_release_off_late_writes_land_in_the_next_request(deployment, e
     text, dstate = _run(deployment, emulate, deferred=False)
     assert SENTINEL in text, text  # B's answer carries the aborted request's content
     assert dstate["stats"]["late_pages_received"] > 0
+    if emulate >= "0.5.20":
+        # the room failed on the abort: only the write already in flight (one 1024-token chunk) landed
+        assert dstate["stats"]["late_pages_received"] == SIZE // 4 // 16
 
 
 def test_deferred_release_on_keeps_pages_until_the_drain_ack(deployment) -> None:
