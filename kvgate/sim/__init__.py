@@ -18,7 +18,9 @@ runs in front. Each failure of the incident happens for real (shared/reference/i
   and frees its pages.
 * Deferred decode KV release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, off <= 0.5.20,
   on >= 0.5.21): when off, a decode-side abort mid-transfer frees pages at once and the prefill's
-  late page writes land on the next request that gets them.
+  late page writes land on the next request that gets them. From 0.5.20 the prefill posts nothing
+  more once it learned of the abort and skips queued writes, so only a write already in flight lands:
+  give the transfer a bandwidth (`transfer_tokens_per_s`) or nothing is ever in flight.
 
 Library API (what probe tests use)
 ----------------------------------
@@ -51,7 +53,8 @@ Aborts: SGLang's `POST /abort_request` ({"rid": ...} or {"abort_all": true}) on 
 once; a client that disconnects is noticed, as in SGLang, only when the worker's wait times out
 (SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s). Simulator-only endpoint on every worker (never used by
 the router): `GET /sim/state` (free pages, in-flight transfers by rid with pages received,
-counters such as `late_pages_received` = page writes that landed after the request freed them).
+counters such as `late_pages_received` = page writes that landed after the request freed them; on a
+prefill also `running`, `aborted` and `rooms` with each room's `peer_aborted` and `pages_in_flight`).
 
 The toy model: token id = byte (reversible byte tokenizer, id 0 = pad/placeholder). Decode reads
 every slot it reserved, drops pad, keeps each distinct line once in order of first appearance, and
