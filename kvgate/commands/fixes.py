@@ -64,8 +64,8 @@ def fixes(
     url: Optional[str] = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
     backend: Optional[str] = typer.Option(
         None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."),
-    formats: List[ReportFormat] = typer.Option([], "--format", help="table (default), json, junit, markdown."),
-    outputs: List[Path] = typer.Option([], "--output", help="Write the i-th --format to this file."),
+    formats: List[ReportFormat] = typer.Option([], "--format", "-f", help="table (default), json, junit, markdown."),
+    outputs: List[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
