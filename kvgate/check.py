@@ -125,10 +125,15 @@ def run_check(
                                         f"gate crashed: {type(exc).__name__}: {exc}"))
     if control and any(f.outcome is not Outcome.PASSED for f in control):
         findings = _distrust_probes(findings, control)
+    notes: list[str] = []
+    if options.waivers:
+        from kvgate.waivers import apply_waivers
+
+        findings, notes = apply_waivers(findings, options.waivers)
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(command="check", findings=tuple(findings), strict=options.strict,
-                  target=_target_summary(options, readings), cost=cost)
+                  target=_target_summary(options, readings), cost=cost, notes=tuple(notes))
 
 
 def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:

@@ -48,6 +48,13 @@ class Finding:
     summary: str
     evidence: tuple[Evidence, ...] = ()
     remedy: str | None = None
+    # Set when an unexpired profile waiver covers this finding: "reason (waived until DATE)".
+    # The outcome stays what was observed; only the exit status ignores it.
+    waived: str | None = None
+
+    @property
+    def counts_toward_exit(self) -> bool:
+        return self.waived is None
 
     @property
     def test_id(self) -> str:
@@ -62,6 +69,7 @@ class Finding:
             "summary": self.summary,
             "evidence": [e.to_dict() for e in self.evidence],
             "remedy": self.remedy,
+            "waived": self.waived,
         }
 
 
@@ -91,7 +99,7 @@ def exit_status_for(findings: tuple[Finding, ...] | list[Finding], strict: bool)
     A confirmed gate failure wins over a transport error: the deployment is known to be unsafe, and a
     retry would not change that. A run with no finding at all observed nothing and is inconclusive.
     """
-    outcomes = {f.outcome for f in findings}
+    outcomes = {f.outcome for f in findings if f.counts_toward_exit}
     if Outcome.FAILED in outcomes:
         return ExitStatus.GATE_FAILED
     if Outcome.ERROR in outcomes:
@@ -128,6 +136,8 @@ class Report:
 
     def counts(self) -> dict[str, int]:
         out = {o.value: 0 for o in Outcome}
+        out["waived"] = 0
         for f in self.findings:
             out[f.outcome.value] += 1
+            out["waived"] += f.waived is not None
         return out

@@ -13,6 +13,7 @@ import yaml
 
 from kvgate.errors import ProfileError
 from kvgate.paths import profiles_dir
+from kvgate.waivers import Waiver, parse_waivers
 
 SCHEMA = 1
 
@@ -30,9 +31,11 @@ class Profile:
     strict: bool | None = None
     probes: Mapping[str, Any] = field(default_factory=dict)
     defenses: Mapping[str, Any] = field(default_factory=dict)
+    waivers: tuple[Waiver, ...] = ()
 
 
-_TOP_KEYS = {"schema", "name", "description", "context_length", "headroom", "timeout", "strict", "probes", "defenses"}
+_TOP_KEYS = {"schema", "name", "description", "context_length", "headroom", "timeout", "strict", "probes", "defenses",
+             "waivers"}
 
 
 def resolve(ref: str) -> Path:
@@ -102,4 +105,5 @@ def load(ref: str) -> Profile:
         strict=strict,
         probes=dict(doc.get("probes") or {}),
         defenses=dict(doc.get("defenses") or {}),
+        waivers=parse_waivers(doc.get("waivers"), where),
     )

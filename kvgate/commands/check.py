@@ -115,4 +115,5 @@ def _options(
         profile_name=prof.name if profile_ref else None,
         probes=prof.probes,
         defenses=prof.defenses,
+        waivers=prof.waivers,
     )

@@ -33,14 +33,16 @@ class JunitFormatter(Formatter):
                 "testsuite",
                 name=gate,
                 tests=str(len(findings)),
-                failures=str(sum(f.outcome is Outcome.FAILED for f in findings)),
+                failures=str(sum(f.outcome is Outcome.FAILED and not f.waived for f in findings)),
                 errors=str(sum(f.outcome is Outcome.ERROR for f in findings)),
-                skipped=str(sum(f.outcome is Outcome.INCONCLUSIVE for f in findings)),
+                skipped=str(sum(f.outcome is Outcome.INCONCLUSIVE or bool(f.waived) for f in findings)),
                 timestamp=report.started_at,
             )
             for f in findings:
                 case = ET.SubElement(suite, "testcase", classname=f"kvgate.{f.gate}", name=f"{f.check} [{f.node}]")
-                if f.outcome is Outcome.FAILED:
+                if f.waived:
+                    ET.SubElement(case, "skipped", message=f"waived ({f.outcome.value}): {f.waived}: {f.summary}")
+                elif f.outcome is Outcome.FAILED:
                     el = ET.SubElement(case, "failure", message=f.summary, type="gate-failed")
                     el.text = _details(f)
                 elif f.outcome is Outcome.ERROR:
@@ -52,8 +54,9 @@ class JunitFormatter(Formatter):
                     out = ET.SubElement(case, "system-out")
                     out.text = _details(f)
         suites.set("tests", str(len(report.findings)))
-        suites.set("failures", str(counts["failed"]))
+        waived_failures = sum(f.outcome is Outcome.FAILED and bool(f.waived) for f in report.findings)
+        suites.set("failures", str(counts["failed"] - waived_failures))
         suites.set("errors", str(counts["error"]))
-        suites.set("skipped", str(counts["inconclusive"]))
+        suites.set("skipped", str(counts["inconclusive"] + waived_failures))
         ET.indent(suites)
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

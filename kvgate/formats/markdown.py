@@ -19,14 +19,15 @@ class MarkdownFormatter(Formatter):
         out = [
             f"## kvgate {report.command}: {status.name.replace('_', ' ').lower()} (exit {int(status)})",
             "",
-            f"{c['passed']} passed, {c['failed']} failed, {c['inconclusive']} inconclusive, {c['error']} errors",
+            f"{c['passed']} passed, {c['failed']} failed, {c['inconclusive']} inconclusive, {c['error']} errors"
+            + (f" ({c['waived']} waived)" if c["waived"] else ""),
             "",
             "| result | gate | check | node | summary |",
             "| --- | --- | --- | --- | --- |",
         ]
         for f in report.findings:
             out.append(
-                f"| {_ICON[f.outcome]} | {_cell(f.gate)} | {_cell(f.check)} | {_cell(f.node)} | {_cell(f.summary)} |"
+                f"| {_ICON[f.outcome]}{' (waived)' if f.waived else ''} | {_cell(f.gate)} | {_cell(f.check)} | {_cell(f.node)} | {_cell(f.summary)} |"
             )
         not_passed = [f for f in report.findings if f.outcome is not Outcome.PASSED and f.evidence]
         if not_passed:
@@ -36,6 +37,10 @@ class MarkdownFormatter(Formatter):
                 for e in f.evidence:
                     want = f" (expected {_cell(e.expected)})" if e.expected else ""
                     out.append(f"  - `{_cell(e.field)}` = `{_cell(e.value)}`{want}")
+        waived = [f for f in report.findings if f.waived]
+        if waived:
+            out += ["", "### Waived", ""]
+            out += [f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.waived)}" for f in waived]
         remedies = [f for f in report.findings if f.remedy and f.outcome is not Outcome.PASSED]
         if remedies:
             out += ["", "### Remedies", ""]

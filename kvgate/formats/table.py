@@ -40,11 +40,13 @@ class TableFormatter(Formatter):
         for f in report.findings:
             # Text from targets and gates is data, not markup: "[...]" must print as is.
             table.add_row(
-                f"[{_STYLE[f.outcome]}]{f.outcome.value}[/]",
+                f"[{_STYLE[f.outcome]}]{f.outcome.value}[/]" + (" [dim](waived)[/]" if f.waived else ""),
                 *(escape(x) for x in (f.gate, f.check, f.node, f.summary, _evidence_text(f))),
             )
         console.print(table)
         for f in report.findings:
+            if f.waived:
+                console.print(f"[bold]waived[/] {escape(f.test_id)} ({escape(f.node)}): {escape(f.waived)}")
             if f.remedy and f.outcome is not Outcome.PASSED:
                 console.print(f"[bold]remedy[/] {escape(f.test_id)} ({escape(f.node)}): {escape(f.remedy)}")
         if report.cost:
@@ -56,4 +58,5 @@ class TableFormatter(Formatter):
         console.print(
             f"[bold]{status.name.replace('_', ' ').lower()}[/] (exit {int(status)}): "
             f"{c['passed']} passed, {c['failed']} failed, {c['inconclusive']} inconclusive, {c['error']} errors"
+            + (f" ({c['waived']} waived)" if c["waived"] else "")
         )

@@ -30,6 +30,8 @@ class CheckOptions:
     probes: Mapping[str, Any] = field(default_factory=dict)
     # Defenses gate: operator knowledge the server does not expose (e.g. deferred-release env).
     defenses: Mapping[str, Any] = field(default_factory=dict)
+    # Accepted findings with a reason and an expiry (kvgate.waivers.Waiver); from the profile.
+    waivers: tuple[Any, ...] = ()
 
 
 @dataclass

@@ -34,7 +34,7 @@ def test_json_schema() -> None:
     doc = json.loads(ReportFormat.JSON.formatter().render(_report()))
     assert doc["schema_version"] == 1
     assert doc["exit_status"] == ExitStatus.GATE_FAILED
-    assert doc["counts"] == {"passed": 1, "failed": 1, "inconclusive": 1, "error": 1}
+    assert doc["counts"] == {"passed": 1, "failed": 1, "inconclusive": 1, "error": 1, "waived": 0}
     assert doc["findings"][1]["evidence"][0]["value"] == 681280
 
 

@@ -1,0 +1,90 @@
+"""Waivers: a profile may accept a known finding for a while, with a reason and an expiry.
+
+A waived finding keeps the outcome that was observed and stays in every report; only the exit status
+ignores it. Transport errors cannot be waived, and an expired waiver is not applied (the finding blocks
+again and the report says why). Every waiver needs a reason and an expiry date.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, replace
+from fnmatch import fnmatchcase
+from typing import Any, Sequence
+
+from kvgate.errors import ProfileError
+from kvgate.findings import Finding, Outcome
+
+_KEYS = {"check", "node", "reason", "expires"}
+
+
+@dataclass(frozen=True)
+class Waiver:
+    """Accept findings whose `gate.check` id (and node) match these glob patterns, until `expires`."""
+
+    check: str
+    reason: str
+    expires: dt.date
+    node: str = "*"
+
+    def matches(self, finding: Finding) -> bool:
+        return fnmatchcase(finding.test_id, self.check) and fnmatchcase(finding.node, self.node)
+
+
+def parse_waivers(raw: Any, path: str) -> tuple[Waiver, ...]:
+    """Validate a profile's `waivers:` list."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ProfileError(path, "waivers", f"expected a list of waivers, got {raw!r}")
+    out: list[Waiver] = []
+    for i, entry in enumerate(raw):
+        key = f"waivers[{i}]"
+        if not isinstance(entry, dict):
+            raise ProfileError(path, key, f"expected a mapping with check, reason, expires, got {entry!r}")
+        unknown = sorted(set(entry) - _KEYS)
+        if unknown:
+            raise ProfileError(path, f"{key}.{unknown[0]}", f"unknown key; expected one of {', '.join(sorted(_KEYS))}")
+        for name in ("check", "reason"):
+            if not isinstance(entry.get(name), str) or not entry[name].strip():
+                raise ProfileError(path, f"{key}.{name}", "required: a non-empty string")
+        if "." not in entry["check"]:
+            raise ProfileError(path, f"{key}.check", f"expected 'gate.check' (e.g. defenses.kv-canary), got {entry['check']!r}")
+        expires = entry.get("expires")
+        if isinstance(expires, str):
+            try:
+                expires = dt.date.fromisoformat(expires)
+            except ValueError:
+                expires = None
+        if not isinstance(expires, dt.date) or isinstance(expires, dt.datetime):
+            raise ProfileError(path, f"{key}.expires", f"required: a date YYYY-MM-DD, got {entry.get('expires')!r}")
+        node = entry.get("node", "*")
+        if not isinstance(node, str) or not node:
+            raise ProfileError(path, f"{key}.node", f"expected a glob pattern string, got {node!r}")
+        out.append(Waiver(check=entry["check"], reason=entry["reason"].strip(), expires=expires, node=node))
+    return tuple(out)
+
+
+def apply_waivers(
+    findings: Sequence[Finding], waivers: Sequence[Waiver], today: dt.date | None = None
+) -> tuple[list[Finding], list[str]]:
+    """Mark findings covered by an unexpired waiver; return them and notes about the waivers."""
+    today = today or dt.date.today()
+    notes: list[str] = []
+    used = [False] * len(waivers)
+    out: list[Finding] = []
+    for f in findings:
+        if f.outcome in (Outcome.FAILED, Outcome.INCONCLUSIVE):
+            for i, w in enumerate(waivers):
+                if w.matches(f):
+                    used[i] = True
+                    if w.expires >= today:
+                        f = replace(f, waived=f"{w.reason} (waived until {w.expires.isoformat()})")
+                        break
+        out.append(f)
+    for i, w in enumerate(waivers):
+        if w.expires < today:
+            notes.append(f"waiver {w.check} ({w.node}) expired on {w.expires.isoformat()}: not applied")
+        elif not used[i]:
+            notes.append(f"waiver {w.check} ({w.node}) matched nothing: remove it from the profile")
+    return out, notes
