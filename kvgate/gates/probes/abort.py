@@ -10,6 +10,18 @@ the case deferred release exists for (the router forwards `rid` unchanged). With
 falls back to the client's disconnect, which a router may or may not propagate. When the transfer is in flight
 is estimated from the latency probe (median latencies interpolated to the abort length); attempts
 cancel at evenly spread points of that window.
+
+What a leak needs, and how the probe arranges it: once the prefill learns of the abort it posts no
+more chunks, so what can land late is the write already in flight (one chunk, for at most one chunk's
+transfer time). It shows only where a canary holds the page and the canary's own write to it landed
+first (otherwise the canary overwrites it) while the canary still reads its context. So the canaries
+are small (the victim's length split over `abort_canaries`; keep each well under the chunked-prefill
+size, so its whole transfer is shorter than one victim chunk's), together they cover the pages the
+victim held, and they go out at once after the cancel. Whether a given cancel meets a write in flight
+depends on timing nobody outside the engine sees, so the probe cancels several times (`abort_attempts`
+requests really cancelled in flight, within `abort_budget`) and stops at the first cross-request
+sighting when `early_stop` is on. A request that still answers 200 (even with finish reason "abort")
+had its KV before the cancel and does not count as cancelled.
 """
 
 from __future__ import annotations
@@ -76,6 +88,9 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
     with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {la:,} tokens", total=n) as handle:
         # A try whose request answered before the cancel observed nothing; it does not count.
         while len(cancelled) < n and tries < 2 * n:
+            if settings.early_stop and canaries and any("abort_victim" in x.source for x in sender.sightings(canaries)):
+                notes.append(f"stopped after {tries} tries: a canary carried a cancelled request's content")
+                break
             if tries and (tries + 1) * per_try > budget:
                 notes.append(f"stopped after {tries} tries: abort_budget ({settings.abort_budget:g} x context) spent")
                 break
