@@ -152,4 +152,6 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
         return inconclusive(GATE, CHECK, node, f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}",
                             *ev)
     return passed(GATE, CHECK, node, f"{len(cancelled)} request(s) of {la:,} tokens cancelled mid-transfer; "
-                  f"{len(answered)} canaries sent right after carry only their own content", *ev)
+                  f"{len(answered)} canaries sent right after carry only their own content (absence of evidence: "
+                  "the decode may not have reused those pages yet; the defenses gate's deferred-release check "
+                  "is what proves page lifetime)", *ev)
