@@ -26,7 +26,8 @@ class DownloadError(TransportError):
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path` (created), across threads and processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -39,7 +40,7 @@ def _locked(path: Path) -> Iterator[None]:
 def wheel_path(version: str, package: str = "sglang") -> Path:
     """Download (once) the wheel of `package==version` with `pip download --no-deps`."""
     dest = cache_dir() / "wheels" / f"{package}-{version}"
-    with _locked(dest.with_suffix(".lock")):
+    with locked(dest.with_suffix(".lock")):
         found = sorted(dest.glob("*.whl")) if dest.is_dir() else []
         if found:
             return found[0]
@@ -58,7 +59,7 @@ def unpacked_wheel(version: str, package: str = "sglang") -> Path:
     """The wheel of `package==version` unpacked (site-packages layout); returns the unpack root."""
     root = cache_dir() / "unpacked" / f"{package}-{version}"
     marker = root / ".kvgate-complete"
-    with _locked(root.with_suffix(".lock")):
+    with locked(root.with_suffix(".lock")):
         if marker.is_file():
             return root
         whl = wheel_path(version, package)

@@ -84,3 +84,20 @@ def payload_server() -> Iterator[Callable[..., PayloadServer]]:
     yield make
     for s in servers:
         s.stop()
+
+
+@pytest.fixture
+def deployment() -> Iterator[Callable[..., Any]]:
+    """Factory: `deployment(emulate=..., ...)` -> a started simulator deployment, stopped after the test."""
+    from kvgate.sim.deploy import SimDeployment
+
+    started: list[SimDeployment] = []
+
+    def make(**kwargs: Any) -> SimDeployment:
+        dep = SimDeployment(**kwargs).start()
+        started.append(dep)
+        return dep
+
+    yield make
+    for dep in started:
+        dep.stop()

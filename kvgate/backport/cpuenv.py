@@ -11,20 +11,17 @@ Nothing here imports sglang into the calling process.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from kvgate.errors import KvgateError
 from kvgate.paths import cache_dir
-from kvgate.upstream import DownloadError, wheel_path
+from kvgate.upstream import DownloadError, locked, wheel_path
 
 STUB_DIR = Path(__file__).resolve().parent / "_stub"
 """Holds `sitecustomize.py`: the torchvision STUB (not torchvision) every CPU environment needs."""
@@ -90,16 +87,6 @@ def root() -> Path:
     return path
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _run(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -120,7 +107,7 @@ def base_python() -> Path:
     """Build (once) the shared base venv and return its interpreter."""
     base = root() / f"base-{_RECIPE_ID}"
     marker = base / ".kvgate-complete"
-    with _locked(root() / "base.lock"):
+    with locked(root() / "base.lock"):
         if marker.is_file():
             return base / "bin" / "python"
         if base.exists():
@@ -148,7 +135,7 @@ def cpu_env(version: str) -> CpuEnv:
     py = base_python()
     target = overlay_dir(version)
     marker = target / ".kvgate-complete"
-    with _locked(root() / f"sglang-{version}.lock"):
+    with locked(root() / f"sglang-{version}.lock"):
         if not marker.is_file():
             if target.exists():
                 shutil.rmtree(target)

@@ -6,9 +6,7 @@ import time
 from typing import Any, Callable
 
 import httpx
-import pytest
 
-from kvgate.sim.deploy import SimDeployment
 
 FILLER = "the quick brown fox jumps over the lazy dog\n"
 
@@ -39,16 +37,3 @@ def generate(url: str, body: dict[str, Any], timeout: float = 120.0) -> httpx.Re
     return httpx.post(url + "/generate", json=body, timeout=timeout)
 
 
-@pytest.fixture
-def deployment() -> Any:
-    """Factory: `deployment(emulate=..., ...)` -> a started SimDeployment, stopped after the test."""
-    started: list[SimDeployment] = []
-
-    def make(**kwargs: Any) -> SimDeployment:
-        dep = SimDeployment(**kwargs).start()
-        started.append(dep)
-        return dep
-
-    yield make
-    for dep in started:
-        dep.stop()

@@ -7,7 +7,7 @@ and runs the probes through `kvgate.check.run_check`, the pipeline `kvgate check
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,20 +23,6 @@ from kvgate.sim.deploy import SimDeployment
 pytestmark = pytest.mark.slow
 
 CONTEXT, INCIDENT_POOL = 1_048_576, 681_280
-
-
-@pytest.fixture
-def deployment() -> Iterator[Any]:
-    started: list[SimDeployment] = []
-
-    def make(**kwargs: Any) -> SimDeployment:
-        dep = SimDeployment(**kwargs).start()
-        started.append(dep)
-        return dep
-
-    yield make
-    for dep in started:
-        dep.stop()
 
 
 def check(dep: SimDeployment, settings: dict[str, Any], *, with_gate1: bool = False) -> Report:

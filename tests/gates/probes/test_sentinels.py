@@ -16,6 +16,7 @@ def test_dense_plant_round_trips_through_the_simulator_tokenizer() -> None:
     ids = plant_ids(ByteCodec(), s, 1000)
     assert len(ids) == 1000
     text = sim_tokenizer.decode(ids)
+    assert s.found_in(text)
     page = 16
     # at least one whole sentinel per 2 pages, a fragment in every page
     for i in range(0, 1000 - page, page):
