@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator, Protocol, TextIO
+from typing import ContextManager, Iterator, Protocol, TextIO
 
 from kvgate.secrets import redact
 
@@ -16,15 +16,15 @@ class Observer(Protocol):
     def log(self, message: str) -> None:
         """One line of progress."""
 
-    def step(self, description: str, total: float | None = None) -> "contextmanager[StepHandle]":  # type: ignore[type-arg]
+    def step(self, description: str, total: float | None = None) -> ContextManager["StepHandle"]:
         """A long step; the handle's `advance(n)` reports progress."""
 
 
 class StepHandle:
     """Handle of a running step."""
 
-    def advance(self, amount: float = 1.0) -> None:  # noqa: D401 - trivial
-        """Advance the step."""
+    def advance(self, amount: float = 1.0) -> None:
+        """Advance the step (no-op unless a progress display is attached)."""
 
 
 class NullObserver:
