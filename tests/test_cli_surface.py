@@ -77,3 +77,12 @@ def test_readme_usage_matches_live_help() -> None:
         assert res.exit_code == 0, (argv, res.output)
         for flag in (a.split("=")[0] for a in argv if a.startswith("--")):
             assert flag in res.output, f"README uses `kvgate {' '.join(path)} {flag}` but --help does not list it"
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("Set up and run the test suite", 1)[1]
+    command = re.search(r"```bash\n(.*?)\n```", section, flags=re.S).group(1).strip()  # type: ignore[union-attr]
+    ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert ci[-1].strip() == command
+    assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
