@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
-import git
+from typing import TYPE_CHECKING, Sequence
 
 from kvgate.catalogue.model import Catalogue, Detection, Presence, Signature
 from kvgate.catalogue.signatures import SourceTree, glob_prefix, glob_regex
 from kvgate.catalogue.source import _VERSION_RX
 from kvgate.errors import UsageError
+
+if TYPE_CHECKING:  # GitPython runs `git version` when imported: only load it when a checkout is read.
+    import git
 
 PACKAGE_PREFIX = "python/sglang/"
 
@@ -41,6 +42,8 @@ class GitTree(SourceTree):
         return blob.data_stream.read().decode("utf-8", errors="replace")
 
     def search_globs(self, signatures: Sequence[Signature]) -> dict[Signature, tuple[str, ...]]:
+        import git
+
         out: dict[Signature, tuple[str, ...]] = {}
         for sig in signatures:
             rx = glob_regex(sig.file)
@@ -73,6 +76,8 @@ class Checkout:
 
 def open_checkout(path: Path, rev: str = "HEAD") -> tuple[git.Repo, git.Commit, Checkout]:
     """Open the repository and resolve `rev`; anything wrong is a usage error (exit 2)."""
+    import git
+
     try:
         repo = git.Repo(Path(path).expanduser(), search_parent_directories=False)
     except (git.NoSuchPathError, git.InvalidGitRepositoryError):
@@ -102,6 +107,8 @@ def squash_commits(repo: git.Repo, commit: git.Commit, number: int) -> list[tupl
 
     A body that merely mentions the PR (a follow-up, a revert) does not count.
     """
+    import git
+
     needle = f"(#{number})"
     try:
         text = repo.git.log(commit.hexsha, "-F", f"--grep={needle}", "--format=%h%x09%s")
