@@ -194,16 +194,21 @@ class _Reader:
     def note(self, name: str, problem: str) -> None:
         self.problems.append(FieldProblem(name, problem))
 
-    def int_field(self, obj: Mapping[str, Any], key: str, name: str, *, required: bool, nullable: bool = False,
-                  minimum: int = 0) -> int | None:
+    def _value(self, obj: Mapping[str, Any], key: str, name: str, *, required: bool, nullable: bool) -> Any:
+        """The value of `key`, or None (noting a problem when it had to be there and be non-null)."""
         if key not in obj:
             if required:
                 self.note(name, "missing")
             return None
         value = obj[key]
+        if value is None and not nullable:
+            self.note(name, "null")
+        return value
+
+    def int_field(self, obj: Mapping[str, Any], key: str, name: str, *, required: bool, nullable: bool = False,
+                  minimum: int = 0) -> int | None:
+        value = self._value(obj, key, name, required=required, nullable=nullable)
         if value is None:
-            if not nullable:
-                self.note(name, "null")
             return None
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
@@ -217,11 +222,8 @@ class _Reader:
         return value
 
     def str_field(self, obj: Mapping[str, Any], key: str, name: str, *, required: bool) -> str | None:
-        if key not in obj:
-            if required:
-                self.note(name, "missing")
-            return None
-        value = obj[key]
+        # A required string that is null (e.g. "version": null) is as unknown as a missing one.
+        value = self._value(obj, key, name, required=required, nullable=not required)
         if value is None:
             return None
         if not isinstance(value, str):

@@ -59,3 +59,10 @@ def test_env_vars_are_read_when_exposed() -> None:
     env = {"SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE": "1"}
     r = parse_node(SPEC, "/server_info", P.server_info(env_vars=env), P.v1_models(), None)
     assert r.env_vars == env
+
+
+def test_null_required_strings_are_problems() -> None:
+    doc = P.server_info()
+    doc["version"] = None
+    r = parse_node(SPEC, "/server_info", doc, P.v1_models(), None)
+    assert r.version is None and r.problem("version") is not None
