@@ -105,10 +105,13 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
         ))
 
     for p in reading.problems:
-        if p.field in ("/v1/models", "/v1/models data[0]", "/v1/models data[0].max_model_len") and context:
+        about_context = p.field.startswith("/v1/models")
+        if about_context and context:
             continue  # resolved by a fallback named in the evidence
-        if p.field in ("max_total_num_tokens", "max_req_input_len", "internal_states") or "token_capacity" in p.field \
-                or "/v1/models" in p.field:
+        # Every field a pool verdict rests on, on every DP rank (a rank without memory_usage included).
+        about_pool = p.field in ("max_total_num_tokens", "max_req_input_len") or (
+            p.field.startswith("internal_states") and "disaggregation_mode" not in p.field)
+        if about_context or about_pool:
             out.append(failed(
                 GATE, "field", node, f"{p.field}: {p.problem}; the gate fails closed",
                 Evidence(node, p.field, p.problem, "present and well-formed"),

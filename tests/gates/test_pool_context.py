@@ -40,3 +40,12 @@ def test_headroom_boundary() -> None:
 def test_admission_bound_looser_than_the_pool_fails() -> None:
     assert _outcomes(681_280, 1_048_576, 1.0, mri=1_048_570)["admission-limit"] is Outcome.FAILED
     assert _outcomes(681_280, 1_048_576, 1.0)["admission-limit"] is Outcome.PASSED
+
+
+def test_a_rank_without_memory_usage_fails_closed() -> None:
+    doc = P.server_info("0.5.23", pool=2_040_000, rank_pools=[2_040_000, 2_040_000])
+    del doc["internal_states"][1]["memory_usage"]
+    r = parse_node(NodeSpec("prefill", "http://p", 0), "/server_info", doc, P.v1_models(), None)
+    field = [f for f in check_node(r, "prefill", None, 1.25) if f.check == "field"]
+    assert [f.outcome for f in field] == [Outcome.FAILED]
+    assert "internal_states[1].memory_usage" in field[0].summary
