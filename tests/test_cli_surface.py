@@ -86,3 +86,13 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-1].strip() == command
     assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
+
+
+def test_usage_errors_exit_2_without_a_traceback_in_every_command() -> None:
+    cases = [["check", "--prefill-url", "http://x", "-o", "a", "-o", "b"],
+             ["fixes", "--version", "0.5.20", "-o", "a", "-o", "b"],
+             ["backport", "--to", "v0.5.20", "-o", "a", "-o", "b"]]
+    for argv in cases:
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 2, (argv, res.output)
+        assert "Traceback" not in res.output and "--output" in res.stderr

@@ -24,16 +24,17 @@ from kvgate.backport.probe import (
     VERIFIED,
     run_all_probes,
 )
+from kvgate.commands._common import finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
-from kvgate.exitcodes import ExitStatus
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
 from kvgate.formats import ReportFormat
-from kvgate.reporting import emit, pair_outputs
+from kvgate.reporting import pair_outputs
 from kvgate.secrets import redact
 
 GATE = "backport"
 
 
+@handle_errors
 def backport(
     to: str = typer.Option(..., "--to", help="Release whose series to use, e.g. v0.5.20."),
     repo: Optional[Path] = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
@@ -55,7 +56,6 @@ def backport(
     """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
     pairs = pair_outputs(list(fmt), list(output))
     action = "verify" if verify else "revert" if revert else "check" if check else "apply"
-    exit_override: ExitStatus | None = None
     try:
         if sum((check, verify, revert)) > 1:
             raise UsageError("--check, --verify and --revert are mutually exclusive")
@@ -71,15 +71,8 @@ def backport(
         typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
         node = str(repo or site_packages or python or "-")
         report = Report(command=f"backport {action}", findings=(inconclusive(
-            GATE, action, node, f"refused: {exc}"),), strict=True)
-        exit_override = exc.exit_status
-    problems = emit(report, pairs)
-    for p in problems:
-        typer.echo(f"kvgate: error: {redact(p)}", err=True)
-    status = exit_override if exit_override is not None else report.exit_status
-    if problems and status is ExitStatus.PASSED:
-        status = ExitStatus.USAGE_ERROR
-    raise typer.Exit(int(status))
+            GATE, action, node, f"refused: {exc}"),), strict=True, fatal_status=exc.exit_status)
+    finish(report, pairs)
 
 
 def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:

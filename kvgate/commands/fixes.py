@@ -11,13 +11,12 @@ import typer
 from kvgate.catalogue import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
 from kvgate.catalogue.behaviour import detect_by_behaviour
 from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
-from kvgate.commands._common import handle_errors
+from kvgate.commands._common import finish, handle_errors
 from kvgate.errors import TransportError, UsageError
-from kvgate.exitcodes import ExitStatus
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.reporting import emit, pair_outputs
-from kvgate.secrets import redact, token_from_env
+from kvgate.reporting import pair_outputs
+from kvgate.secrets import token_from_env
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
@@ -127,10 +126,4 @@ def fixes(
         cost={"wall_s": round(time.time() - started, 3)},
         notes=tuple(notes),
     )
-    problems = emit(report, pairs)
-    for p in problems:
-        typer.echo(f"kvgate: error: {redact(p)}", err=True)
-    status = report.exit_status
-    if problems and status is ExitStatus.PASSED:
-        status = ExitStatus.USAGE_ERROR  # a requested report that was not written must not pass
-    raise typer.Exit(int(status))
+    finish(report, pairs)
