@@ -9,19 +9,10 @@ A probe that could not run is "unknown", never a verdict.
 
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Any, Sequence
 
 from kvgate.catalogue.model import Detection, Presence
-from kvgate.errors import UsageError
-
-
-def _probe_module() -> Any:
-    try:
-        return importlib.import_module("kvgate.backport.probe")
-    except ImportError as exc:
-        raise UsageError(f"--probe: the behaviour probe is not available in this kvgate ({exc})") from None
 
 
 def admission_detection(result: Any) -> Detection:
@@ -58,11 +49,13 @@ def hardening_detection(result: Any) -> Detection:
 def detect_by_behaviour(
     python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
 ) -> list[Detection]:
-    """Run the probes in `python` (with `extra_pythonpath` first on its path) and map their results."""
-    probe = _probe_module()
+    """Run the probes in `python` (with `extra_pythonpath` first on its path) and map their results.
+
+    One interpreter runs every probe, so sglang and torch are imported once; `timeout` bounds it.
+    """
+    from kvgate.backport.probe import run_all_probes
+
     if os.sep in python:  # the probe runs in another working directory; keep venv symlinks unresolved
         python = os.path.abspath(python)
-    out = [admission_detection(probe.run_admission_probe(python, extra_pythonpath, timeout=timeout))]
-    if hasattr(probe, "run_hardening_probe"):
-        out.append(hardening_detection(probe.run_hardening_probe(python, extra_pythonpath, timeout=timeout)))
-    return out
+    suite = run_all_probes(python, extra_pythonpath, timeout=timeout)
+    return [admission_detection(suite.admission), hardening_detection(suite.hardening)]

@@ -70,7 +70,7 @@ def fixes(
     strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
-    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per behaviour probe."),
+    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 

@@ -27,8 +27,6 @@ from packaging.version import Version
 
 from kvgate.catalogue import Assessment, assess_version, load_catalogue, parse_release
 from kvgate.catalogue.assess import remedy_for_missing
-from kvgate.catalogue.combine import FixStatus
-from kvgate.catalogue.model import Catalogue
 from kvgate.catalogue.version import ReleaseString
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
@@ -147,7 +145,7 @@ def _check_release(n: DefenseInputs) -> Finding:
                 f"correctness fixes missing or unproven: {labels}",
                 Evidence(n.node, "version", n.version, f">= {cat.recommended_minimum}"),
                 *(Evidence(n.node, s.fix.id, s.presence.value, "present") for s in missing),
-                remedy=_remedy(missing, cat) + "; a build that carries backports: prove it with "
+                remedy=remedy_for_missing(cat, missing) + "; a build that carries backports: prove it with "
                 "kvgate fixes --site-packages PATH",
             )
     missing, unknown = a.missing_correctness(), a.unknown_correctness()
@@ -156,17 +154,13 @@ def _check_release(n: DefenseInputs) -> Finding:
     if missing:
         return failed(GATE, "release", n.node,
                       f"{how}: correctness fixes missing: {', '.join(s.fix.label for s in missing)}",
-                      *ev, remedy=_remedy(missing, cat))
+                      *ev, remedy=remedy_for_missing(cat, missing))
     if unknown:
         return inconclusive(GATE, "release", n.node,
                             f"{how}: cannot tell whether {', '.join(s.fix.label for s in unknown)} are present",
                             *ev, remedy="give the source: kvgate fixes --site-packages PATH / --python INTERPRETER")
     return passed(GATE, "release", n.node, f"{how}: every correctness fix present "
                   f"({len(a.correctness())} for backend {backend or 'unknown'})", *ev)
-
-
-def _remedy(missing: Sequence[FixStatus], cat: Catalogue) -> str:
-    return remedy_for_missing(cat, missing)
 
 
 # --- deferred decode KV release --------------------------------------------------------------
