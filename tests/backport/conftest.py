@@ -14,19 +14,9 @@ from typing import Callable
 
 import pytest
 
-from kvgate.backport.cpuenv import CpuEnv, CpuEnvError, copy_site_packages, cpu_env
+from kvgate.backport.cpuenv import CpuEnv, copy_site_packages
 from kvgate.upstream import DownloadError, unpacked_wheel
-
-
-def _env_or_skip(version: str) -> CpuEnv:
-    try:
-        return cpu_env(version)
-    except DownloadError as exc:
-        pytest.skip(f"package index unreachable, no CPU sglang {version}: {exc}")
-    except CpuEnvError as exc:
-        if "ConnectionError" in str(exc) or "Network is unreachable" in str(exc):
-            pytest.skip(f"package index unreachable, no CPU sglang {version}: {exc}")
-        raise
+from tests.assets.real_sglang import cpu_env_or_skip
 
 
 def _wheel_or_skip(version: str) -> Path:
@@ -39,7 +29,7 @@ def _wheel_or_skip(version: str) -> Path:
 @pytest.fixture(scope="session")
 def cpu_envs() -> Callable[[str], CpuEnv]:
     """cpu_envs("0.5.20") -> the cached CPU environment of that release (built on first use)."""
-    return _env_or_skip
+    return cpu_env_or_skip
 
 
 def tree_digest(root: Path) -> dict[str, str]:

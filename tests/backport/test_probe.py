@@ -112,6 +112,9 @@ def test_single_probe_entry_points_agree_with_the_suite(cpu_envs: Callable[[str]
     env = cpu_envs("0.5.21")
     r = run_admission_probe(env.python, env.pythonpath)
     assert r.status == RETIRED and r.controls_ok and r.safe
+    suite = run_all_probes(env.python, env.pythonpath).admission
+    assert (r.status, r.controls_ok, r.client_error) == (suite.status, suite.controls_ok, suite.client_error)
+    assert [(c.name, c.door, c.outcome) for c in r.cases] == [(c.name, c.door, c.outcome) for c in suite.cases]
 
 
 def test_missing_code_is_a_probe_error_never_a_verdict(cpu_envs: Callable[[str], CpuEnv], tmp_path: Path) -> None:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from kvgate.backport import probe
 from kvgate.catalogue import Presence, assess_installed
 from kvgate.catalogue.behaviour import admission_detection, detect_by_behaviour, hardening_detection
 from kvgate.catalogue.source import from_site_packages
-from kvgate.upstream import DownloadError
-
-probe = pytest.importorskip("kvgate.backport.probe", reason="the behaviour probe (kvgate/backport/probe.py) is absent")
+from tests.assets.real_sglang import cpu_env_or_skip
 
 
 def _result(status: str, controls_ok: bool = True, **kw):  # type: ignore[no-untyped-def]
@@ -43,12 +42,7 @@ def test_hardening_mapping() -> None:
 @pytest.mark.wheels
 @pytest.mark.parametrize("release, door", [("0.5.20", Presence.ABSENT), ("0.5.21", Presence.PRESENT)])
 def test_real_admission_code_on_cpu(release: str, door: Presence) -> None:
-    from kvgate.backport.cpuenv import CpuEnvError, cpu_env
-
-    try:
-        env = cpu_env(release)
-    except (DownloadError, CpuEnvError) as exc:
-        pytest.skip(f"CPU sglang {release} environment unavailable (package index): {exc}")
+    env = cpu_env_or_skip(release)
     installed = from_site_packages(env.site_packages)
     dets = detect_by_behaviour(env.python, env.pythonpath)
     a = assess_installed(installed, behaviour=dets)

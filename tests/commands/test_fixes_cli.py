@@ -219,14 +219,9 @@ def test_probe_needs_python(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.wheels
 def test_probe_runs_the_installed_admission_code() -> None:
-    pytest.importorskip("kvgate.backport.probe", reason="the behaviour probe (kvgate/backport/probe.py) is absent")
-    from kvgate.backport.cpuenv import CpuEnvError, cpu_env
-    from kvgate.upstream import DownloadError
+    from tests.assets.real_sglang import cpu_env_or_skip
 
-    try:
-        env = cpu_env("0.5.21")
-    except (DownloadError, CpuEnvError) as exc:
-        pytest.skip(f"CPU sglang 0.5.21 environment unavailable (package index): {exc}")
+    env = cpu_env_or_skip("0.5.21")
     rc, doc = _json("--site-packages", str(env.site_packages), "--python", env.python, "--probe")
     assert rc == 1 and doc["target"]["missing_correctness"] == ["ack-generations"]
     assert "behaviour" in doc["target"]["methods"]
