@@ -135,7 +135,8 @@ class PDDeployment:
         self.plan.validate()
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-pd-"))
         self.log_dir = log_dir
-        sup = Supervisor(log_dir=log_dir, grace_s=10.0)
+        # die_with_parent: workers holding GPUs must not outlive a kvgate that was SIGKILLed.
+        sup = Supervisor(log_dir=log_dir, grace_s=10.0, die_with_parent=True)
         self.supervisor = sup
         env = dict(self.plan.env)
         try:

@@ -54,6 +54,7 @@ class ManagedProcess:
     ready_url: str | None = None
     env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
+    stopped: bool = False
 
     @property
     def pid(self) -> int:
@@ -154,7 +155,9 @@ class Supervisor:
 
     def stop(self) -> None:
         """SIGTERM every process group (newest first), wait up to `grace_s`, then SIGKILL the rest."""
-        live = [p for p in reversed(self.processes) if p.popen is not None]
+        # Idempotent: a group whose leader was already reaped here is never signalled again (its
+        # pid, and so its group id, may belong to another process by now).
+        live = [p for p in reversed(self.processes) if p.popen is not None and not p.stopped]
         for proc in live:
             _signal_group(proc.pid, signal.SIGTERM)
         end = time.monotonic() + self.grace_s
@@ -171,7 +174,8 @@ class Supervisor:
             try:
                 proc.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
-                pass
+                continue
+            proc.stopped = True
 
     def pids(self) -> list[int]:
         """The pids of every started process."""
