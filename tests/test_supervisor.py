@@ -51,7 +51,8 @@ def test_wait_ready_polls_http_until_the_service_answers(tmp_path: Path) -> None
                          cwd=tmp_path)
         sup.wait_ready(deadline_s=30)
         assert proc.alive()
-    assert (tmp_path / "web.log").exists()
+    # The child's stderr went to its own log: the readiness request is in it.
+    assert '"GET / HTTP/1.1" 200' in (tmp_path / "web.log").read_text()
 
 
 def test_wait_ready_reports_an_early_exit_with_the_log_tail(tmp_path: Path) -> None:

@@ -72,6 +72,4 @@ One worker alone: `python -m kvgate.sim worker --disaggregation-mode prefill|dec
 
 from __future__ import annotations
 
-__all__ = ["SUPPORTED_RELEASES"]
-
-SUPPORTED_RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+__all__: list[str] = []

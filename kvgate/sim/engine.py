@@ -542,7 +542,7 @@ class DecodeEngine(BaseEngine):
     def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
         super().__init__(cfg, release)
         self.transfers: dict[str, _Transfer] = {}
-        self._held: list[asyncio.Task[None]] = []
+        self._held: set[asyncio.Task[None]] = set()  # strong refs until done (asyncio keeps weak ones)
         #: Receiving ends of rooms, held until the prefill closes them. In SGLang the decode's whole KV
         #: buffer is registered with the transfer engine once, when the KV manager starts
         #: (`mooncake/conn.py MooncakeKVManager.__init__` -> `register_buffer_to_engine`), so a prefill's
@@ -705,7 +705,9 @@ class DecodeEngine(BaseEngine):
                 pass
         if self.deferred_release:
             t.release_deferred = True
-            self._held.append(asyncio.create_task(self._release_after_ack(t)))
+            task = asyncio.create_task(self._release_after_ack(t))
+            self._held.add(task)
+            task.add_done_callback(self._held.discard)
         else:
             self._free(t)
 
