@@ -35,8 +35,8 @@ import httpx
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.latency import LatencyModel
-from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
-from kvgate.gates.probes.sentinels import owners
+from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
+from kvgate.gates.probes.sentinels import Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
 
 GATE = "probes"
@@ -59,19 +59,19 @@ def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) 
     return notes
 
 
-def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], limits: ProbeLimits,
-              settings: ProbeSettings, model: LatencyModel | None, node: str) -> Finding:
+def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, settings: ProbeSettings,
+              model: LatencyModel | None, node: str) -> Finding:
     """Cancel long requests mid-transfer and check that no canary carries their content."""
     la = abort_length(limits, settings)
     victim_p = LengthProbe("abort_victim", la, ACCEPT, "none", "request cancelled mid-transfer",
-                           max(1, min(settings.max_new_tokens, limits.context - la)))
+                           max_new_tokens_for(limits, la, settings.max_new_tokens))
     per = max(limits.one_page * 2, -(-la // settings.abort_canaries))
     per = min(per, limits.longest_accepted)
     canary_p = LengthProbe("abort_canary", per, ACCEPT, "none", "canary after a cancel",
-                           max(1, min(settings.max_new_tokens, limits.context - per)))
+                           max_new_tokens_for(limits, per, settings.max_new_tokens))
     if model is None:
         cal = sender.one(victim_p, "abort-calibration")
-        if cal.result.status != 200:
+        if not cal.result.served:
             return inconclusive(GATE, CHECK, node, f"calibration request of {la:,} tokens failed: "
                                 f"HTTP {cal.result.status}, timed_out={cal.result.timed_out}")
         expected = cal.result.elapsed_s
@@ -79,6 +79,7 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
         expected = model.expected_s(la)
     cancelled: list[Sent] = []
     canaries: list[Sent] = []
+    sightings: list[Sighting] = []  # scanned per batch, as it arrives
     notes: list[str] = []
     n = settings.abort_attempts
     tries = 0
@@ -88,7 +89,7 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
     with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {la:,} tokens", total=n) as handle:
         # A try whose request answered before the cancel observed nothing; it does not count.
         while len(cancelled) < n and tries < 2 * n:
-            if settings.early_stop and canaries and any("abort_victim" in x.source for x in sender.sightings(canaries)):
+            if settings.early_stop and any("abort_victim" in x.source for x in sightings):
                 notes.append(f"stopped after {tries} tries: a canary carried a cancelled request's content")
                 break
             if tries and (tries + 1) * per_try > budget:
@@ -107,29 +108,32 @@ def run_abort(sender: Sender, http: httpx.Client, decode_urls: Sequence[str], li
             t.start()
             time.sleep(at)
             for rid in sender.pending_rids(phase):
-                notes += _abort_on_decodes(http, decode_urls, rid)
+                notes += _abort_on_decodes(sender.client.http, decode_urls, rid)
             batch = sender.many([canary_p] * settings.abort_canaries, f"{phase}-canary",
                                 f"abort canaries after cancel {tries}")
             t.join(timeout=settings.deadline_s + at)
             victim = box[0] if box else None
             # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
-            hit = victim is not None and (victim.result.cancelled or not victim.result.served)
+            # A transport failure, or an error answer that came before the cancel point, is no abort either.
+            hit = victim if (victim is not None and victim.result.transport_error is None
+                             and (victim.result.cancelled
+                                  or (not victim.result.served and victim.result.elapsed_s >= at))) else None
             if victim is not None:
                 sender.observer.log(f"abort try {tries}: cancel at {at:.3f} s of ~{expected:.3f} s expected; victim "
-                                    f"{'aborted in flight' if hit else 'answered first'} (HTTP {victim.result.status}, "
-                                    f"{victim.result.elapsed_s:.3f} s)")
+                                    f"{'aborted in flight' if hit is not None else 'answered first'} "
+                                    f"(HTTP {victim.result.status}, {victim.result.elapsed_s:.3f} s)")
             canaries += batch
-            if hit and victim is not None:
-                if not victim.result.cancelled:
+            sightings += sender.sightings(batch)
+            if hit is not None:
+                if not hit.result.cancelled:
                     sender.meter.charge_prefill(la)  # aborted, so not counted as served; it was prefilled
-                cancelled.append(victim)
+                cancelled.append(hit)
                 handle.advance(1)
             else:
                 notes.append(f"try {tries}: the request answered before the cancel at {at:.3f} s")
                 if victim is not None and victim.result.served:
                     # it was faster than expected: aim the next cancels inside what was observed
                     expected = min(expected, victim.result.elapsed_s)
-    sightings = sender.sightings(canaries)
     ev = [Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
           Evidence(node, "abort.canaries", len(canaries)),
           Evidence(node, "abort.cancel_points_s", points),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from kvgate.findings import Evidence, Finding, error, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.gates.probes.abort import run_abort
 from kvgate.gates.probes.canary import Sender, Sent
@@ -25,7 +25,8 @@ from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
-from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, plan_length_probes
+from kvgate.gates.probes.plan import (ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, max_new_tokens_for,
+                                      plan_length_probes)
 from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.target import DECODE
@@ -113,13 +114,13 @@ class _Run:
                 self.findings.append(inconclusive(GATE, "abort.mid_transfer", self.node,
                                                   "not run: abort_probe is false"))
                 return
-            decodes = [r.spec.url for r in self.ctx.readings if r.spec.role == DECODE]
+            decodes = [r.spec.url for r in self.ctx.nodes(DECODE)]
             model = samples[0].model(s.latency_alpha) if samples[0] is not None else None
-            f = run_abort(self.sender, self.ctx.client.http, decodes, lim, s, model, self.node)
-            if not self.can_decode and f.outcome.value == "passed":
-                f = inconclusive(GATE, f.check, self.node, "sentinels cannot be decoded: " + f.summary)
+            f = run_abort(self.sender, decodes, lim, s, model, self.node)
+            if not self.can_decode and f.outcome == Outcome.PASSED:
+                f = inconclusive(GATE, f.check, self.node, "sentinels cannot be decoded: " + f.summary, *f.evidence)
             self.findings.append(f)
-            if f.outcome.value == "failed":
+            if f.outcome == Outcome.FAILED:
                 self.stopped_by = self.stopped_by or f"abort probe: {f.summary}"
 
         def round_b() -> None:
@@ -165,7 +166,7 @@ class _Run:
         unit = len(self.sender.codec.encode("<KVG0000000000>\n"))
         length = s.tenant_tokens or max(2 * lim.page_size, 4 * unit, 32)
         length = min(length, lim.longest_accepted)
-        mnt = max(1, min(s.max_new_tokens, lim.context - length))
+        mnt = max_new_tokens_for(lim, length, s.max_new_tokens)
 
         def make(name: str) -> LengthProbe:
             return LengthProbe(f"tenant-{name}", length, ACCEPT, "none", "concurrent canary tenant", mnt)
@@ -181,11 +182,11 @@ class _Run:
         # and streaming (the router relays the decode, so a decode waiting for KV that never comes hangs).
         recs = self.sender.many(batch, f"{tag}", f"round {tag}: {len(over)} over-limit probe(s) x 2 + "
                                                   f"{s.tenants} tenants", streamed=over)
-        tenants: list[Sent] = []
+        tenants: list[tuple[Sent, Classified]] = []
         for rec in recs:
-            self._contract(rec)
+            c = self._contract(rec)
             if rec.probe.name.startswith("tenant-"):
-                tenants.append(rec)
+                tenants.append((rec, c))
         sightings = self.sender.sightings(list(plants) + recs)
         self.findings.append(self._canary_finding(tag, plants, recs, sightings))
         self.findings.append(self._tenant_finding(tag, tenants, plants if tag == "A" else []))
@@ -222,9 +223,9 @@ class _Run:
                                             f"{c.verdict.value}: {rec.label}: {c.detail}"
                                             + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else ""),
                                             *ev, remedy=REMEDY_REJECT))
-            elif any(c.verdict == Verdict.NO_OBSERVATION for _, c in obs):
+            elif unseen := [(rec, c) for rec, c in obs if c.verdict == Verdict.NO_OBSERVATION]:
                 self.findings.append(inconclusive(GATE, check, self.node,
-                                                  f"{p.label}: nothing observed ({obs[0][1].detail})", *ev))
+                                                  f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev))
             else:
                 self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}",
                                             *ev))
@@ -250,15 +251,15 @@ class _Run:
         return passed(GATE, check, self.node, f"{len(answered)} answers after {len(plants)} plant(s) carry no "
                       "foreign sentinel", *ev)
 
-    def _tenant_finding(self, tag: str, tenants: list[Sent], plants: list[Sent]) -> Finding:
+    def _tenant_finding(self, tag: str, tenants: list[tuple[Sent, Classified]], plants: list[Sent]) -> Finding:
         check = f"tenants.round_{tag.lower()}"
-        all_t = tenants + [p for p in plants if p.probe.name.startswith("tenant-")]
-        lim = self.limits
-        numbers = {lim.context, lim.max_req_input_len}
+        # Each tenant was classified once already, by _contract; reuse that verdict.
+        all_tc = tenants + [(rec, c) for p in plants if p.probe.name.startswith("tenant-")
+                            for rec, c in self.observations.get(p.probe.name, []) if rec is p]
+        all_t = [r for r, _ in all_tc]
         bad = []
         unobserved = []
-        for r in all_t:
-            c = classify(r.probe, r.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
+        for r, c in all_tc:
             if c.verdict == Verdict.NO_OBSERVATION:
                 unobserved.append(f"{r.label}: {c.detail}")
             elif not c.verdict.ok:

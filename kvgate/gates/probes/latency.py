@@ -83,7 +83,7 @@ def collect_latency(sender: Sender, limits: ProbeLimits, settings: ProbeSettings
         for i in range(n):
             for p, bucket in ((short_p, short), (long_p, long)):
                 rec = sender.one(p, f"latency{i:02d}")
-                if rec.result.status == 200 and not rec.result.timed_out:
+                if rec.result.served:
                     bucket.append(rec.result.elapsed_s)
                 else:
                     bad.append(f"{rec.label}: HTTP {rec.result.status} timed_out={rec.result.timed_out}")

@@ -85,7 +85,8 @@ def limits_from_readings(readings: Sequence[NodeReading]) -> tuple[ProbeLimits |
     return limits, []
 
 
-def _mnt(limits: ProbeLimits, length: int, wanted: int) -> int:
+def max_new_tokens_for(limits: ProbeLimits, length: int, wanted: int) -> int:
+    """max_new_tokens for a prompt of `length` tokens: `wanted`, capped so prompt + answer fit the context."""
     # SGLang's tokenizer rejects len + max_new_tokens > context (check 1b) before the scheduler
     # sees the request, which would hide the abort path; keep the sum within the context.
     return max(1, min(wanted, limits.context - length))
@@ -96,25 +97,25 @@ def plan_length_probes(limits: ProbeLimits, max_new_tokens: int) -> list[LengthP
     c, m = limits.context, limits.max_req_input_len
     out = [
         LengthProbe("beyond_context", c + limits.page_size, REJECT, "context",
-                    "beyond the context: the tokenizer must reject it", _mnt(limits, c, max_new_tokens)),
+                    "beyond the context: the tokenizer must reject it", max_new_tokens_for(limits, c, max_new_tokens)),
         LengthProbe("context_limit", c, REJECT, "context",
                     "first rejected length of the context bound (SGLang rejects len >= context)",
-                    _mnt(limits, c, max_new_tokens)),
+                    max_new_tokens_for(limits, c, max_new_tokens)),
     ]
     band = limits.reject_band
     if band is not None:
         out.append(LengthProbe("pool_limit", m, REJECT, "pool",
                                "first rejected length of the pool bound (max_req_input_len): the abort path",
-                               _mnt(limits, m, max_new_tokens)))
+                               max_new_tokens_for(limits, m, max_new_tokens)))
         lo, hi = band
         # Inside the band, far enough from the context that a full answer fits (prompt + max_new_tokens).
         mid = min((lo + hi + 1) // 2, c - max_new_tokens)
         if mid > lo:
             out.append(LengthProbe("danger_band", mid, REJECT, "pool",
                                    f"inside the reject band [{lo:,}, {hi:,}] that passes the tokenizer",
-                                   _mnt(limits, mid, max_new_tokens)))
+                                   max_new_tokens_for(limits, mid, max_new_tokens)))
     a = limits.longest_accepted
     out.append(LengthProbe("longest_accepted", a, ACCEPT, "none",
                            "largest accepted prompt (max_req_input_len - 1); it is also the canary plant",
-                           _mnt(limits, a, max_new_tokens)))
+                           max_new_tokens_for(limits, a, max_new_tokens)))
     return out
