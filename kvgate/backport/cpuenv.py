@@ -87,7 +87,13 @@ def root() -> Path:
     return path
 
 
-def _run(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> None:
+def pins_file() -> Path:
+    """The constraint file every pip step of the base venv runs under."""
+    return root() / f"pins-{_RECIPE_ID}.txt"
+
+
+def run_step(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> None:
+    """Run one build step; a failure names the step (DownloadError when the index did not serve it)."""
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
@@ -96,7 +102,8 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, what: str = "") -> N
         raise CpuEnvError(f"{what or ' '.join(cmd)} failed:\n{tail}")
 
 
-def _pip_env(pin_file: Path) -> dict[str, str]:
+def pip_env(pin_file: Path) -> dict[str, str]:
+    """A pip environment constrained by `pin_file`, blind to any PYTHONPATH."""
     env = dict(os.environ)
     env["PIP_CONSTRAINT"] = str(pin_file)
     env.pop("PYTHONPATH", None)
@@ -112,13 +119,13 @@ def base_python() -> Path:
             return base / "bin" / "python"
         if base.exists():
             shutil.rmtree(base)
-        pins = root() / f"pins-{_RECIPE_ID}.txt"
+        pins = pins_file()
         pins.write_text("\n".join(BASE_PINS) + "\n")
-        _run([sys.executable, "-m", "venv", str(base)], what="python -m venv")
+        run_step([sys.executable, "-m", "venv", str(base)], what="python -m venv")
         py = str(base / "bin" / "python")
-        env = _pip_env(pins)
-        _run([py, "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], env, "pip install torch (CPU)")
-        _run([py, "-m", "pip", "install", "-q", *BASE_PACKAGES], env, "pip install sglang's import-time deps")
+        env = pip_env(pins)
+        run_step([py, "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], env, "pip install torch (CPU)")
+        run_step([py, "-m", "pip", "install", "-q", *BASE_PACKAGES], env, "pip install sglang's import-time deps")
         marker.write_text(_RECIPE_ID)
         return Path(py)
 
@@ -140,10 +147,10 @@ def cpu_env(version: str) -> CpuEnv:
             if target.exists():
                 shutil.rmtree(target)
             whl = wheel_path(version)
-            pins = root() / f"pins-{_RECIPE_ID}.txt"
-            env = _pip_env(pins)
+            pins = pins_file()
+            env = pip_env(pins)
             env.pop("PIP_CONSTRAINT")  # the overlay's extras deliberately differ from the base pins
-            _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(whl),
+            run_step([str(py), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(whl),
                   *OVERLAY_EXTRAS[version]], env, f"pip install --target sglang {version}")
             marker.write_text(version)
     return CpuEnv(version=version, python=str(py), pythonpath=(str(target), str(STUB_DIR)))

@@ -1,14 +1,16 @@
-"""`kvgate drill`: the whole gate against the embedded simulator, for demos, CI and operator drills.
+"""`kvgate drill`: the whole gate against a deployment it starts, for demos, CI and operator drills.
 
-Starts a simulated PD deployment (the release to reproduce, the real smg router in front), runs every
-gate of `kvgate check` against it, tears it down, and exits as `check` would. With the defaults (the
-incident's pool and context) and `--emulate 0.5.19` the gate must fail.
+Starts a PD deployment of the release to reproduce behind the real smg router: the embedded simulator
+(`--engine sim`, the incident's own pool and context), or the REAL SGLang server of that release on
+this CPU (`--engine sglang`: kvgate's CPU environment and tiny model, a context of 8,192 and a prefill
+pool of 4,096, the incident's shape scaled down). Runs every gate of `kvgate check` against it, tears
+it down, and exits as `check` would. With `--emulate 0.5.19` the gate must fail.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -20,15 +22,52 @@ from kvgate.gates.base import CheckOptions
 from kvgate.reporting import pair_outputs
 
 
+# The incident's numbers on the simulator; on the real server on CPU, its shape scaled to the tiny model.
+DEFAULTS: dict[str, dict[str, int]] = {
+    "sim": {"context": 1_048_576, "prefill_pool": 681_280, "decode_pool": 2_097_152, "page_size": 16},
+    "sglang": {"context": 8192, "prefill_pool": 4096, "decode_pool": 10240, "page_size": 1},
+}
+
+
+def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: int, prefill_pool: int,
+                decode_pool: int, page_size: int, deferred_release: Optional[bool],
+                skip_tokenizer_init: bool) -> Any:
+    """A started-on-enter deployment of `engine`."""
+    if engine == "sim":
+        from kvgate.sim.deploy import SimDeployment
+
+        return SimDeployment(
+            emulate=emulate, prefill=prefill, decode=decode, context_length=context, prefill_pool=prefill_pool,
+            decode_pool=decode_pool, page_size=page_size, deferred_release=deferred_release, expose_env_vars=True,
+            skip_tokenizer_init=skip_tokenizer_init,
+        )
+    from kvgate.launch import PDDeployment, PDLaunchPlan
+
+    env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1"}
+    if deferred_release is not None:
+        env["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] = "1" if deferred_release else "0"
+    return PDDeployment(PDLaunchPlan(
+        model_path=None, prefill=prefill, decode=decode, context_length=context,
+        prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool, page_size=page_size,
+        engine="sglang", device="cpu", release=emulate, skip_tokenizer_init=skip_tokenizer_init, env=env,
+        ready_deadline_s=900.0))
+
+
 @handle_errors
 def drill(
-    emulate: str = typer.Option("0.5.19", "--emulate", help="SGLang release the simulator reproduces (0.5.19-0.5.23)."),
-    context_length: int = typer.Option(1_048_576, "--context-length", min=16, help="Context of every worker."),
-    prefill_pool: int = typer.Option(681_280, "--prefill-pool", min=16, help="Prefill KV pool in tokens."),
-    decode_pool: int = typer.Option(2_097_152, "--decode-pool", min=16, help="Decode KV pool in tokens."),
+    emulate: str = typer.Option("0.5.19", "--emulate", help="SGLang release to reproduce (0.5.19-0.5.23)."),
+    engine: str = typer.Option("sim", "--engine", help="sim (the simulator) or sglang (the real server on CPU)."),
+    context_length: Optional[int] = typer.Option(
+        None, "--context-length", min=16, help="Context of every worker [sim: 1,048,576; sglang: 8,192]."),
+    prefill_pool: Optional[int] = typer.Option(
+        None, "--prefill-pool", min=16, help="Prefill KV pool in tokens [sim: 681,280; sglang: 4,096]."),
+    decode_pool: Optional[int] = typer.Option(
+        None, "--decode-pool", min=16, help="Decode KV pool in tokens [sim: 2,097,152; sglang: 10,240]."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
-    page_size: int = typer.Option(16, "--page-size", min=1, help="KV page size in tokens."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="KV page size [sim: 16; sglang: 1]."),
+    skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
+                                             help="sglang engine: workers answer output_ids only."),
     deferred_release: Optional[bool] = typer.Option(
         None, "--deferred-release/--no-deferred-release",
         help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's)."),
@@ -50,28 +89,37 @@ def drill(
         probes["early_stop"] = False
     observer = _observer(quiet)
     try:
-        from kvgate.sim.deploy import SimDeployment
         from kvgate.sim.releases import SUPPORTED
 
         if emulate not in SUPPORTED:
             raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
-        dep = SimDeployment(
-            emulate=emulate, prefill=prefill, decode=decode, context_length=context_length,
-            prefill_pool=prefill_pool, decode_pool=decode_pool, page_size=page_size,
-            deferred_release=deferred_release, expose_env_vars=True,
-        )
+        if engine not in DEFAULTS:
+            raise UsageError(f"--engine {engine!r}: choose one of {', '.join(DEFAULTS)}")
+        d = DEFAULTS[engine]
+        if engine == "sglang":
+            from kvgate.profiles import load
+
+            # The bundled profile sized for the tiny model's 8k context; the flags still win.
+            probes = {**load("cpu-tiny").probes, **probes}
+        context_length = context_length or d["context"]
+        prefill_pool = prefill_pool or d["prefill_pool"]
+        decode_pool = decode_pool or d["decode_pool"]
+        dep = _deployment(engine, emulate, prefill, decode, context_length, prefill_pool, decode_pool,
+                          page_size or d["page_size"], deferred_release, skip_tokenizer_init)
         if observer:
-            observer.log(f"starting a simulated SGLang {emulate} deployment: context {context_length:,}, "
+            what = "simulated" if engine == "sim" else "REAL (on CPU)"
+            observer.log(f"starting a {what} SGLang {emulate} deployment: context {context_length:,}, "
                          f"prefill pool {prefill_pool:,}, decode pool {decode_pool:,}")
         with dep:
+            assert dep.router_url is not None
             options = CheckOptions(
                 prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {emulate}",
+                router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {engine} {emulate}",
                 probes=probes,
             )
             report = run_check(options, observer=observer)
     except ImportError as exc:
-        report = fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"), strict)
+        report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"), strict)
     except KvgateError as exc:
         report = fatal_report("drill", exc, strict)
     finish(report, pairs)

@@ -13,7 +13,7 @@ import typer
 
 from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.commands.check import _observer
-from kvgate.errors import KvgateError
+from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 from kvgate.gates.base import CheckOptions
 from kvgate.reporting import pair_outputs
@@ -29,7 +29,8 @@ def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
 
 @handle_errors
 def up(
-    model_path: str = typer.Option(..., "--model-path", help="Model for every worker (SGLang --model-path)."),
+    model_path: Optional[str] = typer.Option(
+        None, "--model-path", help="Model for every worker (SGLang --model-path; --device cpu: kvgate's tiny model)."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
     tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
@@ -41,7 +42,12 @@ def up(
     transfer_backend: str = typer.Option("mooncake", "--transfer-backend", help="mooncake, nixl, ascend, mori, mooncake_tcp."),
     ib_device: Optional[str] = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
     python: Optional[str] = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
-    engine: str = typer.Option("sglang", "--engine", help="sglang (real workers, GPUs) or sim (the simulator)."),
+    engine: str = typer.Option("sglang", "--engine", help="sglang (real workers) or sim (the simulator)."),
+    device: str = typer.Option("gpu", "--device", help="gpu, or cpu: the real server on this CPU (needs --release)."),
+    release: Optional[str] = typer.Option(None, "--release",
+                                          help="With --device cpu: the SGLang release to run (0.5.19-0.5.23)."),
+    skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
+                                             help="Workers take input_ids and answer output_ids only."),
     emulate: Optional[str] = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
     ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
@@ -64,11 +70,16 @@ def up(
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
         mem_fraction_static=mem_fraction_static, page_size=page_size, transfer_backend=transfer_backend,
         ib_device=ib_device, python=python or sys.executable, engine=engine, emulate=emulate,
+        device=device, release=release, skip_tokenizer_init=skip_tokenizer_init,
         extra_worker_args=tuple(worker_arg), ready_deadline_s=ready_deadline,
         # So that the defenses gate can read the deferred-release setting the workers really run with.
         env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1"},
     )
     plan.validate()
+    if device == "cpu" and engine == "sglang" and release is None:
+        raise UsageError("--device cpu runs kvgate's CPU environment of one release: give --release (0.5.19-0.5.23)")
+    if model_path is None and release is None and engine == "sglang":
+        raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
     dep = PDDeployment(plan, log_dir=log_dir)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -1,0 +1,63 @@
+"""Run in every process of kvgate's real SGLang server on CPU (this folder is first on PYTHONPATH).
+
+1. Installs the torchvision STUB (kvgate/backport/_stub/sitecustomize.py; see its docstring), which every
+   CPU sglang process needs, the server's spawned subprocesses included.
+2. On releases whose Mooncake sender pins host memory for the KV send (0.5.23: `pin_memory=True`, then
+   `torch.cuda.Event()` in disaggregation/prefill.py, which crashes without CUDA), sets
+   `MooncakeKVSender.supports_host_tensor_indices = False` right after
+   `sglang.srt.disaggregation.mooncake.conn` is imported, so the sender takes its plain path (cpu-sglang.md).
+   A workaround for running on CPU, not a change of the code under test: the admission, bootstrap,
+   transfer and release paths are unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+_TORCHVISION_STUB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                 "backport", "_stub", "sitecustomize.py")
+_spec = importlib.util.spec_from_file_location("_kvgate_torchvision_stub", _TORCHVISION_STUB)
+if _spec is not None and _spec.loader is not None:
+    _mod = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_mod)
+
+_MOONCAKE_CONN = "sglang.srt.disaggregation.mooncake.conn"
+
+
+def _patch_mooncake(module: ModuleType) -> None:
+    sender = getattr(module, "MooncakeKVSender", None)
+    if sender is not None and hasattr(sender, "supports_host_tensor_indices"):
+        sender.supports_host_tensor_indices = False
+
+
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Wraps the loader of one module so `_patch_mooncake` runs right after it executes."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != _MOONCAKE_CONN:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_patch(module: ModuleType) -> None:
+            exec_module(module)
+            _patch_mooncake(module)
+
+        loader.exec_module = exec_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+if os.environ.get("KVGATE_CPU_SERVER") == "1" and not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
+    sys.meta_path.insert(0, _PostImportHook())
