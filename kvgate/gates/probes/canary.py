@@ -54,9 +54,10 @@ class Sender:
         return f"kvgate-{self.run_id}-{phase}-{probe.name}-{secrets.token_hex(3)}"
 
     def one(self, probe: LengthProbe, phase: str, *, cancel_after_s: float | None = None,
-            stream: bool = False) -> Sent:
-        """Send one probe carrying a fresh sentinel densely (every token belongs to a sentinel copy)."""
-        s = self.sentinel(f"{probe.label} [{phase}]")
+            stream: bool = False, sentinel: Sentinel | None = None) -> Sent:
+        """Send one probe carrying a sentinel densely (every token belongs to a sentinel copy): a fresh
+        one, or `sentinel` again (the same length then sends the very same ids)."""
+        s = sentinel or self.sentinel(f"{probe.label} [{phase}]")
         ids = plant_ids(self.codec, s, probe.length)
         rid = self.rid(probe, phase)
         with self._lock:
@@ -91,11 +92,21 @@ class Sender:
                     handle.advance(1)
         return out
 
+    def readable(self, res: ProbeResult) -> str:
+        """The generated text of an answer: its `text`, else its `output_ids` decoded when this codec can
+        decode ids locally (the simulator's bytes), else "" (ids only: nothing a sentinel can be read in)."""
+        if res.text:
+            return res.text
+        decode = getattr(self.codec, "decode", None)
+        ids = res.output_ids
+        return decode(ids) if decode is not None and ids else ""
+
     def sightings(self, records: Sequence[Sent]) -> list[Sighting]:
-        """Foreign sentinels in the given answers (against every sentinel of this run so far)."""
+        """Foreign sentinels in the given answers (against every sentinel of this run so far): in the
+        generated text and in the whole raw body (error messages can carry content too)."""
         with self._lock:
             book = list(self.book)
         out: list[Sighting] = []
         for r in records:
-            out.extend(scan(r.label, r.sentinel, r.result.searchable, book))
+            out.extend(scan(r.label, r.sentinel, r.result.searchable + "\n" + self.readable(r.result), book))
         return out

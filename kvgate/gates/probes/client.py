@@ -34,27 +34,61 @@ class ProbeResult:
     ttft_s: float | None = None  # streaming: time to the first data event
 
     @property
+    def document(self) -> dict[str, Any] | None:
+        """The /generate answer as one object (a batch answer's first element), or None."""
+        body = self.body[0] if isinstance(self.body, list) and self.body else self.body
+        return body if isinstance(body, dict) else None
+
+    @property
     def text(self) -> str:
-        """Generated text of a 200 answer ("" when absent)."""
-        if isinstance(self.body, dict) and isinstance(self.body.get("text"), str):
-            return self.body["text"]
-        if isinstance(self.body, list) and self.body and isinstance(self.body[0], dict):
-            t = self.body[0].get("text")
-            return t if isinstance(t, str) else ""
-        return ""
+        """Generated text ("" when absent: with `--skip-tokenizer-init` SGLang answers `output_ids` only)."""
+        doc = self.document
+        t = doc.get("text") if doc is not None else None
+        return t if isinstance(t, str) else ""
+
+    @property
+    def output_ids(self) -> list[int] | None:
+        """Generated token ids (`output_ids`; with `--skip-tokenizer-init` the only output), or None."""
+        doc = self.document
+        ids = doc.get("output_ids") if doc is not None else None
+        if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            return ids
+        return None
+
+    @property
+    def generated(self) -> bool:
+        """The answer carries generated content: text, output ids, or a positive completion_tokens."""
+        ct = self.meta.get("completion_tokens")
+        return bool(self.text) or bool(self.output_ids) or (isinstance(ct, int) and not isinstance(ct, bool) and ct > 0)
+
+    @property
+    def answer(self) -> tuple[int, ...] | str | None:
+        """What the model generated, for comparing two answers: the ids when present, else the text."""
+        ids = self.output_ids
+        if ids is not None:
+            return tuple(ids)
+        doc = self.document
+        return self.text if doc is not None and isinstance(doc.get("text"), str) else None
+
+    @property
+    def finish_abort(self) -> dict[str, Any] | None:
+        """The `finish_reason` when it is an abort (SGLang: `{"type": "abort", "message", "status_code"}`)."""
+        fr = self.meta.get("finish_reason")
+        return fr if isinstance(fr, dict) and fr.get("type") == "abort" else None
 
     @property
     def served(self) -> bool:
-        """The target answered with a result (not an error, not a hang)."""
+        """The target answered with a result (not an error, not an abort, not a hang)."""
         if self.status != 200 or self.timed_out:
             return False
-        return not (self.stream and (not isinstance(self.body, dict) or "error" in self.body))
+        doc = self.document
+        return doc is not None and "error" not in doc and self.finish_abort is None
 
     @property
     def meta(self) -> dict[str, Any]:
-        body = self.body[0] if isinstance(self.body, list) and self.body else self.body
-        if isinstance(body, dict) and isinstance(body.get("meta_info"), dict):
-            return body["meta_info"]
+        doc = self.document
+        if doc is not None and isinstance(doc.get("meta_info"), dict):
+            return doc["meta_info"]
         return {}
 
     @property
@@ -164,8 +198,14 @@ class GenerateClient:
 
 
 def _stream_body(events: list[Any]) -> Any:
-    """The stream folded into one document: the error event if any, else the last chunk (SGLang's
-    /generate chunks carry the cumulative text and meta_info)."""
+    """The stream folded into one document: the error event if any, else the last chunk.
+
+    Real SGLang (0.5.19-0.5.23) streams cumulative chunks: `{"text"?, "output_ids", "meta_info"}` per
+    token (no `text` under --skip-tokenizer-init), then `data: [DONE]`. A tokenizer rejection is a
+    `{"error": {"message", "code": 400}}` event; a scheduler rejection is a normal chunk with
+    `output_ids: []`, `prompt_tokens: 1` (the one-token placeholder) and `finish_reason {"type": "abort",
+    "status_code": 400, "message": ...}`, all under HTTP 200.
+    """
     for ev in events:
         if isinstance(ev, dict) and "error" in ev:
             return ev
@@ -173,7 +213,12 @@ def _stream_body(events: list[Any]) -> Any:
     if not dicts:
         return None
     last = dict(dicts[-1])
-    if not (isinstance(last.get("text"), str) and last["text"]):
+    if "text" in last and not (isinstance(last.get("text"), str) and last["text"]):
         # incremental streaming output: the chunks' texts add up
         last["text"] = "".join(str(ev.get("text", "")) for ev in dicts)
+    ids = last.get("output_ids")
+    ct = last.get("meta_info", {}).get("completion_tokens") if isinstance(last.get("meta_info"), dict) else None
+    if isinstance(ids, list) and isinstance(ct, int) and len(ids) < ct:
+        # incremental streaming output (--incremental-streaming-output): the chunks' ids add up
+        last["output_ids"] = [i for ev in dicts if isinstance(ev.get("output_ids"), list) for i in ev["output_ids"]]
     return last

@@ -12,13 +12,10 @@ from kvgate.target import PREFILL, NodeReading
 
 
 def is_simulator(readings: Sequence[NodeReading]) -> bool:
-    """True when every worker says it is the kvgate simulator (its byte-level tokenizer is known)."""
-    def one(r: NodeReading) -> bool:
-        info = r.server_info
-        marks = [info.get("model_path"), info.get("served_model_name"), info.get("tokenizer_path")]
-        return bool(info.get("kvgate_simulator")) or any(isinstance(m, str) and "kvgate" in m.lower() for m in marks)
-
-    return bool(readings) and all(one(r) for r in readings)
+    """True when every worker's server_info carries the simulator's own `kvgate_simulator: true` (its
+    byte-level tokenizer is known). Never from a path or a name: a real server's model may well live
+    under a folder called kvgate."""
+    return bool(readings) and all(r.server_info.get("kvgate_simulator") is True for r in readings)
 
 
 def _server_codec(http: httpx.Client, readings: Sequence[NodeReading]) -> tuple[ServerCodec | None, str]:

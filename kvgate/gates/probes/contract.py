@@ -1,9 +1,19 @@
 """The response contract of one length probe, checked as a whole, and its named failure classes.
 
 Accepted length: HTTP 200, `meta_info.prompt_tokens` equal to what was sent, a finish reason of type
-stop or length (with tokens generated). Rejected length: 4xx within `reject_within_s`, an error body
-that names the limit, no generated text. Everything else is one named class (style.md, "Peers'
-lessons": each PD failure shape is its own class).
+stop or length (with tokens generated), and the output (`text`, or only `output_ids` when the server
+runs with --skip-tokenizer-init). Rejected length: a 4xx within `reject_within_s` whose message names
+the limit, and nothing generated. Everything else is one named class (style.md, "Peers' lessons": each
+PD failure shape is its own class).
+
+How real SGLang (0.5.19-0.5.23, behind smg 1.13.0) rejects, measured against the real servers:
+- non-streaming: HTTP 400 `{"error": {"code": "prefill_bad_request" | "decode_bad_request", "message"}}`,
+  the message from whichever worker refused first (decode names its own limit, from its own pool);
+- streaming, tokenizer bound: HTTP 200, `data: {"error": {"message", "code": 400}}`;
+- streaming, scheduler bound (len >= max_req_input_len): HTTP 200, one chunk with `output_ids: []`,
+  `prompt_tokens: 1` and `finish_reason: {"type": "abort", "status_code": 400, "message": "Input length
+  (N tokens) exceeds the maximum allowed length (M tokens). ..."}`. That is a rejection, judged by its
+  status_code; the same frame with tokens generated is not.
 """
 
 from __future__ import annotations
@@ -22,11 +32,11 @@ class Verdict(str, Enum):
 
     OK_ACCEPTED = "ok_accepted"
     OK_REJECTED = "ok_rejected"
-    LEAK_SUSPECTED = "leak_suspected"  # 200 with generated text for a length that must be rejected
-    SERVED_OVER_LIMIT = "served_over_limit"  # 200 without text for a length that must be rejected
+    SERVED_OVER_LIMIT = "served_over_limit"  # 200 with generated tokens for a length that must be rejected
+    EMPTY_200_OVER_LIMIT = "empty_200_over_limit"  # 200, nothing generated, no rejection status
     PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
     SERVER_ERROR = "server_error"  # 5xx
-    ABORT_UNDER_200 = "abort_under_200"  # 200 with finish_reason abort
+    ABORT_UNDER_200 = "abort_under_200"  # 200 with finish_reason abort and no 4xx status_code
     LENGTH_UNDER_200 = "length_under_200"  # 200 with finish_reason length but nothing generated
     ERROR_UNDER_200 = "error_under_200"  # 200 whose body is an error document
     MISSING_FINISH_REASON = "missing_finish_reason"
@@ -34,7 +44,7 @@ class Verdict(str, Enum):
     HANG = "hang"  # no answer within the probe deadline
     SLOW_REJECTION = "slow_rejection"  # 4xx, but not promptly
     REJECTION_UNEXPLAINED = "rejection_unexplained"  # 4xx whose body does not name the limit
-    REJECTION_WITH_TEXT = "rejection_with_text"  # 4xx that still carries generated text
+    REJECTION_WITH_TEXT = "rejection_with_text"  # 4xx that still carries generated tokens
     UNEXPECTED_REJECTION = "unexpected_rejection"  # 4xx for a length that must be accepted
     UNEXPECTED_STATUS = "unexpected_status"  # 1xx/3xx, or 4xx of auth/routing
     NO_OBSERVATION = "no_observation"  # transport failure: nothing observed
@@ -79,6 +89,24 @@ def _stream_error_code(res: ProbeResult) -> int | None:
     return 500 if "failed" in msg.lower() or "timed out" in msg.lower() else 400
 
 
+def _abort_status(res: ProbeResult) -> int | None:
+    """The status_code of a `finish_reason: abort` answered under HTTP 200 with nothing generated."""
+    fr = res.finish_abort
+    if res.status != 200 or fr is None or res.generated:
+        return None
+    code = fr.get("status_code")
+    return code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else None
+
+
+def _generated(res: ProbeResult) -> str:
+    ids = res.output_ids
+    if ids:
+        return f"{len(ids)} generated token(s)"
+    if res.text:
+        return f"{len(res.text)} chars of generated text"
+    return f"completion_tokens {res.meta.get('completion_tokens')!r}"
+
+
 def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[int],
              reject_within_s: float) -> Classified:
     """Check one answer against the whole contract of its probe."""
@@ -92,10 +120,15 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
     st = res.status
     how = "HTTP"
     streamed_error = _stream_error_code(res)
+    aborted = _abort_status(res)
     if streamed_error is not None:
         # SGLang streams a rejection as HTTP 200 + `data: {"error": {...}}`: judge it by the error's code.
         st = streamed_error
         how = "streamed error (HTTP 200)"
+    elif aborted is not None:
+        # The scheduler's rejection under HTTP 200 (see the module docstring): judge it by its status_code.
+        st = aborted
+        how = "finish_reason abort (HTTP 200)"
     if st >= 500:
         return Classified(Verdict.SERVER_ERROR, f"{how} {st}: {res.raw[:200]!r}")
     if 400 <= st < 500:
@@ -103,8 +136,8 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
             return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
         if probe.expect == ACCEPT:
             return Classified(Verdict.UNEXPECTED_REJECTION, f"HTTP {st} for an accepted length: {res.raw[:200]!r}")
-        if res.text:
-            return Classified(Verdict.REJECTION_WITH_TEXT, f"HTTP {st} with {len(res.text)} chars of text")
+        if res.generated:
+            return Classified(Verdict.REJECTION_WITH_TEXT, f"{how} {st} with {_generated(res)}")
         if res.elapsed_s > reject_within_s:
             return Classified(Verdict.SLOW_REJECTION,
                               f"{how} {st} after {res.elapsed_s:.1f} s (> {reject_within_s:g} s)")
@@ -113,25 +146,26 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
         return Classified(Verdict.OK_REJECTED, f"{how} {st} in {res.elapsed_s:.2f} s: {res.raw[:160]!r}")
     if st != 200:
         return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
-    body = res.body[0] if isinstance(res.body, list) and res.body else res.body
-    if not isinstance(body, dict):
+    body = res.document
+    if body is None:
         return Classified(Verdict.MALFORMED_RESPONSE, f"HTTP 200 but not a JSON object: {res.raw[:120]!r}")
-    if "error" in body and not res.text:
+    if "error" in body and not res.generated:
         return Classified(Verdict.ERROR_UNDER_200, f"HTTP 200 carrying an error: {res.raw[:200]!r}")
     meta = res.meta
     ftype, fr = _finish(meta)
     if probe.expect != ACCEPT:
-        if res.text:
-            return Classified(Verdict.LEAK_SUSPECTED,
-                              f"HTTP 200 with {len(res.text)} chars of text for a length that must be rejected "
-                              f"(prompt_tokens {meta.get('prompt_tokens')!r}, finish_reason {fr!r})")
+        if res.generated:
+            return Classified(Verdict.SERVED_OVER_LIMIT,
+                              f"over-limit request served: HTTP 200 with {_generated(res)} for a length that must "
+                              f"be rejected (prompt_tokens {meta.get('prompt_tokens')!r}, finish_reason {fr!r})")
         if ftype == "abort":
             return Classified(Verdict.ABORT_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
         if ftype == "length":
             return Classified(Verdict.LENGTH_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
-        return Classified(Verdict.SERVED_OVER_LIMIT, f"HTTP 200 for a length that must be rejected: {fr!r}")
-    if "meta_info" not in body or not isinstance(body.get("text"), str):
-        return Classified(Verdict.MALFORMED_RESPONSE, f"HTTP 200 without text/meta_info: {res.raw[:160]!r}")
+        return Classified(Verdict.EMPTY_200_OVER_LIMIT, f"HTTP 200 for a length that must be rejected: {fr!r}")
+    if "meta_info" not in body or (res.answer is None):
+        return Classified(Verdict.MALFORMED_RESPONSE,
+                          f"HTTP 200 without meta_info or an output (text or output_ids): {res.raw[:160]!r}")
     pt = meta.get("prompt_tokens")
     if pt != res.sent_tokens:
         return Classified(Verdict.PROMPT_TOKENS_MISMATCH, f"meta_info.prompt_tokens {pt!r}, sent {res.sent_tokens}")

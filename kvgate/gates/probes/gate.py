@@ -4,6 +4,7 @@ Order (cheapest that can fail first; incident.md sections 4-5):
 1. tokenizer rejections: beyond the context and at the context (no prefill when correct);
 2. canary round A: cheap plants (the tenants), then the abort-path probes (first rejected length of
    the pool bound, the danger band) together with fresh concurrent tenants;
+2b. isolation: greedy replay of one prompt around other tenants' traffic (needs no decodable text);
 3. latency: one-page vs long prompts, one-sided KS;
 4. abort mid-transfer;
 5. canary round B: the longest accepted prompt as the plant (the one long prefill of the run), then
@@ -22,6 +23,7 @@ from kvgate.gates.probes.abort import run_abort
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.codec_select import select_codec
+from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
@@ -106,6 +108,13 @@ class _Run:
                 self._contract(rec)
             self._round("A", over, tenant, plants)
 
+        def isolation() -> None:
+            if not s.isolation_probe:
+                self.findings.append(inconclusive(GATE, "isolation.greedy_replay", self.node,
+                                                  "not run: isolation_probe is false"))
+                return
+            self.findings.append(run_isolation(self.sender, lim, s, self.node))
+
         def latency() -> None:
             samples[0] = collect_latency(self.sender, lim, s)
 
@@ -134,6 +143,7 @@ class _Run:
         phases: list[tuple[str, Callable[[], None]]] = [
             ("tokenizer rejections", tokenizer_rejections),
             ("canary round A (small plants)", round_a),
+            ("isolation (greedy replay)", isolation),
             ("latency", latency),
             ("abort mid-transfer", abort),
             ("canary round B (at-limit plant)", round_b),
@@ -197,7 +207,7 @@ class _Run:
 
     def _contract(self, rec: Sent) -> Classified:
         lim = self.limits
-        numbers = {lim.context, lim.max_req_input_len} | ({lim.pool} if lim.pool else set())
+        numbers = {lim.context, lim.max_req_input_len} | ({lim.pool} if lim.pool else set()) | lim.named_limits
         c = classify(rec.probe, rec.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
         self.observations.setdefault(rec.probe.name, []).append((rec, c))
         return c
@@ -245,9 +255,13 @@ class _Run:
                           *ev, remedy=REMEDY_REJECT)
         if not self.can_decode:
             return inconclusive(GATE, check, self.node, f"sentinels cannot be decoded ({self.codec_note}): "
-                                "canary content was not checked", *ev)
+                                "canary content was not checked; the isolation check does not need it", *ev)
         if not answered:
             return inconclusive(GATE, check, self.node, "no answer to scan", *ev)
+        if not any(self.sender.readable(r.result) for r in answered if r.result.served):
+            return inconclusive(GATE, check, self.node, "no answer carried readable text (a server started with "
+                                "--skip-tokenizer-init returns output_ids only): canary content was not checked; "
+                                "the isolation check does not need it", *ev)
         return passed(GATE, check, self.node, f"{len(answered)} answers after {len(plants)} plant(s) carry no "
                       "foreign sentinel", *ev)
 

@@ -26,6 +26,9 @@ class ProbeLimits:
     max_req_input_len: int
     page_size: int
     pool: int | None
+    # Every node's own context, max_req_input_len and pool: a rejection may name any of them (through
+    # the router, real SGLang's decode refuses with its own limit, computed from its own pool).
+    named_limits: frozenset[int] = frozenset()
 
     @property
     def longest_accepted(self) -> int:
@@ -79,6 +82,8 @@ def limits_from_readings(readings: Sequence[NodeReading]) -> tuple[ProbeLimits |
         max_req_input_len=min(m for m in mrils if m is not None),
         page_size=max(pages) if pages else 1,
         pool=min(pools) if pools else None,
+        named_limits=frozenset(n for r in readings for n in (r.context_length, r.max_req_input_len,
+                                                             r.max_total_num_tokens) if n),
     )
     if limits.longest_accepted < 1:
         return None, [f"no prompt length is accepted (max_req_input_len {limits.max_req_input_len})"]

@@ -81,6 +81,9 @@ class ByteCodec:
     def encode(self, text: str) -> list[int]:
         return [b + self.offset for b in text.encode("utf-8")]
 
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i - self.offset for i in ids if 0 <= i - self.offset < 256).decode("utf-8", errors="replace")
+
 
 class ServerCodec:
     """The worker's tokenizer via SGLang's /v1/tokenize, verified with /v1/detokenize."""

@@ -36,6 +36,9 @@ class ProbeSettings:
     - abort_budget: share of one context-length prefill the abort probe may spend on victims and
       canaries in total; tries stop when the next one would exceed it (the first always runs).
     - abort_canaries: canary requests sent right after each cancellation.
+    - isolation_probe: run the greedy-replay isolation check (model-agnostic; isolation.py).
+    - isolation_new_tokens: answer length of each replay (short: fewer steps for round-off to matter).
+    - isolation_tenants: requests of other traffic before each replay.
     - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
       /v1/detokenize if they round-trip, else the simulator's byte-level tokenizer when the target is
       the kvgate simulator, else canaries are inconclusive. "server": /v1/tokenize only. "bytes": ids are
@@ -58,6 +61,9 @@ class ProbeSettings:
     abort_tokens: int | None = None
     abort_canaries: int = 8
     abort_budget: float = 0.08
+    isolation_probe: bool = True
+    isolation_new_tokens: int = 8
+    isolation_tenants: int = 8
     tokenizer: str = "auto"
     byte_offset: int = 0
 
@@ -84,7 +90,8 @@ class ProbeSettings:
         if not self.reject_within_s > 0:
             bad("reject_within_s", "must be > 0")
         for key, lo, hi in (("tenants", 1, 1024), ("max_new_tokens", 1, 8192), ("latency_samples", 3, 1000),
-                            ("abort_attempts", 1, 20), ("abort_canaries", 1, 256), ("byte_offset", 0, 1 << 30)):
+                            ("abort_attempts", 1, 20), ("abort_canaries", 1, 256),
+                            ("isolation_new_tokens", 1, 256), ("isolation_tenants", 1, 256), ("byte_offset", 0, 1 << 30)):
             v = getattr(self, key)
             if not lo <= v <= hi:
                 bad(key, f"must be between {lo} and {hi}, got {v}")
@@ -111,7 +118,7 @@ class ProbeSettings:
 
 
 _INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens"}
-_BOOL = {"early_stop", "abort_probe"}
+_BOOL = {"early_stop", "abort_probe", "isolation_probe"}
 _FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha", "abort_budget"}
 _STR = {"tokenizer"}
 

@@ -55,7 +55,7 @@ def test_0519_incident_numbers_leak_is_named(deployment: Any) -> None:
     sentinel = ANY_SENTINEL.search(leak.summary)
     assert sentinel is not None
     assert re.search(r"leaked into (pool_limit \(681,274 tokens\)|danger_band \(\d{3},\d{3} tokens\))", leak.summary)
-    assert probe(report, "contract.pool_limit").summary.startswith("leak_suspected: pool_limit (681,274 tokens)")
+    assert probe(report, "contract.pool_limit").summary.startswith("served_over_limit: pool_limit (681,274 tokens)")
     # early stop: the expensive at-limit plant was not paid for, and that is said, not passed
     assert probe(report, "skipped").outcome == Outcome.INCONCLUSIVE
     assert report.cost["probe_prefill_tokens"] < INCIDENT_POOL
