@@ -38,6 +38,7 @@ class SimDeployment:
         is "in flight" meanwhile (0 = instant).
       seed: `--random-seed`. expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
       allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
+      skip_tokenizer_init: `--skip-tokenizer-init` on every worker (answers carry output_ids, no text).
       router: False starts the workers only (router_url is then None).
     """
 
@@ -61,6 +62,7 @@ class SimDeployment:
     expose_env_vars: bool = False
     kv_checksum: bool = False
     allow_auto_truncate: bool = False
+    skip_tokenizer_init: bool = False
     router: bool = True
     host: str = "127.0.0.1"
     log_dir: Path | None = None
@@ -102,6 +104,8 @@ class SimDeployment:
             argv += ["--fixed-by", self.fixed_by]
         if self.allow_auto_truncate:
             argv.append("--allow-auto-truncate")
+        if self.skip_tokenizer_init:
+            argv.append("--skip-tokenizer-init")
         return argv
 
     def start(self, attempts: int = 3) -> "SimDeployment":

@@ -12,7 +12,7 @@ import json
 import time
 import uuid
 from http import HTTPStatus
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import torch
 from fastapi import FastAPI, Request
@@ -97,7 +97,7 @@ def build_app(engine: BaseEngine) -> FastAPI:
         return {
             **args, "launch_command": cfg.launch_command,
             "max_total_num_tokens": engine.max_total_num_tokens, "max_req_input_len": engine.max_req_input_len,
-            "status": "ready", **release.server_info_extra(cfg.mode),
+            "status": "ready", "kvgate_simulator": True, **release.server_info_extra(cfg.mode),
             "startup_time": engine.started, "internal_states": [state], "version": release.version,
         }
 
@@ -206,6 +206,12 @@ def build_app(engine: BaseEngine) -> FastAPI:
             if await request.is_disconnected() and isinstance(engine, (DecodeEngine, PrefillEngine)):
                 engine.abort(req.rid)
 
+    def shape(result: dict[str, Any]) -> dict[str, Any]:
+        """Under --skip-tokenizer-init SGLang answers `output_ids` and no `text` (measured, 0.5.19-0.5.23)."""
+        if cfg.skip_tokenizer_init:
+            result = {k: v for k, v in result.items() if k != "text"}
+        return result
+
     @app.post("/generate")
     async def _generate(request: Request) -> Response:
         try:
@@ -220,12 +226,12 @@ def build_app(engine: BaseEngine) -> FastAPI:
                 return StreamingResponse(_stream_error(exc.abort), media_type="text/event-stream")
             return error_response(exc.abort)
         if stream:
-            return StreamingResponse(_stream(engine, req), media_type="text/event-stream")
+            return StreamingResponse(_stream(engine, req, shape), media_type="text/event-stream")
         try:
             result = await run(req, request)
         except RequestError as exc:
             return error_response(exc.abort)
-        return _json(result)
+        return _json(shape(result))
 
     @app.post("/v1/completions")
     async def _completions(request: Request) -> Response:
@@ -266,14 +272,15 @@ async def _stream_error(abort: Abort) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
-async def _stream(engine: BaseEngine, req: SimReq) -> AsyncIterator[bytes]:
+async def _stream(engine: BaseEngine, req: SimReq,
+                  shape: Callable[[dict[str, Any]], dict[str, Any]]) -> AsyncIterator[bytes]:
     """Streaming `/generate`: one event per token with the cumulative text, then [DONE]."""
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def sink(ids: list[int], text: str) -> None:
         meta = {"id": req.rid, "finish_reason": None, "prompt_tokens": req.caller_tokens,
                 "completion_tokens": len(ids), "cached_tokens": 0}
-        await queue.put(_sse({"text": text, "output_ids": list(ids), "meta_info": meta}))
+        await queue.put(_sse(shape({"text": text, "output_ids": list(ids), "meta_info": meta})))
 
     async def runner() -> None:
         try:
@@ -281,11 +288,17 @@ async def _stream(engine: BaseEngine, req: SimReq) -> AsyncIterator[bytes]:
                 result = await engine.generate(req, sink)
             else:
                 result = await engine.generate(req)  # type: ignore[arg-type]
-            await queue.put(_sse(result))
+            await queue.put(_sse(shape(result)))
             await queue.put(b"data: [DONE]\n\n")
         except RequestError as exc:
-            async for chunk in _stream_error(exc.abort):
-                await queue.put(chunk)
+            # An abort from the scheduler reaches a streaming client as a normal chunk, under HTTP 200:
+            # nothing generated, the one-token placeholder as prompt_tokens, `finish_reason` the abort
+            # (real 0.5.22 through smg 1.13.0, measured by tests/real/test_differential.py). Only the
+            # tokenizer's own rejections (`parse`) are `{"error": ...}` events.
+            meta = {"id": req.rid, "finish_reason": exc.abort.finish_reason(), "prompt_tokens": 1,
+                    "completion_tokens": 0, "cached_tokens": 0}
+            await queue.put(_sse(shape({"text": "", "output_ids": [], "meta_info": meta})))
+            await queue.put(b"data: [DONE]\n\n")
         finally:
             await queue.put(None)
 
@@ -319,11 +332,14 @@ async def _completion_stream(engine: BaseEngine, req: SimReq, model: str) -> Asy
             doc["usage"] = usage
         return _sse(doc)
 
-    async for event in _stream(engine, req):
+    async for event in _stream(engine, req, lambda d: d):
         if event == b"data: [DONE]\n\n":
             yield event
             return
         doc = json.loads(event[len(b"data: "):])
+        fr = (doc.get("meta_info") or {}).get("finish_reason") or {}
+        if "error" not in doc and fr.get("type") == "abort" and not doc.get("output_ids"):
+            doc = {"error": {"message": fr.get("message", "Aborted"), "code": fr.get("status_code") or 500}}
         if "error" in doc:
             err = doc["error"]
             yield _sse({"object": "error", "message": err["message"],

@@ -1,0 +1,92 @@
+"""The simulator answers to the real server: one probe set, both targets, the same outcome classes.
+
+For each real pair the simulator is started with the same release, context, pools, page size and
+server mode, and kvgate's exact-length probes (its own plan from the workers' readings: beyond the
+context, at the context, at and inside the pool bound, the longest accepted prompt, a short one) go
+to both routers, non-streaming and streaming, one at a time. Compared per probe: the contract class,
+the status family, the finish reason's type, the streaming frame kind, which output keys the answer
+carries, and whether a rejection came promptly. Where they differ the real server is right and the
+simulator was changed (see kvgate/sim/README section "What the real server showed").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from kvgate.gates.probes.client import GenerateClient, ProbeResult
+from kvgate.gates.probes.contract import classify
+from kvgate.gates.probes.plan import ACCEPT, LengthProbe, limits_from_readings, plan_length_probes
+from kvgate.sim.deploy import SimDeployment
+from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient
+from tests.real.conftest import RealPair
+
+pytestmark = [pytest.mark.slow, pytest.mark.real]
+REJECT_WITHIN_S = 10.0
+DEADLINE_S = 20.0
+
+
+def _frame(res: ProbeResult) -> str:
+    if not res.stream:
+        return "plain"
+    doc = res.document
+    if doc is None:
+        return "none"
+    if "error" in doc:
+        return "error-event"
+    return "abort-chunk" if res.finish_abort is not None else "chunks"
+
+
+def outcome(probe: LengthProbe, res: ProbeResult, numbers: set[int]) -> dict[str, Any]:
+    """The comparable class of one answer (no values that legitimately differ, like token ids)."""
+    c = classify(probe, res, limit_numbers=numbers, reject_within_s=REJECT_WITHIN_S)
+    fr = res.meta.get("finish_reason")
+    doc = res.document or {}
+    return {
+        "verdict": c.verdict.value,
+        "status": None if res.status is None else f"{res.status // 100}xx",
+        "finish": fr.get("type") if isinstance(fr, dict) else fr,
+        "frame": _frame(res),
+        "keys": sorted(k for k in ("text", "output_ids", "meta_info", "error") if k in doc),
+        "prompt": None if res.timed_out or res.status is None else res.elapsed_s < REJECT_WITHIN_S,
+    }
+
+
+def probe_set(prefill: str, decode: str) -> tuple[list[LengthProbe], set[int]]:
+    with TargetClient(timeout=30.0) as client:
+        readings = [client.read_node(NodeSpec(PREFILL, prefill)), client.read_node(NodeSpec(DECODE, decode))]
+    assert all(isinstance(r, NodeReading) for r in readings)
+    limits, problems = limits_from_readings(readings)
+    assert limits is not None, problems
+    probes = plan_length_probes(limits, 8)
+    probes.append(LengthProbe("short", 64, ACCEPT, "none", "a short accepted prompt", 8))
+    return probes, {limits.context, limits.max_req_input_len} | set(limits.named_limits)
+
+
+def run_set(router: str, probes: list[LengthProbe], numbers: set[int]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    with httpx.Client() as http:
+        client = GenerateClient(http, router, DEADLINE_S)
+        for p in probes:
+            for stream in (False, True):
+                # Byte-range ids are valid in both vocabularies (the simulator's bytes, the tiny model's 1,024).
+                res = client.generate(p.name, [65 + (i % 26) for i in range(p.length)], p.max_new_tokens,
+                                      stream=stream)
+                out[f"{p.name}{'/stream' if stream else ''}"] = outcome(p, res, numbers)
+    return out
+
+
+def test_simulator_matches_the_real_server(real_pair: RealPair) -> None:
+    spec = real_pair.spec
+    probes, numbers = probe_set(real_pair.prefill, real_pair.decode)
+    real = run_set(real_pair.router, probes, numbers)
+    with SimDeployment(emulate=spec.release, context_length=8192, prefill_pool=spec.prefill_pool,
+                       decode_pool=spec.decode_pool, page_size=1,
+                       skip_tokenizer_init=spec.skip_tokenizer_init) as sim:
+        sim_probes, sim_numbers = probe_set(sim.prefill_urls[0], sim.decode_urls[0])
+        assert [(p.name, p.length) for p in sim_probes] == [(p.name, p.length) for p in probes]
+        simulated = run_set(sim.router_url or "", probes, sim_numbers)
+    diffs = {k: {"real": real[k], "sim": simulated.get(k)} for k in real if real[k] != simulated.get(k)}
+    assert not diffs, f"{spec.id}: the simulator differs from the real server: {diffs}"
