@@ -22,6 +22,16 @@ runs in front. Each failure of the incident happens for real (shared/reference/i
   more once it learned of the abort and skips queued writes, so only a write already in flight lands:
   give the transfer a bandwidth (`transfer_tokens_per_s`) or nothing is ever in flight.
 
+What the real server showed (tests/real/test_differential.py, real 0.5.19-0.5.23 on CPU)
+-------------------------------------------------------------------------------------
+The simulator answers to the real server: one probe set goes to both, and every outcome class must
+match. Changed because the real server differed:
+* a scheduler rejection (len >= max_req_input_len) of a STREAMING request is an HTTP 200 chunk with
+  `output_ids: []`, `prompt_tokens: 1` and `finish_reason: {"type": "abort", "status_code": 400, ...}`
+  (the simulator used to send an `{"error": ...}` event; only tokenizer rejections are error events);
+* `--skip-tokenizer-init` (answers without `text`) is modelled;
+* `server_info.kvgate_simulator: true` is how kvgate recognises the simulator (never a model path).
+
 Library API (what probe tests use)
 ----------------------------------
     from kvgate.sim.deploy import SimDeployment

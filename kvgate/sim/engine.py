@@ -134,9 +134,11 @@ class Abort:
 class RequestError(Exception):
     """A request that ends with an error response instead of a result."""
 
-    def __init__(self, abort: Abort, *, value_error: bool = False) -> None:
+    def __init__(self, abort: Abort, *, value_error: bool = False, output_ids: list[int] | None = None) -> None:
         super().__init__(abort.message)
         self.abort = abort
+        #: Tokens generated before the abort took effect (a streaming client still sees them).
+        self.output_ids = list(output_ids or [])
         #: True for tokenizer-stage / scheduler 400s, which SGLang raises as ValueError.
         self.value_error = value_error
 
@@ -591,8 +593,15 @@ class DecodeEngine(BaseEngine):
                 raise RequestError(Abort(str(header["message"]), int(header.get("status_code", 400))),
                                    value_error=int(header.get("status_code", 400)) == 400)
             if req.to_finish is not None:
-                # <= 0.5.20 decode-side reject: admitted with the placeholder, aborted once scheduled.
-                raise RequestError(req.to_finish, value_error=True)
+                # <= 0.5.20 decode-side reject: admitted with the placeholder and run for one step (over
+                # the placeholder's own KV) before `update_finish_state` turns `to_finish` into the
+                # abort. Real 0.5.19 streams that token with finish_reason abort 400 and prompt_tokens 1.
+                req.max_new_tokens = 1
+                ran = await self._run_decode(t, None)
+                # The toy model reads nothing from a pad placeholder; a real model always emits its one
+                # token, so the simulator emits the placeholder's own id (SIMULATOR CHOICE).
+                step = list(ran["output_ids"])[:1] or [int(req.input_ids[0])]
+                raise RequestError(req.to_finish, value_error=True, output_ids=step)
             return await self._run_decode(t, sink)
         finally:
             self.transfers.pop(req.rid, None)

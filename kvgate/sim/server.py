@@ -296,8 +296,9 @@ async def _stream(engine: BaseEngine, req: SimReq,
             # (real 0.5.22 through smg 1.13.0, measured by tests/real/test_differential.py). Only the
             # tokenizer's own rejections (`parse`) are `{"error": ...}` events.
             meta = {"id": req.rid, "finish_reason": exc.abort.finish_reason(), "prompt_tokens": 1,
-                    "completion_tokens": 0, "cached_tokens": 0}
-            await queue.put(_sse(shape({"text": "", "output_ids": [], "meta_info": meta})))
+                    "completion_tokens": len(exc.output_ids), "cached_tokens": 0}
+            await queue.put(_sse(shape({"text": tokenizer.decode(exc.output_ids), "output_ids": exc.output_ids,
+                                        "meta_info": meta})))
             await queue.put(b"data: [DONE]\n\n")
         finally:
             await queue.put(None)

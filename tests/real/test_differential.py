@@ -25,7 +25,7 @@ from tests.real.conftest import RealPair
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 REJECT_WITHIN_S = 10.0
-DEADLINE_S = 20.0
+DEADLINE_S = 60.0
 
 
 def _frame(res: ProbeResult) -> str:
@@ -50,7 +50,9 @@ def outcome(probe: LengthProbe, res: ProbeResult, numbers: set[int]) -> dict[str
         "finish": fr.get("type") if isinstance(fr, dict) else fr,
         "frame": _frame(res),
         "keys": sorted(k for k in ("text", "output_ids", "meta_info", "error") if k in doc),
-        "prompt": None if res.timed_out or res.status is None else res.elapsed_s < REJECT_WITHIN_S,
+        # Promptness is part of a rejection's contract only (an accepted prefill's time is the machine's).
+        "prompt": None if probe.expect == ACCEPT or res.timed_out or res.status is None
+        else res.elapsed_s < REJECT_WITHIN_S,
     }
 
 
@@ -62,6 +64,11 @@ def probe_set(prefill: str, decode: str) -> tuple[list[LengthProbe], set[int]]:
     assert limits is not None, problems
     probes = plan_length_probes(limits, 8)
     probes.append(LengthProbe("short", 64, ACCEPT, "none", "a short accepted prompt", 8))
+    # Accepted lengths first: on real 0.5.20 a rejected STREAMING request keeps its decode reservation
+    # until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s), so with a small decode pool every accepted
+    # request after it queues for minutes. That starvation is real and not modelled by the simulator
+    # (README, "What the real server showed"); this test compares each probe's own outcome class.
+    probes.sort(key=lambda p: p.expect != ACCEPT)
     return probes, {limits.context, limits.max_req_input_len} | set(limits.named_limits)
 
 

@@ -13,7 +13,9 @@ How real SGLang (0.5.19-0.5.23, behind smg 1.13.0) rejects, measured against the
 - streaming, scheduler bound (len >= max_req_input_len): HTTP 200, one chunk with `output_ids: []`,
   `prompt_tokens: 1` and `finish_reason: {"type": "abort", "status_code": 400, "message": "Input length
   (N tokens) exceeds the maximum allowed length (M tokens). ..."}`. That is a rejection, judged by its
-  status_code; the same frame with tokens generated is not.
+  status_code; the same frame with tokens generated is not, except that on 0.5.19 a request the decode
+  rejects too runs its one-token placeholder for one step first (`prompt_tokens: 1`, one token, then
+  the abort 400): rejected late, its own page only, `ok_rejected_late`.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class Verdict(str, Enum):
 
     OK_ACCEPTED = "ok_accepted"
     OK_REJECTED = "ok_rejected"
+    # Rejected with its original 4xx after its one-token placeholder ran (SGLang <= 0.5.20 without
+    # #38935, when the decode rejects too: it reserved and read only the placeholder's own page).
+    OK_REJECTED_LATE = "ok_rejected_late"
     SERVED_OVER_LIMIT = "served_over_limit"  # 200 with generated tokens for a length that must be rejected
     EMPTY_200_OVER_LIMIT = "empty_200_over_limit"  # 200, nothing generated, no rejection status
     PROMPT_TOKENS_MISMATCH = "prompt_tokens_mismatch"
@@ -51,7 +56,7 @@ class Verdict(str, Enum):
 
     @property
     def ok(self) -> bool:
-        return self in (Verdict.OK_ACCEPTED, Verdict.OK_REJECTED)
+        return self in (Verdict.OK_ACCEPTED, Verdict.OK_REJECTED, Verdict.OK_REJECTED_LATE)
 
 
 @dataclass(frozen=True)
@@ -89,10 +94,19 @@ def _stream_error_code(res: ProbeResult) -> int | None:
     return 500 if "failed" in msg.lower() or "timed out" in msg.lower() else 400
 
 
+def _placeholder_ran(res: ProbeResult) -> bool:
+    """At most one token generated over the one-token placeholder (`prompt_tokens` 1, not what was sent)."""
+    ids = res.output_ids
+    ct = res.meta.get("completion_tokens")
+    return (res.meta.get("prompt_tokens") == 1 != res.sent_tokens and isinstance(ct, int) and ct <= 1
+            and (ids is None or len(ids) <= 1))
+
+
 def _abort_status(res: ProbeResult) -> int | None:
-    """The status_code of a `finish_reason: abort` answered under HTTP 200 with nothing generated."""
+    """The status_code of a `finish_reason: abort` answered under HTTP 200 with nothing generated (or
+    only the one-token placeholder's step)."""
     fr = res.finish_abort
-    if res.status != 200 or fr is None or res.generated:
+    if res.status != 200 or fr is None or (res.generated and not _placeholder_ran(res)):
         return None
     code = fr.get("status_code")
     return code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else None
@@ -136,13 +150,19 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
             return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
         if probe.expect == ACCEPT:
             return Classified(Verdict.UNEXPECTED_REJECTION, f"HTTP {st} for an accepted length: {res.raw[:200]!r}")
-        if res.generated:
+        late = aborted is not None and res.generated
+        if res.generated and not late:
             return Classified(Verdict.REJECTION_WITH_TEXT, f"{how} {st} with {_generated(res)}")
         if res.elapsed_s > reject_within_s:
             return Classified(Verdict.SLOW_REJECTION,
                               f"{how} {st} after {res.elapsed_s:.1f} s (> {reject_within_s:g} s)")
         if not _names_limit(res.raw, limit_numbers):
             return Classified(Verdict.REJECTION_UNEXPLAINED, f"{how} {st} body names no limit: {res.raw[:200]!r}")
+        if late:
+            return Classified(Verdict.OK_REJECTED_LATE,
+                              f"{how} {st} in {res.elapsed_s:.2f} s, after its one-token placeholder ran "
+                              f"(prompt_tokens 1, {_generated(res)}: the pre-#38935 path, see the defenses gate): "
+                              f"{res.raw[:160]!r}")
         return Classified(Verdict.OK_REJECTED, f"{how} {st} in {res.elapsed_s:.2f} s: {res.raw[:160]!r}")
     if st != 200:
         return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")

@@ -118,7 +118,10 @@ def run(url: str, probe: LengthProbe, deadline: float = 5.0, stream: bool = Fals
     # 0.5.19 with --skip-tokenizer-init: an over-pool prompt answered from stale pages has ids, no text
     (REJ, ids_only([11, 12, 13]), Verdict.SERVED_OVER_LIMIT),
     (REJ, ids_only([], finish=SCHEDULER_ABORT, prompt_tokens=1), Verdict.OK_REJECTED),
-    (REJ, ids_only([5], finish=SCHEDULER_ABORT, prompt_tokens=1), Verdict.SERVED_OVER_LIMIT),
+    # real 0.5.19, healthy pool, a length the decode rejects too: one placeholder step, then the 400
+    (REJ, ids_only([5], finish=SCHEDULER_ABORT, prompt_tokens=1), Verdict.OK_REJECTED_LATE),
+    (REJ, ids_only([5, 6], finish=SCHEDULER_ABORT, prompt_tokens=1), Verdict.SERVED_OVER_LIMIT),
+    (REJ, ids_only([5], finish=SCHEDULER_ABORT), Verdict.SERVED_OVER_LIMIT),
     (REJ, ids_only([], finish={"type": "abort", "message": "client disconnected"}), Verdict.ABORT_UNDER_200),
     (REJ, ids_only([], finish={**SCHEDULER_ABORT, "message": "bad request"}), Verdict.REJECTION_UNEXPLAINED),
 ])
