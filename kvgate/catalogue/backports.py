@@ -102,12 +102,13 @@ def check_backport(scan: CodeScan, backport_id: str, series: tuple[Series, ...])
     if not variants:
         presence = Presence.TAMPERED if markers else Presence.ABSENT
         return BackportCheck(backport_id, presence, None, (), markers)
-    declared = scan.version or ""
+    declared = (scan.version or "").split("+")[0]
 
-    def rank(v: tuple[Series, int]) -> tuple[int, int, int]:
+    def rank(v: tuple[Series, int]) -> tuple[bool, bool, int, int]:
+        """Verified first, then the series of the declared release, then the closest to its output."""
         checks = check_variant(scan, *v)
-        return (all(c.code_ok for c in checks), sum(c.code_ok for c in checks),
-                declared.startswith(v[0].base_release))
+        return (all(c.code_ok for c in checks), declared == v[0].base_release,
+                sum(c.identical for c in checks), sum(c.code_ok for c in checks))
 
     best = max(variants, key=rank)
     checks = check_variant(scan, *best)

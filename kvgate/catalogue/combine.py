@@ -77,14 +77,14 @@ def apply_backports(
         if not fix.is_backport or d.presence is not Presence.PRESENT or fix.backports is None:
             continue
         up = table.get((method, fix.backports))
+        used[(method, fix.backports)] = fix.id
         if up is not None and up.presence is Presence.PRESENT:
-            continue
+            continue  # the upstream signatures match too (the backport's code carries them): keep both
         upstream_ev = tuple(f"upstream signatures: {e}" for e in (up.evidence if up else ()))
         table[(method, fix.backports)] = Detection(
             fix.backports, method, Presence.PRESENT,
             (f"kvgate backport {fix.id} stands in for it (code verified)",) + d.evidence + upstream_ev,
         )
-        used[(method, fix.backports)] = fix.id
     return list(table.values()), used
 
 

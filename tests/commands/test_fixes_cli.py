@@ -246,3 +246,30 @@ def test_probe_runs_the_installed_admission_code() -> None:
     assert door["outcome"] == "passed" and "by behaviour" in door["summary"]
     assert any(e["field"] == "by_behaviour" and e["value"].startswith("present: admission probe")
                for e in door["evidence"])
+
+
+# --- --python: a whole command line, the scan program on its stdin ------------------------------
+
+@pytest.mark.wheels
+def test_python_command_line_reads_the_remote_code() -> None:
+    inner = f"cd / && exec env -i PATH=/usr/bin:/bin PYTHONPATH={wheel('0.5.20')} python3"
+    rc, doc = _json("--python", f"sh -c '{inner}'")
+    assert rc == 1 and doc["target"]["release"] == "0.5.20"
+    assert "pr-38935" in doc["target"]["missing_correctness"]
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert "by source" in door["summary"]
+
+
+@pytest.mark.parametrize("command, message", [
+    ("sh -c 'cat >/dev/null; sleep 60'", "no answer within 2 s"),
+    ("sh -c 'cat >/dev/null; echo not json'", "did not answer with a kvgate code scan"),
+    ("sh -c 'exit 7'", "exited 7"),
+])
+def test_python_command_that_hangs_or_answers_garbage_exits_4(command: str, message: str) -> None:
+    res = _run("--python", command, "--scan-timeout", "2")
+    assert res.exit_code == 4 and message in res.stderr and repr(command) in res.stderr
+
+
+def test_probe_needs_a_local_interpreter() -> None:
+    res = _run("--python", "kubectl exec -i pod -- python3", "--probe")
+    assert res.exit_code == 2 and "local interpreter" in res.stderr
