@@ -20,7 +20,7 @@ import re
 import sys
 
 SCAN_SCHEMA = 1
-_VERSION_RX = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
+VERSION_RX = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
 _MARKER_RX = re.compile(rb"^[ \t]*# kvgate-backport: ([A-Za-z0-9_.-]+)[ \t]*\r?$", re.MULTILINE)
 _MAX_LIST = 64  # files listed per glob or marker id; the answer stays small whatever the tree
 
@@ -49,7 +49,7 @@ def declared_version(package_dir):
     for name in ("_version.py", "version.py"):
         try:
             with open(os.path.join(package_dir, name), encoding="utf-8", errors="replace") as fh:
-                m = _VERSION_RX.search(fh.read())
+                m = VERSION_RX.search(fh.read())
         except OSError:
             continue
         if m:

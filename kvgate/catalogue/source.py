@@ -13,13 +13,21 @@ from pathlib import Path
 
 from kvgate.backport.manifest import Series
 from kvgate.catalogue import scanprog
-from kvgate.catalogue.codescan import CodeScan, all_series, glob_id, parse_answer, pattern_of, scan_command, \
-    scan_site_packages
+from kvgate.catalogue.codescan import (
+    SCAN_TIMEOUT_S,
+    CodeScan,
+    all_series,
+    glob_id,
+    parse_answer,
+    pattern_of,
+    scan_command,
+    scan_site_packages,
+)
 from kvgate.catalogue.model import Catalogue, Detection, Presence, load_catalogue
 from kvgate.catalogue.signatures import SignatureHit, SignatureResult
 from kvgate.errors import UsageError
 
-_VERSION_RX = re.compile(scanprog._VERSION_RX.pattern, re.MULTILINE)
+_VERSION_RX = scanprog.VERSION_RX
 
 
 def read_declared_version(package_dir: Path) -> str | None:
@@ -32,7 +40,7 @@ def from_site_packages(path: Path, cat: Catalogue | None = None) -> CodeScan:
     return scan_site_packages(path, cat or load_catalogue())
 
 
-def from_python(command: str, cat: Catalogue | None = None, timeout: float = 60.0) -> CodeScan:
+def from_python(command: str, cat: Catalogue | None = None, timeout: float = SCAN_TIMEOUT_S) -> CodeScan:
     """The sglang that `command` (an interpreter, or a wrapper running one remotely) would import."""
     return scan_command(command, cat or load_catalogue(), timeout=timeout)
 

@@ -9,6 +9,7 @@ from typing import List, Optional
 
 import typer
 
+from kvgate.catalogue.codescan import SCAN_TIMEOUT_S
 from kvgate.check import run_check
 from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
@@ -73,7 +74,7 @@ def check(
         "kvgate's scan program goes to its stdin."
     ),
     scan_timeout: Optional[float] = typer.Option(
-        None, "--scan-timeout", min=1.0, help="Seconds the --python command may take (default 60)."
+        None, "--scan-timeout", min=1.0, help=f"Seconds the --python command may take (default {SCAN_TIMEOUT_S:g})."
     ),
     trust_version: bool = typer.Option(
         False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."

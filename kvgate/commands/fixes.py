@@ -11,7 +11,7 @@ import typer
 
 from kvgate.catalogue import Assessment, assess_checkout, assess_code, assess_version, to_findings
 from kvgate.catalogue.behaviour import detect_by_behaviour
-from kvgate.catalogue.codescan import command_argv
+from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, command_argv
 from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
 from kvgate.commands._common import finish, handle_errors
 from kvgate.errors import TransportError, UsageError
@@ -69,7 +69,7 @@ def fixes(
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 also when an informational entry is unknown."),
-    scan_timeout: float = typer.Option(60.0, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."),
+    scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
