@@ -1,8 +1,10 @@
-"""Time of kvgate's signature detection over an installed sglang tree, as a ratio of `grep -r`.
+"""Time of kvgate's code scan over an installed sglang tree, as a ratio of `grep -r`.
 
 Both run side by side in one process, on a warm page cache, for the same strings: every signature of
-the catalogue (substrings as fixed strings, regexes as extended regexes). kvgate reads the named files
-plus one pass over every .py file for the glob (backport marker) signatures; grep reads the whole tree.
+the catalogue and every backport file's code signature (substrings as fixed strings, regexes as extended
+regexes), plus the backport marker. kvgate's scan (what `fixes --site-packages` and `--python` run)
+reads and hashes the named files plus one pass over every .py file for globs and markers; grep reads
+the whole tree.
 Goal: ratio <= 2 against `grep -r --include=*.py`.
 
     .venv/bin/python bench/fixes_signature_scan.py [--release 0.5.23 | --path SITE_PACKAGES] [--repeat 5]
@@ -19,21 +21,22 @@ import time
 from pathlib import Path
 
 from kvgate.catalogue import load_catalogue
-from kvgate.catalogue.signatures import DirTree
-from kvgate.catalogue.source import from_site_packages
+from kvgate.backport.manifest import MARKER_PREFIX
+from kvgate.catalogue.codescan import all_series, scan_site_packages
 from kvgate.upstream import unpacked_wheel
 
 
 def _grep_patterns() -> list[str]:
     """Every catalogue signature as a POSIX extended regex (GNU grep -E)."""
     out = []
+    fixed = [c for s in all_series() for p in s.patches for f in p.files for c in f.code] + [MARKER_PREFIX]
     for fix in load_catalogue().fixes:
         for sig in fix.signatures:
             if sig.substring is not None:
-                out.append(re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", sig.substring))
+                fixed.append(sig.substring)
             else:
                 out.append(str(sig.regex))
-    return out
+    return out + [re.sub(r"([][.*+?(){}|^$\\])", r"\\\1", f) for f in dict.fromkeys(fixed)]
 
 
 def _time(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
@@ -52,14 +55,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     site = Path(args.path) if args.path else unpacked_wheel(args.release)
-    pkg = from_site_packages(site).package_dir
     cat = load_catalogue()
+    pkg = scan_site_packages(site, cat).package_dir
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as fh:
         fh.write("\n".join(_grep_patterns()) + "\n")
         patfile = fh.name
 
     def kvgate_scan() -> None:
-        DirTree(pkg).scan(cat.fixes)
+        scan_site_packages(site, cat)
 
     def grep(*extra: str):  # type: ignore[no-untyped-def]
         def run() -> None:
@@ -75,9 +78,9 @@ def main() -> None:
     t_py = _time(grep_py, args.repeat)
     t_all = _time(grep_all, args.repeat)
     n_py = sum(1 for _ in pkg.rglob("*.py"))
-    print(f"tree: {pkg} ({n_py} .py files); {sum(len(f.signatures) for f in cat.fixes)} signatures; "
+    print(f"tree: {pkg} ({n_py} .py files); {len(_grep_patterns())} patterns; "
           f"median of {args.repeat}")
-    print(f"kvgate signature scan      : {t_k * 1000:8.1f} ms")
+    print(f"kvgate code scan           : {t_k * 1000:8.1f} ms")
     print(f"grep -r --include=*.py     : {t_py * 1000:8.1f} ms   ratio kvgate/grep = {t_k / t_py:.2f}")
     print(f"grep -r (every file)       : {t_all * 1000:8.1f} ms   ratio kvgate/grep = {t_k / t_all:.2f}")
     print(f"ratio {t_k / t_py:.2f} (goal <= 2): {'met' if t_k / t_py <= 2 else 'NOT met'}")

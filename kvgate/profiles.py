@@ -32,10 +32,11 @@ class Profile:
     probes: Mapping[str, Any] = field(default_factory=dict)
     defenses: Mapping[str, Any] = field(default_factory=dict)
     waivers: tuple[Waiver, ...] = ()
+    code: Mapping[str, Any] = field(default_factory=dict)
 
 
 _TOP_KEYS = {"schema", "name", "description", "context_length", "headroom", "timeout", "strict", "probes", "defenses",
-             "waivers"}
+             "waivers", "code"}
 
 
 def resolve(ref: str) -> Path:
@@ -92,7 +93,7 @@ def load(ref: str) -> Profile:
     strict = doc.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ProfileError(where, "strict", f"expected true or false, got {strict!r}")
-    for section in ("probes", "defenses"):
+    for section in ("probes", "defenses", "code"):
         if section in doc and not isinstance(doc[section], dict):
             raise ProfileError(where, section, f"expected a mapping, got {doc[section]!r}")
     return Profile(
@@ -106,4 +107,5 @@ def load(ref: str) -> Profile:
         probes=dict(doc.get("probes") or {}),
         defenses=dict(doc.get("defenses") or {}),
         waivers=parse_waivers(doc.get("waivers"), where),
+        code=dict(doc.get("code") or {}),
     )

@@ -22,11 +22,13 @@ def sha256_bytes(data: bytes) -> str:
 
 @dataclass(frozen=True)
 class PatchFile:
-    """One file a patch changes: its path in a git checkout and the hashes before and after."""
+    """One file a patch changes: its path in a git checkout, the hashes before and after, and the code
+    signatures (substrings the patch adds to this file) that recognise the change in any tree."""
 
     path: str
     sha256_before: str
     sha256_after: str
+    code: tuple[str, ...] = ()
 
     @property
     def site_path(self) -> str:
@@ -44,8 +46,12 @@ class Patch:
     optional: bool
     stands_in_for: tuple[str, ...]
     fixes: str
-    signatures: tuple[str, ...]
     files: tuple[PatchFile, ...]
+
+    @property
+    def signatures(self) -> tuple[str, ...]:
+        """Every file's code signatures, in file order, each once."""
+        return tuple(dict.fromkeys(c for f in self.files for c in f.code))
 
     def diff_text(self) -> str:
         return self.file.read_text(encoding="utf-8")
@@ -85,6 +91,14 @@ def available() -> list[str]:
     return sorted(p.name[1:] for p in root.iterdir() if (p / "manifest.yaml").is_file())
 
 
+def _patch_file(raw: dict, patch_id: str) -> PatchFile:
+    code = tuple(str(c) for c in raw.get("code") or ())
+    if not code or any(not c.strip() or MARKER_PREFIX.strip() in c for c in code):
+        raise ValueError(f"{patch_id}: {raw.get('path')}: `code` must list the substrings the patch adds "
+                         "(never the marker): a backport is recognised by its code")
+    return PatchFile(raw["path"], raw["sha256_before"], raw["sha256_after"], code)
+
+
 def load_series(release: str, root: Path | None = None) -> Series:
     """Load and validate backports/v<release>/manifest.yaml (exit 2 on a missing or broken manifest)."""
     release = normalise_release(release)
@@ -109,8 +123,7 @@ def load_series(release: str, root: Path | None = None) -> Series:
                 optional=bool(raw.get("optional", False)),
                 stands_in_for=tuple(raw.get("stands_in_for", ())),
                 fixes=str(raw.get("fixes", "")),
-                signatures=tuple(raw.get("signatures", ())),
-                files=tuple(PatchFile(f["path"], f["sha256_before"], f["sha256_after"]) for f in raw["files"]),
+                files=tuple(_patch_file(f, str(raw["id"])) for f in raw["files"]),
             ))
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: invalid manifest: {exc}") from exc

@@ -2,7 +2,7 @@
 
 `python -m kvgate.backport.regen v0.5.20 [--write]` applies the series' diffs in order to the files of
 the unpacked sglang wheel and prints (or writes) each patch's `files` list: which files it changes,
-their sha256 before and after. Run it after editing a patch; everything else in the manifest is kept.
+their sha256 before and after. Run it after editing a patch; everything else in the manifest (each file's `code`) is kept.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     data = yaml.safe_load(text)
     for patch in data["patches"]:
-        patch["files"] = fresh[patch["id"]]
+        code = {f["path"]: f.get("code") for f in patch["files"]}  # hand-written: kept
+        patch["files"] = [{**f, "code": code.get(f["path"])} for f in fresh[patch["id"]]]
     rendered = header + yaml.safe_dump(data, sort_keys=False, width=110)
     if "--write" in args:
         path.write_text(rendered, encoding="utf-8")

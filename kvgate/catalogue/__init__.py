@@ -34,11 +34,20 @@ the room and poisons rooms whose drain cannot be proven. kvgate counts that chan
 (entry `ack-generations`), so 0.5.21 fails and 0.5.22 passes. That 0.5.21 is exposed without it is our
 reading of the code, not an upstream statement; the entry says so.
 
-Backport convention (shared with kvgate/backport/): each kvgate patch adds the line
-`# kvgate-backport: <patch-id>` to every file it changes. A marker found in the code stands in for the
-upstream fix the patch backports (kvgate-admission-door -> #38935, kvgate-deferred-release-default ->
-#41023, kvgate-retire-aborted-results -> #36988, kvgate-verify-handoff-coverage -> #38704 / checklist
-item 3), so a patched 0.5.20 reads as "0.5.20 + kvgate backports".
+Backports are recognised by their code (kvgate/catalogue/backports.py): every file a kvgate patch
+changes must carry that file's code signatures from the series manifest (backports/v<release>/
+manifest.yaml); a byte-identical file is reported as such. Verified code stands in for the upstream fix
+the patch backports (kvgate-admission-door -> #38935, kvgate-deferred-release-default -> #41023,
+kvgate-retire-aborted-results -> #36988, kvgate-verify-handoff-coverage -> #38704 / checklist item 3),
+so a patched 0.5.20 reads as "0.5.20 + kvgate backports". The marker line `# kvgate-backport: <id>`
+is a label: without the code it is a tampered backport, a failure of its own.
+
+The code is read by one scan (kvgate/catalogue/scanprog.py, standard library only) run in-process
+(`--site-packages`), in a git commit (`--repo`) or through `--python COMMAND` on the machine that runs
+the server; `assess_code` turns any of them into the same assessment, and `to_findings` / `describe`
+render it the same way in `kvgate fixes` and in `check`'s defenses gate. A version string alone is
+"version string only, code not read"; a version newer than the newest verified release is weak
+evidence (release order) and never passes a correctness fix.
 
 Method 4 (behaviour) is a hook: a probe that executes the installed admission code returns
 `Detection(fix_id="pr-38935", method="behaviour", ...)`, passed to `assess()` with the others.
@@ -46,7 +55,16 @@ Method 4 (behaviour) is a hook: a probe that executes the installed admission co
 
 from __future__ import annotations
 
-from kvgate.catalogue.assess import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
+from kvgate.catalogue.assess import (
+    Assessment,
+    assess,
+    assess_checkout,
+    assess_code,
+    assess_installed,
+    assess_version,
+    describe,
+    to_findings,
+)
 from kvgate.catalogue.combine import FixStatus, combine
 from kvgate.catalogue.model import Catalogue, Detection, Fix, Presence, Signature, load_catalogue
 from kvgate.catalogue.version import ReleaseString, parse_release
@@ -62,9 +80,11 @@ __all__ = [
     "Signature",
     "assess",
     "assess_checkout",
+    "assess_code",
     "assess_installed",
     "assess_version",
     "combine",
+    "describe",
     "load_catalogue",
     "parse_release",
     "to_findings",

@@ -6,10 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from kvgate.backport.manifest import Series
+from kvgate.catalogue.backports import detect_backports, unknown_markers
+from kvgate.catalogue.codescan import CodeScan, all_series, scan_tree
 from kvgate.catalogue.combine import FixStatus, combine
 from kvgate.catalogue.git import detect_by_git
 from kvgate.catalogue.model import Catalogue, Detection, Presence, load_catalogue
-from kvgate.catalogue.source import InstalledSglang, detect_by_source
+from kvgate.catalogue.source import detect_by_source
 from kvgate.catalogue.version import detect_by_version, parse_release
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
@@ -36,10 +39,15 @@ class Assessment:
         raise KeyError(fix_id)
 
     def backports_present(self) -> tuple[str, ...]:
+        """Backports whose code was verified (a marker alone never counts)."""
         return tuple(s.fix.id for s in self.statuses if s.fix.is_backport and s.presence is Presence.PRESENT)
 
+    def tampered(self) -> tuple[FixStatus, ...]:
+        """Backports whose marker is in the code while their code is not (all) there."""
+        return tuple(s for s in self.statuses if s.presence is Presence.TAMPERED)
+
     def reads_as(self) -> str:
-        """'0.5.20', or '0.5.20 + kvgate backports (ids)' when our markers are in the code."""
+        """'0.5.20', or '0.5.20 + kvgate backports (ids)' when the backports' code was verified."""
         base = self.release or "unknown release"
         bp = self.backports_present()
         return f"{base} + kvgate backports ({', '.join(bp)})" if bp else base
@@ -53,8 +61,15 @@ class Assessment:
     def unknown_correctness(self) -> tuple[FixStatus, ...]:
         return tuple(s for s in self.correctness() if s.presence is Presence.UNKNOWN)
 
+    def unproven_correctness(self, require_code: bool = False) -> tuple[FixStatus, ...]:
+        """Correctness fixes that cannot pass: unknown, present only by weak evidence, or (when the code
+        is required) present only by a version string."""
+        return tuple(s for s in self.correctness() if s.presence is Presence.UNKNOWN or (
+            s.presence is Presence.PRESENT and (s.weak or (require_code and s.version_only))))
+
 
 def _version_detections(cat: Catalogue, raw: str | None, notes: list[str]) -> list[Detection]:
+    """Method 1 on a declared version, upstream entries only (a version string cannot show backports)."""
     if not raw:
         return []
     try:
@@ -62,7 +77,7 @@ def _version_detections(cat: Catalogue, raw: str | None, notes: list[str]) -> li
     except UsageError:
         notes.append(f"declared version {raw!r} is not PEP 440; version method skipped")
         return []
-    return list(detect_by_version(cat, rel).values())
+    return [d for d in detect_by_version(cat, rel).values() if not cat.get(d.fix_id).is_backport]
 
 
 def assess(
@@ -81,36 +96,53 @@ def assess(
     return Assessment(target, release, backend, combine(cat, dets), methods, tuple(notes), cat)
 
 
-def assess_version(raw: str, *, backend: str | None = None, target: str | None = None) -> Assessment:
-    """Method 1 only. A bad version string is a usage error (exit 2)."""
+def assess_version(raw: str | None, *, backend: str | None = None, target: str | None = None) -> Assessment:
+    """Method 1 only: what a release string says. A bad version string is a usage error (exit 2);
+    no version at all leaves every entry unknown."""
     cat = load_catalogue()
+    if not raw:
+        return assess([], target=target or "sglang (no version)", release=None, backend=backend, catalogue=cat,
+                      notes=["no version reported: nothing can be told without reading the code"])
     rel = parse_release(raw)
     dets = [d for d in detect_by_version(cat, rel).values() if not cat.get(d.fix_id).is_backport]
-    notes = ["by version only: kvgate backports and other patches are invisible; --site-packages or --python "
-             "reads the code the server runs"]
+    notes = ["version string only, code not read: kvgate backports and other patches are invisible; "
+             "--site-packages PATH or --python COMMAND reads the code the server runs"]
     return assess(dets, target=target or f"sglang {raw}", release=raw, backend=backend, notes=notes, catalogue=cat)
 
 
-def assess_installed(
-    installed: InstalledSglang, *, backend: str | None = None, behaviour: Iterable[Detection] = ()
+def assess_code(
+    scan: CodeScan, *, backend: str | None = None, behaviour: Iterable[Detection] = (),
+    series: tuple[Series, ...] | None = None,
 ) -> Assessment:
-    """Method 3 (source signatures), plus method 1 on the package's declared version, plus any
-    behaviour detections (method 4, see kvgate.catalogue.behaviour) the caller ran."""
+    """Method 3 (source signatures of upstream fixes, code of kvgate backports) on a code scan, plus
+    method 1 on the package's declared version, plus any behaviour detections (method 4) the caller ran.
+
+    The one assessment of code, whether it was read in this process, in a git commit or remotely.
+    """
     cat = load_catalogue()
-    notes = [f"sglang package {installed.package_dir} ({installed.found_by})"]
-    dets = list(detect_by_source(cat, installed).values()) + list(behaviour)
-    dets += [d for d in _version_detections(cat, installed.version, notes) if not cat.get(d.fix_id).is_backport]
-    return assess(dets, target=str(installed.package_dir), release=installed.version, backend=backend,
+    series = series if series is not None else all_series()
+    notes = [f"sglang package {scan.package_dir} ({scan.found_by}; read by {scan.source})"]
+    dets = list(detect_by_source(cat, scan).values()) + detect_backports(cat, scan, "source", series)
+    dets += list(behaviour) + _version_detections(cat, scan.version, notes)
+    for pid, files in unknown_markers(cat, scan).items():
+        notes.append(f"marker '{cat.backport_marker}{pid}' in {', '.join(files[:3])}: no kvgate backport has that "
+                     "id; a label, not evidence")
+    return assess(dets, target=str(scan.package_dir), release=scan.version, backend=backend,
                   notes=notes, catalogue=cat)
 
 
+assess_installed = assess_code  # the name callers of the site-packages path know
+
+
 def assess_checkout(path: Path, rev: str = "HEAD", *, backend: str | None = None) -> Assessment:
-    """Method 2 (tree signatures and squash-commit ancestry) at `rev`."""
+    """Method 2 (tree signatures and squash-commit ancestry) at `rev`; backports verified by code."""
     cat = load_catalogue()
-    co, by_git = detect_by_git(cat, path, rev)
+    co, by_git, tree = detect_by_git(cat, path, rev)
     notes = [f"checkout {path} at {co.hexsha[:12]} ({rev}): {co.subject}"]
-    dets = list(by_git.values())
-    dets += [d for d in _version_detections(cat, co.version, notes) if not cat.get(d.fix_id).is_backport]
+    scan = scan_tree(tree, f"git {path}@{co.hexsha[:10]}", Path(path) / "python" / "sglang", co.version, cat)
+    dets = [d for d in by_git.values() if not cat.get(d.fix_id).is_backport]
+    dets += detect_backports(cat, scan, "git", all_series())
+    dets += _version_detections(cat, co.version, notes)
     return assess(dets, target=f"{path}@{rev}", release=co.version, backend=backend, notes=notes, catalogue=cat)
 
 
@@ -141,38 +173,70 @@ def remedy_for_missing(cat: Catalogue, statuses: Iterable[FixStatus]) -> str:
     return text
 
 
-def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None) -> list[Finding]:
-    """One finding per catalogue entry: correctness fixes gate (absent -> failed), the rest inform."""
+def describe(s: FixStatus) -> str:
+    """One line for one entry, the same in `kvgate fixes` and in `check`'s defenses gate."""
+    fix = s.fix
+    state = s.presence.value
+    if s.presence is Presence.TAMPERED:
+        state = "tampered or partial backport"
+    return f"{state}: {fix.label} {fix.title} ({fix.failure_class}; {s.how()})"
+
+
+def status_evidence(node: str, s: FixStatus, required: bool) -> list[Evidence]:
+    """The evidence rows of one entry: the verdict, the method that decided, what every method said."""
+    fix = s.fix
+    first = f"first in {fix.first_release}" if fix.first_release else "in no verified release"
+    if fix.first_release and fix.first_release_bound == "at-or-before":
+        first += " or earlier"
+    ev = [
+        Evidence(node, "present", s.presence.value, "present" if required else None),
+        Evidence(node, "decided_by", s.how()),
+    ]
+    if not fix.is_backport:
+        ev.append(Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"))
+    ev += [Evidence(node, f"by_{d.method}", f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
+           for d in s.detections]
+    if fix.uncertain:
+        ev.append(Evidence(node, "uncertain", "; ".join(fix.uncertain)))
+    if fix.notes:
+        ev.append(Evidence(node, "notes", fix.notes))
+    return ev
+
+
+READ_THE_CODE = "read the code the server runs: --site-packages PATH, or --python COMMAND (e.g. 'kubectl exec -i " \
+                "-n NS POD -- python3')"
+
+
+def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None,
+                require_code: bool = False) -> list[Finding]:
+    """One finding per catalogue entry. Correctness fixes gate: absent -> failed; unknown, weak or (with
+    `require_code`) version-only -> inconclusive. A tampered backport fails whatever it stands for."""
     node = node or a.target
     out: list[Finding] = []
     for s in a.statuses:
         fix = s.fix
-        if fix.is_backport and "version" in a.methods and len(a.methods) == 1:
+        if fix.is_backport and a.methods == ("version",):
             continue  # a version string cannot show backports; the note says so
         required = fix.is_correctness_for(a.backend)
         role = "correctness" if required else "informational"
         if fix.correctness and not required:
             role = f"correctness only on {'/'.join(fix.backends)}"
-        state = s.presence.value + (f" via {s.via_backport}" if s.via_backport else "")
-        # No square brackets anywhere: the table renders with Rich, which would read them as markup.
-        summary = f"{state}: {fix.label} {fix.title} ({fix.failure_class}; {role}; {s.how()})"
-        first = f"first in {fix.first_release}" if fix.first_release else "in no verified release"
-        if fix.first_release and fix.first_release_bound == "at-or-before":
-            first += " or earlier"
-        ev = [
-            Evidence(node, "present", s.presence.value, "present" if required else None),
-            Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"),
-        ]
-        ev += [Evidence(node, f"by_{d.method}", f"{d.presence.value}: " + "; ".join(d.evidence)) for d in s.detections]
-        if fix.uncertain:
-            ev.append(Evidence(node, "uncertain", "; ".join(fix.uncertain)))
-        if fix.notes:
-            ev.append(Evidence(node, "notes", fix.notes))
-        if s.presence is Presence.UNKNOWN:
-            out.append(inconclusive(gate, fix.id, node, summary, *ev,
-                                    remedy="read the code the server runs: kvgate fixes --site-packages PATH or --python INTERPRETER"))
+        if fix.is_backport:
+            role = f"kvgate backport of {a.catalogue.get(fix.backports).label}" if fix.backports else "kvgate backport"
+        summary = f"{describe(s)} ({role})"  # no square brackets: the table renders with Rich (markup)
+        ev = status_evidence(node, s, required)
+        if s.presence is Presence.TAMPERED:
+            out.append(failed(gate, fix.id, node, summary, *ev, remedy="the marker claims a backport whose code is "
+                              "not there: re-apply it (kvgate backport --to <release> ...) or remove the marker"))
+        elif s.presence is Presence.UNKNOWN:
+            out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE))
         elif s.presence is Presence.ABSENT and required:
             out.append(failed(gate, fix.id, node, summary, *ev, remedy=remedy_for(a.catalogue, s)))
+        elif required and s.presence is Presence.PRESENT and s.weak:
+            out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE))
+        elif required and s.presence is Presence.PRESENT and require_code and s.version_only:
+            out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE + "; or accept the "
+                                    "version string with --trust-version"))
         else:
             out.append(passed(gate, fix.id, node, summary, *ev))
     return out

@@ -2,7 +2,8 @@
 
 The most trusted method that knows (present or absent) decides: behaviour over source over git over
 version. Where methods disagree, every answer stays in the status so reports show both. A kvgate
-backport marker found by a method stands in, for that method, for the upstream fix it backports.
+backport whose code a method verified (kvgate.catalogue.backports; a marker alone never counts) stands
+in, for that method, for the upstream fix it backports.
 """
 
 from __future__ import annotations
@@ -26,6 +27,21 @@ class FixStatus:
     via_backport: str | None = None
 
     @property
+    def decided(self) -> Detection | None:
+        return next((d for d in self.detections if d.method == self.decided_by), None)
+
+    @property
+    def weak(self) -> bool:
+        """Decided only by an inference (release order), not by what a release or the code shows."""
+        d = self.decided
+        return d is not None and d.weak
+
+    @property
+    def version_only(self) -> bool:
+        """Decided by a version string: the code itself was not read."""
+        return self.decided_by == "version"
+
+    @property
     def disagreement(self) -> bool:
         known = {d.presence for d in self.detections if d.presence is not Presence.UNKNOWN}
         return len(known) > 1
@@ -35,9 +51,11 @@ class FixStatus:
         if self.decided_by is None:
             methods = ", ".join(d.method for d in self.detections) or "nothing"
             return f"no method could tell ({methods})"
-        text = f"by {self.decided_by}"
+        text = "by version string only, code not read" if self.version_only else f"by {self.decided_by}"
+        if self.weak:
+            text += " (weak evidence: assumed by release order)"
         if self.via_backport:
-            text += f" via kvgate backport {self.via_backport}"
+            text += f", by kvgate backport {self.via_backport}, code verified"
         others = [d for d in self.detections if d.method != self.decided_by and d.presence is not self.presence
                   and d.presence is not Presence.UNKNOWN]
         if others:
@@ -59,14 +77,14 @@ def apply_backports(
         if not fix.is_backport or d.presence is not Presence.PRESENT or fix.backports is None:
             continue
         up = table.get((method, fix.backports))
+        used[(method, fix.backports)] = fix.id
         if up is not None and up.presence is Presence.PRESENT:
-            continue
+            continue  # the upstream signatures match too (the backport's code carries them): keep both
         upstream_ev = tuple(f"upstream signatures: {e}" for e in (up.evidence if up else ()))
         table[(method, fix.backports)] = Detection(
             fix.backports, method, Presence.PRESENT,
-            (f"kvgate backport {fix.id} stands in for it",) + d.evidence + upstream_ev,
+            (f"kvgate backport {fix.id} stands in for it (code verified)",) + d.evidence + upstream_ev,
         )
-        used[(method, fix.backports)] = fix.id
     return list(table.values()), used
 
 

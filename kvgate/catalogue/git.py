@@ -32,14 +32,14 @@ class GitTree(SourceTree):
         self.commit = commit
         self.prefix = prefix
 
-    def read_text(self, rel: str) -> str | None:
+    def read_bytes(self, rel: str) -> bytes | None:
         try:
             blob = self.commit.tree / (self.prefix + rel)
         except KeyError:
             return None
         if blob.type != "blob":
             return None
-        return blob.data_stream.read().decode("utf-8", errors="replace")
+        return bytes(blob.data_stream.read())
 
     def search_globs(self, signatures: Sequence[Signature]) -> dict[Signature, tuple[str, ...]]:
         import git
@@ -122,13 +122,15 @@ def squash_commits(repo: git.Repo, commit: git.Commit, number: int) -> list[tupl
     return out
 
 
-def detect_by_git(cat: Catalogue, path: Path, rev: str = "HEAD") -> tuple[Checkout, dict[str, Detection]]:
-    """Method 2 for every catalogue entry at `rev` of the checkout at `path`."""
+def detect_by_git(cat: Catalogue, path: Path, rev: str = "HEAD") -> tuple[Checkout, dict[str, Detection], GitTree]:
+    """Method 2 for every upstream entry at `rev` of the checkout at `path` (backports are verified by
+    their code, kvgate.catalogue.backports, on the returned tree)."""
     repo, commit, co = open_checkout(path, rev)
-    results = GitTree(repo, commit).scan(cat.fixes)
+    tree = GitTree(repo, commit)
+    results = tree.scan(cat.upstream())
     at = f"{co.hexsha[:10]} ({rev})"
     out: dict[str, Detection] = {}
-    for fix in cat.fixes:
+    for fix in cat.upstream():
         r = results[fix.id]
         ev = [f"tree at {at}: " + "; ".join(r.evidence())]
         presence = r.presence
@@ -144,5 +146,5 @@ def detect_by_git(cat: Catalogue, path: Path, rev: str = "HEAD") -> tuple[Checko
                 ev.append(f"no ancestor subject carries (#{fix.number})"
                           + ("; present by signatures (cherry-pick or other subject)" if presence is Presence.PRESENT else ""))
         out[fix.id] = Detection(fix.id, "git", presence, tuple(ev))
-    return co, out
+    return co, out, tree
 

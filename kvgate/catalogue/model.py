@@ -31,6 +31,8 @@ class Presence(str, Enum):
     PRESENT = "present"
     ABSENT = "absent"
     UNKNOWN = "unknown"
+    # A kvgate backport whose marker is in the code but whose code is not (all) there: a failure of its own.
+    TAMPERED = "tampered"
 
 
 #: Detection methods, least to most trusted; the combiner trusts the later ones.
@@ -39,12 +41,14 @@ METHODS = ("version", "git", "source", "behaviour")
 
 @dataclass(frozen=True)
 class Detection:
-    """What one method says about one fix, and why."""
+    """What one method says about one fix, and why. `weak`: an inference (release order beyond the
+    verified releases), reported as such and never enough to pass a correctness fix."""
 
     fix_id: str
     method: str
     presence: Presence
     evidence: tuple[str, ...] = ()
+    weak: bool = False
 
 
 @dataclass(frozen=True)
@@ -184,10 +188,13 @@ def parse_catalogue(doc: dict[str, Any]) -> Catalogue:
     fixes: list[Fix] = []
     for i, e in enumerate(_req(doc, "fixes", "top level")):
         where = f"fixes[{i}] ({e.get('id', '?')})"
-        sigs = tuple(_signature(s, f"{where} signature {j}") for j, s in enumerate(_req(e, "signatures", where)))
-        if not sigs:
-            raise CatalogueError(f"fixes.yaml: {where}: no signatures")
+        sigs = tuple(_signature(s, f"{where} signature {j}") for j, s in enumerate(e.get("signatures") or ()))
         kind = _choice(_req(e, "kind", where), _KINDS, "kind", where)
+        if not sigs and kind != "backport":
+            raise CatalogueError(f"fixes.yaml: {where}: no signatures")
+        if sigs and kind == "backport":
+            raise CatalogueError(f"fixes.yaml: {where}: a backport is recognised by the code signatures of its "
+                                 "series manifest (backports/), not by catalogue signatures")
         fixes.append(
             Fix(
                 id=str(_req(e, "id", where)),

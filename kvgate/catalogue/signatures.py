@@ -71,7 +71,7 @@ class SignatureResult:
 
     @property
     def presence(self) -> Presence:
-        return Presence.PRESENT if all(h.matched for h in self.hits) else Presence.ABSENT
+        return Presence.PRESENT if self.hits and all(h.matched for h in self.hits) else Presence.ABSENT
 
     def evidence(self) -> tuple[str, ...]:
         out = []
@@ -90,8 +90,13 @@ class SourceTree(ABC):
     """Read access to an sglang package tree, paths relative to the `sglang/` package root."""
 
     @abstractmethod
+    def read_bytes(self, rel: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+
     def read_text(self, rel: str) -> str | None:
         """The file's text, or None when it does not exist."""
+        data = self.read_bytes(rel)
+        return None if data is None else data.decode("utf-8", errors="replace")
 
     @abstractmethod
     def search_globs(self, signatures: Sequence[Signature]) -> dict[Signature, tuple[str, ...]]:
@@ -128,9 +133,9 @@ class DirTree(SourceTree):
     def __init__(self, package_dir: Path) -> None:
         self.root = Path(package_dir)
 
-    def read_text(self, rel: str) -> str | None:
+    def read_bytes(self, rel: str) -> bytes | None:
         try:
-            return (self.root / rel).read_text(encoding="utf-8", errors="replace")
+            return (self.root / rel).read_bytes()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
 

@@ -8,7 +8,9 @@ Only the five wheels 0.5.19-0.5.23 were verified. What a version string can tell
 - a post or local build of a verified B (and B.N): what B carried; anything later is unknown, because such
   builds may carry backports (ours included);
 - older than the oldest verified release: fixes first seen after it are absent (inferred), the rest unknown;
-- newer than the newest verified release: unknown.
+- newer than the newest verified release (0.5.24, 0.6.0, their dev/post/local builds, all compared by
+  PEP 440): what the newest verified release carries is assumed present by release order, as WEAK
+  evidence (never enough to pass a correctness fix); fixes in no verified release are unknown.
 A local part `+g<sha>` names the commit the build came from; `--repo` can then check ancestry.
 kvgate backports are never visible in a version string: they read as unknown here.
 """
@@ -83,19 +85,22 @@ def detect_fix(cat: Catalogue, rel: ReleaseString, fix: Fix) -> Detection:
     oldest, newest = verified[0], verified[-1]
     tag = f"sglang {rel.raw} ({rel.kind})"
 
-    def d(p: Presence, why: str) -> Detection:
+    def d(p: Presence, why: str, weak: bool = False) -> Detection:
         ev = [f"{tag}: {why}"]
         if rel.commit:
             ev.append(f"build commit {rel.commit} (from the local version part); --repo can check its ancestry")
-        return Detection(fix.id, "version", p, tuple(ev))
+        return Detection(fix.id, "version", p, tuple(ev), weak)
 
     if fix.is_backport:
         return d(Presence.UNKNOWN, "a version string cannot show kvgate backports; read the source")
     first = "in no verified release" if fix.first_release is None else (
         f"first in {fix.first_release}" + (" or earlier" if fix.first_release_bound == "at-or-before" else "")
     )
-    if rel.base > newest:
-        return d(Presence.UNKNOWN, f"newer than the newest verified release {newest} ({first}); read the source")
+    if rel.version > newest and rel.base > newest:
+        if _in_verified(fix, newest):
+            return d(Presence.PRESENT, f"assumed present by release order: newer than the newest verified release "
+                     f"{newest}, which carries it ({first}); weak evidence, read the code", weak=True)
+        return d(Presence.UNKNOWN, f"newer than the newest verified release {newest} ({first}); read the code")
     if rel.base < oldest:
         if fix.first_release is None or fix.first_release > oldest or (
             fix.first_release == oldest and fix.first_release_bound == "exact"

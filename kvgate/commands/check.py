@@ -9,9 +9,10 @@ from typing import List, Optional
 
 import typer
 
+from kvgate.catalogue.codescan import SCAN_TIMEOUT_S
 from kvgate.check import run_check
 from kvgate.commands._common import fatal_report, finish, handle_errors
-from kvgate.errors import KvgateError
+from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 from kvgate.gates.base import CheckOptions
 from kvgate.progress import LineObserver, Observer, RichObserver
@@ -65,6 +66,19 @@ def check(
     self_test: bool = typer.Option(
         False, "--self-test", help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router]."
     ),
+    site_packages: Optional[str] = typer.Option(
+        None, "--site-packages", help="Folder holding the sglang/ package every worker runs (read for the fixes)."
+    ),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="Command running the workers' Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
+        "kvgate's scan program goes to its stdin."
+    ),
+    scan_timeout: Optional[float] = typer.Option(
+        None, "--scan-timeout", min=1.0, help=f"Seconds the --python command may take (default {SCAN_TIMEOUT_S:g})."
+    ),
+    trust_version: bool = typer.Option(
+        False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."
+    ),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, and (with --router-url) behavioural probes."""
     pairs = pair_outputs(list(fmt), list(output))
@@ -82,7 +96,20 @@ def check(
             defenses["deferred_release_env"] = deferred_release_env
         if model_arch is not None:
             defenses["model_arch"] = model_arch
-        options = replace(options, probes=probes, defenses=defenses)
+        if trust_version:
+            defenses["trust_version"] = True
+        code = dict(options.code)
+        if site_packages is not None and python is not None:
+            raise UsageError("give one of --site-packages, --python (per-role sources go in the profile's code:)")
+        if site_packages is not None:
+            code["*"] = {"site_packages": site_packages}
+        if python is not None:
+            code["*"] = {"python": python}
+        if scan_timeout is not None:
+            if "*" not in code:
+                raise UsageError("--scan-timeout needs --python (per-source timeouts go in the profile's code:)")
+            code["*"] = {**code["*"], "timeout": scan_timeout}
+        options = replace(options, probes=probes, defenses=defenses, code=code)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
@@ -116,4 +143,5 @@ def _options(
         probes=prof.probes,
         defenses=prof.defenses,
         waivers=prof.waivers,
+        code=prof.code,
     )

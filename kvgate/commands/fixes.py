@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from kvgate.catalogue import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
+from kvgate.catalogue import Assessment, assess_checkout, assess_code, assess_version, to_findings
 from kvgate.catalogue.behaviour import detect_by_behaviour
+from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, command_argv
 from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
 from kvgate.commands._common import finish, handle_errors
 from kvgate.errors import TransportError, UsageError
@@ -43,13 +45,10 @@ def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: fl
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--url {url}: expected an http:// or https:// URL")
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
-    backend = backend or reported_backend
-    if version is None:
-        return assess([], target=url, release=None, backend=backend,
-                      notes=[f"{url}{path} reports no 'version': nothing can be told by version"])
-    a = assess_version(version, backend=backend, target=f"{url} (sglang {version})")
-    return Assessment(a.target, a.release, a.backend, a.statuses, a.methods,
-                      a.notes + (f"version read from {url}{path}",), a.catalogue)
+    a = assess_version(version, backend=backend or reported_backend,
+                       target=f"{url} (sglang {version})" if version else url)
+    read = f"version read from {url}{path}" if version else f"{url}{path} reports no 'version'"
+    return replace(a, notes=a.notes + (read,))
 
 
 @handle_errors
@@ -59,7 +58,9 @@ def fixes(
     rev: Optional[str] = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
     site_packages: Optional[str] = typer.Option(
         None, "--site-packages", help="Folder holding the installed sglang/ package, or 'auto' (this interpreter)."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter the server runs; asked where sglang is."),
+    python: Optional[str] = typer.Option(
+        None, "--python", help="Command running the server's Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
+        "kvgate's scan program goes to its stdin."),
     url: Optional[str] = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
     backend: Optional[str] = typer.Option(
         None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."),
@@ -67,15 +68,17 @@ def fixes(
     outputs: List[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
+    strict: bool = typer.Option(False, "--strict", help="Exit 3 also when an informational entry is unknown."),
+    scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
-    Exit 0: every correctness fix present. 1: one is missing. 2: usage error. 3: --strict and an entry
-    is unknown. 4: --url unreachable.
+    Exit 0: every correctness fix present. 1: one is missing, or a backport is tampered. 2: usage error.
+    3: a correctness fix is unknown or only weakly evidenced (--strict: any entry). 4: --url unreachable,
+    or the --python command failed.
     """
     chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
                                      ("--python", python), ("--url", url)) if val is not None]
@@ -83,9 +86,9 @@ def fixes(
     probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
     if len(chosen) > 1 and not probe_pair:
         raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
-    if probe and python is None:
-        raise UsageError("--probe needs --python INTERPRETER (one that imports sglang, with --site-packages PATH "
-                         "when the package is not on its own path)")
+    if probe and (python is None or len(command_argv(python)) != 1):
+        raise UsageError("--probe needs --python INTERPRETER, a local interpreter path (one that imports sglang, "
+                         "with --site-packages PATH when the package is not on its own path)")
     if rev is not None and repo is None:
         raise UsageError("--rev needs --repo")
     pairs = pair_outputs(list(formats), list(outputs))
@@ -101,28 +104,33 @@ def fixes(
     elif url is not None:
         a = _assess_url(url, backend=backend, token=token, timeout=timeout)
     elif probe_pair:
-        installed = from_site_packages(Path(str(site_packages)))
-        behaviour = detect_by_behaviour(str(python), [str(installed.package_dir.parent)], timeout=probe_timeout)
-        a = assess_installed(installed, backend=backend, behaviour=behaviour)
+        scan = from_site_packages(Path(str(site_packages)))
+        behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
+        a = assess_code(scan, backend=backend, behaviour=behaviour)
     elif python is not None:
-        installed = from_python(python)
+        scan = from_python(python, timeout=scan_timeout)
         behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
-        a = assess_installed(installed, backend=backend, behaviour=behaviour)
+        a = assess_code(scan, backend=backend, behaviour=behaviour)
     elif site_packages is not None and site_packages != "auto":
-        a = assess_installed(from_site_packages(Path(site_packages)), backend=backend)
+        a = assess_code(from_site_packages(Path(site_packages)), backend=backend)
     else:
-        a = assess_installed(auto_detect(), backend=backend)
+        a = assess_code(auto_detect(), backend=backend)
     notes = list(a.notes)
     notes.append(f"reads as: {a.reads_as()}")
     if a.backend is None:
         notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
+    # A correctness fix whose presence is unknown (or only weakly evidenced) is never a silent pass:
+    # exit 3 on its own; --strict extends that to informational entries.
+    unproven = a.unproven_correctness()
     report = Report(
         command="fixes",
         findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
-        strict=strict,
+        strict=strict or bool(unproven),
         target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
                 "methods": list(a.methods), "backports": list(a.backports_present()),
-                "missing_correctness": [s.fix.id for s in a.missing_correctness()]},
+                "missing_correctness": [s.fix.id for s in a.missing_correctness()],
+                "unproven_correctness": [s.fix.id for s in unproven],
+                "tampered_backports": [s.fix.id for s in a.tampered()]},
         cost={"wall_s": round(time.time() - started, 3)},
         notes=tuple(notes),
     )

@@ -32,6 +32,9 @@ class CheckOptions:
     defenses: Mapping[str, Any] = field(default_factory=dict)
     # Accepted findings with a reason and an expiry (kvgate.waivers.Waiver); from the profile.
     waivers: tuple[Any, ...] = ()
+    # Where each node's code is read (defenses gate): key "*" (flags), "prefill", "decode" or a node URL ->
+    # {"site_packages": PATH} or {"python": COMMAND}; validated by kvgate.gates.defenses.code_sources.
+    code: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass

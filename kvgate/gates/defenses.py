@@ -2,10 +2,13 @@
 
 Checks (gate name "defenses"):
 - `release` (per node): the code must carry every correctness fix of the catalogue for its backend
-  (kvgate/catalogue/__init__.py says which and why). With only a version string, a release below the
-  recommended minimum (0.5.22) fails whatever its suffix; a source assessment (`DefenseInputs.fixes`,
-  e.g. from `kvgate fixes --site-packages`) is trusted over the version, so "0.5.20 + kvgate backports"
-  is judged by what the code carries.
+  (kvgate/catalogue/__init__.py says which and why). The code is read where the node runs it (`code:`
+  per role or node in the profile, or --site-packages / --python on check; a `--python` command such as
+  `kubectl exec -i -n NS POD -- python3` gets kvgate's stdlib-only scan program on stdin) and trusted
+  over the version the worker reports: a "0.5.22" running 0.5.20 code fails, "0.5.20 + kvgate
+  backports" is judged by the backports' verified code. The assessment and its rendering are
+  `kvgate fixes`'s. Without code, the version string decides what it shows missing (failed); what it
+  shows present is "version string only, code not read" (inconclusive) unless `trust_version`.
 - `deferred-release` (per node): SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE must be on and the
   transfer backend must support it (mooncake, nixl, ascend; mori from 0.5.22). The variable has no CLI
   flag and is not in server_info: it is read from the exposed env vars (SGLANG_EXPOSE_OWN_ENV_VARS=1),
@@ -20,16 +23,18 @@ caller requires them; on but ineffective is inconclusive (failed when required);
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from packaging.version import Version
 
-from kvgate.catalogue import Assessment, assess_version, load_catalogue, parse_release
-from kvgate.catalogue.assess import remedy_for_missing
+from kvgate.catalogue import Assessment, Presence, assess_code, assess_version, describe, load_catalogue, parse_release
+from kvgate.catalogue.assess import READ_THE_CODE, remedy_for_missing
+from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, CodeScan, command_argv, scan_command, scan_site_packages
 from kvgate.catalogue.version import ReleaseString
-from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.errors import KvgateError, UsageError
+from kvgate.findings import Evidence, Finding, error, failed, inconclusive, passed
 
 GATE = "defenses"
 DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
@@ -75,9 +80,11 @@ class DefenseInputs:
     device: str | None = None
     page_size: int | None = None
     pp_size: int | None = None
-    # Source/git assessment of the code this node runs (trusted over `version`), e.g. from
-    # kvgate.catalogue.assess_installed; None = judge by version.
+    # Assessment of the code this node runs (trusted over `version`), from kvgate.catalogue.assess_code
+    # on a scan of --site-packages / --python; None = only the version string is known.
     fixes: Assessment | None = None
+    # Why reading the code failed (the --python command hung, failed or answered garbage): an error.
+    code_error: str | None = None
 
 
 def inputs_from_reading(reading: Any) -> DefenseInputs:
@@ -123,44 +130,59 @@ def _env_bool(value: str) -> bool | None:
 
 # --- release / correctness fixes --------------------------------------------------------------
 
-def _check_release(n: DefenseInputs) -> Finding:
+def _check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
+    """The correctness fixes this node's code carries: from its code when read, else its version string.
+
+    One assessment (kvgate.catalogue) and one rendering (`describe`) as in `kvgate fixes`. A version
+    string alone is "version string only, code not read": inconclusive for the correctness fixes it
+    would pass, unless the operator accepts it (`trust_version`); what it shows missing fails.
+    """
     cat = load_catalogue()
     backend = _backend(n)
+    if n.code_error is not None:
+        return error(GATE, "release", n.node, f"could not read the code this node runs: {n.code_error}",
+                     Evidence(n.node, "code", n.code_error, "a kvgate code scan"))
     if n.fixes is not None:
-        a, how = n.fixes, f"source of {n.fixes.target} (reads as {n.fixes.reads_as()})"
+        a, require_code = n.fixes, False
+        how = f"code read ({a.notes[0] if a.notes else a.target}; reads as {a.reads_as()})"
+        ev = [Evidence(n.node, "code", how), Evidence(n.node, "reported_version", n.version, a.release)]
+        if n.version and a.release and n.version != a.release:
+            how += f"; the worker reports {n.version}, the code it runs declares {a.release}: the code decides"
     else:
-        rel = _release(n)
-        if rel is None:
-            why = "not reported" if not n.version else f"{n.version!r} is not a PEP 440 version"
-            return inconclusive(GATE, "release", n.node, f"sglang version {why}: cannot tell which fixes run",
-                                Evidence(n.node, "version", n.version, f">= {cat.recommended_minimum}"),
-                                remedy="give the source: kvgate fixes --site-packages PATH / --python INTERPRETER")
-        a, how = assess_version(n.version, backend=backend), f"version {n.version}"
-        if rel.base < cat.recommended_minimum:
-            missing = a.missing_correctness() + a.unknown_correctness()
-            labels = ", ".join(s.fix.label for s in missing) or "none by version"
-            return failed(
-                GATE, "release", n.node,
-                f"sglang {n.version} is below the recommended minimum {cat.recommended_minimum}; "
-                f"correctness fixes missing or unproven: {labels}",
-                Evidence(n.node, "version", n.version, f">= {cat.recommended_minimum}"),
-                *(Evidence(n.node, s.fix.id, s.presence.value, "present") for s in missing),
-                remedy=remedy_for_missing(cat, missing) + "; a build that carries backports: prove it with "
-                "kvgate fixes --site-packages PATH",
-            )
-    missing, unknown = a.missing_correctness(), a.unknown_correctness()
-    ev = [Evidence(n.node, "code", how)]
-    ev += [Evidence(n.node, s.fix.id, s.presence.value, "present") for s in missing + unknown]
-    if missing:
-        return failed(GATE, "release", n.node,
-                      f"{how}: correctness fixes missing: {', '.join(s.fix.label for s in missing)}",
-                      *ev, remedy=remedy_for_missing(cat, missing))
-    if unknown:
-        return inconclusive(GATE, "release", n.node,
-                            f"{how}: cannot tell whether {', '.join(s.fix.label for s in unknown)} are present",
-                            *ev, remedy="give the source: kvgate fixes --site-packages PATH / --python INTERPRETER")
+        try:
+            a = assess_version(n.version, backend=backend)
+        except UsageError:
+            return inconclusive(GATE, "release", n.node, f"sglang version {n.version!r} is not a PEP 440 version: "
+                                "cannot tell which fixes run", Evidence(n.node, "version", n.version, "PEP 440"),
+                                remedy=READ_THE_CODE)
+        require_code = not trust_version
+        how = f"version string {n.version} only, code not read" if n.version else "no version reported, code not read"
+        ev = [Evidence(n.node, "code", how, "code read by --site-packages PATH or --python COMMAND")]
+    missing, tampered = a.missing_correctness(), a.tampered()
+    unproven = a.unproven_correctness(require_code)
+    ev += [Evidence(n.node, s.fix.id, describe(s), "present") for s in a.correctness() + tampered]
+    groups = (
+        ("correctness fixes missing", [s.fix.label for s in missing]),
+        ("tampered or partial backports (marker without the code)", [s.fix.id for s in tampered]),
+        ("unknown", [s.fix.label for s in unproven if s.presence is Presence.UNKNOWN]),
+        ("assumed present by release order only (weak evidence)", [s.fix.label for s in unproven if s.weak]),
+        ("present by the version string only, not counted without the code",
+         [s.fix.label for s in unproven if s.presence is Presence.PRESENT and not s.weak]),
+    )
+    summary = f"{how}: " + "; ".join(f"{what}: {', '.join(labels)}" for what, labels in groups if labels)
+    prove = "--site-packages PATH or --python COMMAND"
+    if missing or tampered:
+        remedy = remedy_for_missing(cat, missing) if missing else "re-apply the backport or remove its marker"
+        if a.methods == ("version",):
+            remedy += f"; a build that carries kvgate backports: prove it with {prove}"
+        return failed(GATE, "release", n.node, summary, *ev, remedy=remedy)
+    if unproven:
+        return inconclusive(GATE, "release", n.node, summary, *ev,
+                            remedy=READ_THE_CODE + ("; or accept version strings with --trust-version"
+                                                    if a.methods == ("version",) else ""))
+    decided = ", ".join(sorted({s.decided_by or "?" for s in a.correctness()}))
     return passed(GATE, "release", n.node, f"{how}: every correctness fix present "
-                  f"({len(a.correctness())} for backend {backend or 'unknown'})", *ev)
+                  f"({len(a.correctness())} for backend {backend or 'unknown'}; decided by {decided})", *ev)
 
 
 # --- deferred decode KV release --------------------------------------------------------------
@@ -317,16 +339,18 @@ def run_defenses_gate(
     model_arch: str | None = None,
     require_checksum: bool = False,
     require_canary: bool = False,
+    trust_version: bool = False,
 ) -> list[Finding]:
     """Gate 4 (static part) over the PD workers.
 
     `deferred_release_env`: the operator's / profile's value of SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE
     for nodes that do not expose their env. `model_arch`: the architecture when nodes do not report it.
     `require_checksum` / `require_canary`: fail instead of reporting when that detection aid does not count.
+    `trust_version`: let a version string alone decide the correctness fixes (reported as such).
     """
     findings: list[Finding] = []
     for n in nodes:
-        findings.append(_check_release(n))
+        findings.append(_check_release(n, trust_version))
     for n in nodes:
         findings.append(_check_deferred(n, deferred_release_env))
     findings.append(_check_checksum(nodes, require_checksum))
@@ -341,6 +365,7 @@ DEFENSE_KEYS: dict[str, type] = {
     "model_arch": str,
     "require_checksum": bool,
     "require_canary": bool,
+    "trust_version": bool,
 }
 
 
@@ -358,25 +383,95 @@ def defense_options(section: Mapping[str, Any], where: str = "profile") -> dict[
     return out
 
 
+@dataclass(frozen=True)
+class CodeSource:
+    """Where the code of a node is read: a site-packages folder here, or a command running its Python."""
+
+    site_packages: str | None = None
+    python: str | None = None
+    timeout: float = SCAN_TIMEOUT_S  # seconds the --python command may take
+
+    def describe(self) -> str:
+        return f"--site-packages {self.site_packages}" if self.site_packages else f"--python {self.python!r}"
+
+    def scan(self) -> CodeScan:
+        cat = load_catalogue()
+        if self.site_packages:
+            return scan_site_packages(Path(self.site_packages), cat)
+        return scan_command(str(self.python), cat, timeout=self.timeout)
+
+
+def code_sources(section: Mapping[str, Any], where: str = "profile") -> dict[str, CodeSource]:
+    """Validate a `code:` mapping: keys `*` (every node), `prefill`, `decode` or a node URL; each value
+    has exactly one of `site_packages` / `python`, and optionally `timeout` (ProfileError if bad)."""
+    from kvgate.errors import ProfileError
+
+    out: dict[str, CodeSource] = {}
+    for key, value in section.items():
+        k = str(key).rstrip("/")
+        if not (k in ("*", "prefill", "decode") or k.startswith(("http://", "https://"))):
+            raise ProfileError(where, f"code.{key}", "expected prefill, decode or a node URL")
+        if not isinstance(value, Mapping) or set(value) - {"site_packages", "python", "timeout"} or \
+                len(set(value) & {"site_packages", "python"}) != 1:
+            raise ProfileError(where, f"code.{key}", "expected a mapping with exactly one of site_packages, python "
+                               "(and optionally timeout)")
+        timeout = value.get("timeout", SCAN_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ProfileError(where, f"code.{key}.timeout", f"expected a number of seconds > 0, got {timeout!r}")
+        kind = "site_packages" if "site_packages" in value else "python"
+        text = value[kind]
+        if not isinstance(text, str) or not text.strip():
+            raise ProfileError(where, f"code.{key}.{kind}", f"expected a non-empty string, got {text!r}")
+        if kind == "site_packages" and not Path(text).expanduser().is_dir():
+            raise ProfileError(where, f"code.{key}.site_packages", f"{text}: no such directory")
+        if kind == "python":
+            command_argv(text)  # unbalanced quotes are a usage error now, not a failed scan later
+        out[k] = CodeSource(**{kind: text}, timeout=float(timeout))
+    return out
+
+
+def source_for(sources: Mapping[str, CodeSource], url: str, role: str) -> CodeSource | None:
+    """The code source of one node: the flags' (`*`) win, then its URL, then its role."""
+    return sources.get("*") or sources.get(url.rstrip("/")) or sources.get(role)
+
+
 class DefensesGate:
     """`kvgate check` adapter: the Gate protocol (kvgate.gates.base) around run_defenses_gate.
 
-    Options come from `CheckOptions.defenses` (the profile's `defenses:` section), validated at
-    construction so a bad profile is a usage error, not a crashed gate.
+    Options come from `CheckOptions.defenses` (the profile's `defenses:` section) and `CheckOptions.code`
+    (where each node's code is read), validated at construction so a bad profile is a usage error, not a
+    crashed gate. Each distinct code source is scanned once.
     """
 
     name = GATE
 
     def __init__(self, options: Any = None) -> None:
+        where = getattr(options, "profile_name", None) or "profile"
         section = getattr(options, "defenses", None) or {}
-        self.kwargs = defense_options(section, getattr(options, "profile_name", None) or "profile")
+        self.kwargs = defense_options(section, where)
+        self.sources = code_sources(getattr(options, "code", None) or {}, where)
 
     def run(self, ctx: Any) -> list[Finding]:
-        nodes = [inputs_from_reading(r) for r in ctx.readings]
+        nodes = []
+        scans: dict[CodeSource, CodeScan | str] = {}
+        for r in ctx.readings:
+            n = inputs_from_reading(r)
+            src = source_for(self.sources, r.spec.url, r.spec.role)
+            if src is not None:
+                if src not in scans:
+                    ctx.observer.log(f"reading the code of {n.node} through {src.describe()}")
+                    try:
+                        scans[src] = src.scan()
+                    except KvgateError as exc:
+                        scans[src] = str(exc)
+                got = scans[src]
+                n = replace(n, code_error=got) if isinstance(got, str) else \
+                    replace(n, fixes=assess_code(got, backend=_backend(n)))
+            nodes.append(n)
         if not nodes:
             return []
         return run_defenses_gate(nodes, **self.kwargs)
 
 
-__all__ = ["DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "GATE", "MLA_DSA_ARCHITECTURES", "defense_options",
+__all__ = ["CodeSource", "DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "code_sources", "source_for", "GATE", "MLA_DSA_ARCHITECTURES", "defense_options",
            "inputs_from_reading", "run_defenses_gate"]

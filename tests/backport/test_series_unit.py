@@ -40,6 +40,19 @@ def test_every_patch_marks_every_file_it_changes(release: str) -> None:
             assert sig in added_all, f"{p.id}: signature {sig!r} is not added by the patch"
 
 
+@pytest.mark.parametrize("release", sorted(SERIES))
+def test_each_files_code_signatures_are_what_the_patch_adds_to_that_file(release: str) -> None:
+    """kvgate fixes recognises a backport by these strings: each must be added to its own file, not a comment."""
+    for p in load_series(release).patches:
+        diffs = {d.path: d for d in parse(p.diff_text())}
+        for f in p.files:
+            old = {line for _, old_lines, _ in diffs[f.path].hunks for line in old_lines}
+            added = [line for _, _, new in diffs[f.path].hunks for line in new if line not in old]
+            assert f.code, (p.id, f.path)
+            for c in f.code:
+                assert any(c in line and not line.lstrip().startswith("#") for line in added), (p.id, f.path, c)
+
+
 def test_only_releases_with_a_series_are_offered() -> None:
     assert set(available()) >= {"0.5.19", "0.5.20"}
     with pytest.raises(UsageError, match="no backport series for v0.5.21"):

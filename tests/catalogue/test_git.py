@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from kvgate.catalogue import Presence, assess_checkout, load_catalogue
 from kvgate.catalogue.git import detect_by_git
+from kvgate.cli import app
 from kvgate.errors import UsageError
 
 from tests.catalogue.helpers import commit_release, init_repo, wheel
@@ -35,7 +38,7 @@ def sglang_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_ancestry_and_signatures_at_the_0_5_21_commit(sglang_repo: Path) -> None:
-    co, dets = detect_by_git(load_catalogue(), sglang_repo, "v0.5.21")
+    co, dets, _ = detect_by_git(load_catalogue(), sglang_repo, "v0.5.21")
     assert co.version == "0.5.21"
     door = dets["pr-38935"]
     assert door.presence is Presence.PRESENT
@@ -48,7 +51,7 @@ def test_ancestry_and_signatures_at_the_0_5_21_commit(sglang_repo: Path) -> None
 
 
 def test_the_0_5_20_commit_lacks_the_door_and_has_no_such_ancestor(sglang_repo: Path) -> None:
-    co, dets = detect_by_git(load_catalogue(), sglang_repo, "v0.5.21~1")
+    co, dets, _ = detect_by_git(load_catalogue(), sglang_repo, "v0.5.21~1")
     assert co.version == "0.5.20"
     assert dets["pr-38935"].presence is Presence.ABSENT
     assert any("no ancestor subject carries (#38935)" in e for e in dets["pr-38935"].evidence)
@@ -56,7 +59,7 @@ def test_the_0_5_20_commit_lacks_the_door_and_has_no_such_ancestor(sglang_repo: 
 
 
 def test_reverted_fix_with_squash_ancestor_is_unknown(sglang_repo: Path) -> None:
-    _, dets = detect_by_git(load_catalogue(), sglang_repo, "HEAD")
+    _, dets, _ = detect_by_git(load_catalogue(), sglang_repo, "HEAD")
     door = dets["pr-38935"]
     assert door.presence is Presence.UNKNOWN
     assert any("signatures are gone" in e for e in door.evidence)
@@ -69,20 +72,38 @@ def test_assess_checkout_combines_git_and_tree_version(sglang_repo: Path) -> Non
     assert {s.fix.id for s in a.missing_correctness()} == {"ack-generations"}
 
 
-def test_backport_marker_in_a_commit(sglang_repo: Path, tmp_path: Path) -> None:
-    clone = tmp_path / "clone"
-    shutil.copytree(sglang_repo, clone)
+def _clone_at_0_5_20(sglang_repo: Path, dest: Path) -> Any:
+    shutil.copytree(sglang_repo, dest)
     from git import Repo
 
-    repo = Repo(clone)
-    repo.git.checkout("-q", "v0.5.21~1")
+    repo = Repo(dest)
+    repo.git.checkout("-q", "-b", "local", "v0.5.21~1")
+    return repo
+
+
+def test_backport_applied_in_a_commit_is_recognised_by_its_code(sglang_repo: Path, tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    _clone_at_0_5_20(sglang_repo, clone)
+    res = CliRunner().invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(clone)])
+    assert res.exit_code == 0, res.output
+    a = assess_checkout(clone, "HEAD")
+    assert a.reads_as() == "0.5.20 + kvgate backports (kvgate-admission-door, kvgate-deferred-release-default)"
+    door = a.status("pr-38935")
+    assert door.presence is Presence.PRESENT and door.via_backport == "kvgate-admission-door"
+    assert "code verified" in door.how()
+    assert a.tampered() == ()
+
+
+def test_backport_marker_without_code_in_a_commit_is_tampered(sglang_repo: Path, tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    repo = _clone_at_0_5_20(sglang_repo, clone)
     p = clone / "python" / "sglang" / "srt" / "disaggregation" / "prefill.py"
     p.write_text(p.read_text() + "\n# kvgate-backport: kvgate-admission-door\n")
-    repo.git.commit("-q", "-am", "Apply kvgate-admission-door")
+    repo.git.commit("-q", "-am", "Apply kvgate-admission-door (the comment only)")
     a = assess_checkout(clone, "HEAD")
-    assert a.reads_as() == "0.5.20 + kvgate backports (kvgate-admission-door)"
-    assert a.status("pr-38935").presence is Presence.PRESENT
-    assert a.status("pr-38935").via_backport == "kvgate-admission-door"
+    assert a.reads_as() == "0.5.20"
+    assert a.status("pr-38935").presence is Presence.ABSENT
+    assert [s.fix.id for s in a.tampered()] == ["kvgate-admission-door"]
 
 
 def test_bad_repo_and_rev_are_usage_errors(sglang_repo: Path, tmp_path: Path) -> None:

@@ -73,8 +73,16 @@ def test_post_release_may_carry_backports() -> None:
 
 
 def test_unverified_releases_are_unknown_or_inferred() -> None:
-    newer = _by_version("0.6.0")
-    assert set(newer.values()) == {Presence.UNKNOWN}
+    cat = load_catalogue()
+    for raw in ("0.5.24", "0.6.0", "0.6.0rc1", "0.5.24.dev3+gabc1234", "0.6.0.post2"):
+        newer = detect_by_version(cat, parse_release(raw))
+        for fid, d in newer.items():
+            fix = cat.get(fid)
+            if fix.is_backport or fix.first_release is None:
+                assert d.presence is Presence.UNKNOWN and not d.weak, (raw, fid)
+            else:  # in 0.5.23: assumed by release order, and marked weak
+                assert d.presence is Presence.PRESENT and d.weak, (raw, fid)
+                assert "assumed present by release order" in d.evidence[0]
     older = _by_version("0.5.10")
     assert older["pr-38935"] is Presence.ABSENT and older["pr-36988"] is Presence.ABSENT
     assert older["pr-35049"] is Presence.UNKNOWN  # first seen "0.5.19 or earlier"

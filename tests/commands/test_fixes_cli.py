@@ -22,6 +22,10 @@ def _run(*args: str, env: dict[str, str] | None = None):  # type: ignore[no-unty
     return runner.invoke(app, ["fixes", *args], env=env)
 
 
+def _run_app(*args: str):  # type: ignore[no-untyped-def]
+    return runner.invoke(app, list(args))
+
+
 def _json(*args: str) -> tuple[int, dict]:
     res = _run(*args, "--format", "json")
     return res.exit_code, json.loads(res.stdout)
@@ -69,10 +73,10 @@ def test_garbage_version_exits_2_with_a_clear_message() -> None:
 
 def test_post_release_is_unknown_not_passed() -> None:
     code, doc = _json("--version", "0.5.20.post1")
-    assert code == 0  # nothing known to be missing ...
+    assert code == 3  # nothing known to be missing, but the door is unknown: never a silent pass
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
-    assert door["outcome"] == "inconclusive"  # ... but the door is unknown, never passed
-    assert _run("--version", "0.5.20.post1", "--strict").exit_code == 3
+    assert door["outcome"] == "inconclusive"
+    assert "pr-38935" in doc["target"]["unproven_correctness"]
 
 
 def test_dev_version_with_commit() -> None:
@@ -141,14 +145,28 @@ def test_site_packages_real_wheels(version: str, code: int) -> None:
 
 @pytest.mark.wheels
 def test_site_packages_patched_0_5_20(tmp_path: Path) -> None:
+    copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
+    applied = _run_app("backport", "--to", "v0.5.20", "--site-packages", str(tmp_path / "site"))
+    assert applied.exit_code == 0, applied.output
+    rc, doc = _json("--site-packages", str(tmp_path / "site"))
+    assert rc == 1  # no backport covers #40645 and friends
+    assert doc["target"]["reads_as"] == "0.5.20 + kvgate backports (kvgate-admission-door, " \
+        "kvgate-deferred-release-default)"
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert door["outcome"] == "passed" and "by kvgate backport kvgate-admission-door, code verified" in door["summary"]
+    assert "version, which says absent" in door["summary"]
+
+
+def test_site_packages_with_markers_only_is_tampered(tmp_path: Path) -> None:
     pkg = copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
     add_marker(pkg, "srt/disaggregation/prefill.py", "kvgate-admission-door")
     rc, doc = _json("--site-packages", str(tmp_path / "site"))
-    assert rc == 1  # no backport covers #40645 and friends
-    assert doc["target"]["reads_as"] == "0.5.20 + kvgate backports (kvgate-admission-door)"
-    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
-    assert door["outcome"] == "passed" and "via kvgate-admission-door" in door["summary"]
-    assert "version, which says absent" in door["summary"]
+    assert rc == 1 and doc["target"]["reads_as"] == "0.5.20"
+    assert doc["target"]["tampered_backports"] == ["kvgate-admission-door"]
+    by = {f["check"]: f for f in doc["findings"]}
+    assert by["kvgate-admission-door"]["outcome"] == "failed"
+    assert by["kvgate-admission-door"]["summary"].startswith("tampered or partial backport")
+    assert by["pr-38935"]["outcome"] == "failed"  # the comment does not bring the fix
 
 
 @pytest.mark.wheels
@@ -190,8 +208,7 @@ def test_url_with_token(payload_server) -> None:  # type: ignore[no-untyped-def]
 def test_url_without_version_is_inconclusive(payload_server) -> None:  # type: ignore[no-untyped-def]
     srv = payload_server({"/server_info": Route({"tp_size": 1})})
     rc, doc = _json("--url", srv.url)
-    assert rc == 0 and doc["counts"]["inconclusive"] == len(doc["findings"]) > 0
-    assert _run("--url", srv.url, "--strict").exit_code == 3
+    assert rc == 3 and doc["counts"]["inconclusive"] == len(doc["findings"]) > 0
 
 
 def test_unreachable_url_exits_4() -> None:
@@ -229,3 +246,30 @@ def test_probe_runs_the_installed_admission_code() -> None:
     assert door["outcome"] == "passed" and "by behaviour" in door["summary"]
     assert any(e["field"] == "by_behaviour" and e["value"].startswith("present: admission probe")
                for e in door["evidence"])
+
+
+# --- --python: a whole command line, the scan program on its stdin ------------------------------
+
+@pytest.mark.wheels
+def test_python_command_line_reads_the_remote_code() -> None:
+    inner = f"cd / && exec env -i PATH=/usr/bin:/bin PYTHONPATH={wheel('0.5.20')} python3"
+    rc, doc = _json("--python", f"sh -c '{inner}'")
+    assert rc == 1 and doc["target"]["release"] == "0.5.20"
+    assert "pr-38935" in doc["target"]["missing_correctness"]
+    door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
+    assert "by source" in door["summary"]
+
+
+@pytest.mark.parametrize("command, message", [
+    ("sh -c 'cat >/dev/null; sleep 60'", "no answer within 2 s"),
+    ("sh -c 'cat >/dev/null; echo not json'", "did not answer with a kvgate code scan"),
+    ("sh -c 'exit 7'", "exited 7"),
+])
+def test_python_command_that_hangs_or_answers_garbage_exits_4(command: str, message: str) -> None:
+    res = _run("--python", command, "--scan-timeout", "2")
+    assert res.exit_code == 4 and message in res.stderr and repr(command) in res.stderr
+
+
+def test_probe_needs_a_local_interpreter() -> None:
+    res = _run("--python", "kubectl exec -i pod -- python3", "--probe")
+    assert res.exit_code == 2 and "local interpreter" in res.stderr

@@ -29,21 +29,52 @@ def _one(findings: list[Finding], check: str, node: str | None = None) -> Findin
 @pytest.mark.parametrize("version, outcome", [("0.5.19", Outcome.FAILED), ("0.5.20", Outcome.FAILED),
                                               ("0.5.21", Outcome.FAILED), ("0.5.22", Outcome.PASSED),
                                               ("0.5.23", Outcome.PASSED)])
-def test_release_floor(version: str, outcome: Outcome) -> None:
-    f = _one(run_defenses_gate([replace(P0, version=version)]), "release")
+def test_release_floor_when_the_version_string_is_trusted(version: str, outcome: Outcome) -> None:
+    f = _one(run_defenses_gate([replace(P0, version=version)], trust_version=True), "release")
     assert f.outcome is outcome, f.summary
+    assert f.summary.startswith(f"version string {version} only, code not read")
+
+
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+def test_version_string_alone_is_not_counted_as_code(version: str) -> None:
+    f = _one(run_defenses_gate([replace(P0, version=version)]), "release")
+    assert f.outcome is Outcome.INCONCLUSIVE, f.summary
+    assert "version string" in f.summary and "code not read" in f.summary and "--trust-version" in f.remedy
+    rows = {e.field: e.value for e in f.evidence}
+    assert rows["pr-38935"].startswith("present: #38935") and "by version string only, code not read" in rows["pr-38935"]
 
 
 def test_release_failure_names_fix_and_remedy() -> None:
     f = _one(run_defenses_gate([replace(P0, version="0.5.20")]), "release")
-    assert "#38935" in f.summary and "below the recommended minimum 0.5.22" in f.summary
+    assert f.outcome is Outcome.FAILED
+    assert "#38935" in f.summary and "version string 0.5.20 only, code not read" in f.summary
     assert "upgrade sglang to 0.5.22" in f.remedy and "kvgate backport --to" in f.remedy
-    assert "kvgate-admission-door" in f.remedy
+    assert "kvgate-admission-door" in f.remedy and "--python COMMAND" in f.remedy
 
 
-def test_post_release_below_minimum_still_fails_by_version() -> None:
-    f = _one(run_defenses_gate([replace(P0, version="0.5.21.post1")]), "release")
-    assert f.outcome is Outcome.FAILED and "--site-packages" in f.remedy
+@pytest.mark.parametrize("version", ["0.5.20.post1", "0.5.21.post1", "0.5.21+fork.3"])
+def test_post_and_local_builds_are_judged_as_fixes_judges_them(version: str) -> None:
+    """PEP 440: a post/local build starts from its base and may carry backports; what came later is unknown."""
+    from kvgate.catalogue import assess_version
+
+    f = _one(run_defenses_gate([replace(P0, version=version)], trust_version=True), "release")
+    a = assess_version(version)
+    assert f.outcome is Outcome.INCONCLUSIVE and a.unproven_correctness() and not a.missing_correctness()
+    for s in a.unproven_correctness():
+        assert s.fix.label in f.summary
+
+
+@pytest.mark.parametrize("version", ["0.5.24", "0.6.0", "0.6.0.post1"])
+def test_newer_than_the_catalogue_is_weak_evidence(version: str) -> None:
+    f = _one(run_defenses_gate([replace(P0, version=version)], trust_version=True), "release")
+    assert f.outcome is Outcome.INCONCLUSIVE and "weak evidence" in f.summary
+    rows = {e.field: e.value for e in f.evidence}
+    assert "assumed by release order" in rows["pr-38935"]
+
+
+def test_older_than_the_catalogue_fails() -> None:
+    f = _one(run_defenses_gate([replace(P0, version="0.5.18")], trust_version=True), "release")
+    assert f.outcome is Outcome.FAILED and "#36988" in f.summary
 
 
 def test_unknown_or_garbage_version_is_inconclusive() -> None:
@@ -58,7 +89,10 @@ def test_dev_build_of_the_minimum_is_inconclusive() -> None:
 
 def test_mori_fix_counts_only_on_mori() -> None:
     # A 0.5.21 dev build cannot prove mori support either way; on 0.5.22 mori passes.
-    assert _one(run_defenses_gate([replace(P0, transfer_backend="mori")]), "release").outcome is Outcome.PASSED
+    f = _one(run_defenses_gate([replace(P0, transfer_backend="mori")], trust_version=True), "release")
+    assert f.outcome is Outcome.PASSED
+    f = _one(run_defenses_gate([replace(P0, transfer_backend="mori", version="0.5.21")], trust_version=True), "release")
+    assert f.outcome is Outcome.FAILED and "mori-deferred-release" in f.summary
 
 
 @pytest.mark.wheels
@@ -201,7 +235,7 @@ def test_canary_on_mha_model_counts() -> None:
 
 
 def test_finding_count_and_gate_name() -> None:
-    findings = run_defenses_gate([P0, D0], deferred_release_env=True)
+    findings = run_defenses_gate([P0, D0], deferred_release_env=True, trust_version=True)
     assert all(f.gate == "defenses" for f in findings)
     assert [f.check for f in findings].count("release") == 2 and [f.check for f in findings].count("kv-checksum") == 1
     assert all(f.outcome is Outcome.PASSED for f in findings), [(f.check, f.summary) for f in findings]
