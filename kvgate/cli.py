@@ -14,6 +14,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: Rich's boxed panels cut option names off at 80 columns.
+    rich_markup_mode=None,
 )
 
 def _version_callback(value: bool) -> None:

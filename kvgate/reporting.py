@@ -9,7 +9,6 @@ from typing import TextIO
 from kvgate.errors import UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.formats.table import TableFormatter
 from kvgate.secrets import redact
 
 
@@ -31,6 +30,8 @@ def emit(
     stdout: TextIO | None = None,
 ) -> list[str]:
     """Render the report in every requested format; return problems writing files (never raise)."""
+    from kvgate.formats.table import TableFormatter
+
     stdout = stdout or sys.stdout
     problems: list[str] = []
     to_stdout = [fmt for fmt, dest in pairs if dest is None]

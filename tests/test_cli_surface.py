@@ -39,12 +39,30 @@ def test_help_of_every_command_imports_no_heavy_module() -> None:
         f"for path in {_commands()!r}:\n"
         "    r = CliRunner().invoke(app, path + ['--help'])\n"
         "    assert r.exit_code == 0, (path, r.output)\n"
-        "heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'sglang', 'smg', 'git') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'sglang', 'smg', 'git', 'httpx', 'kvgate.target',\n"
+        "                     'kvgate.check', 'kvgate.backport.engine', 'kvgate.catalogue') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_help_of_every_command_is_readable_at_80_columns() -> None:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for path in _commands():
+        res = runner.invoke(app, path + ["--help"], terminal_width=80, env={"COLUMNS": "80"})
+        assert res.exit_code == 0, (path, res.output)
+        too_wide = [ln for ln in res.output.splitlines() if len(ln) > 80]
+        assert not too_wide, (path, too_wide)
+        cmd = group
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        for param in cmd.params:
+            for opt in param.opts + param.secondary_opts:
+                assert opt in res.output, f"`kvgate {' '.join(path)} --help` cuts off {opt}"
 
 
 def _readme_invocations() -> list[list[str]]:

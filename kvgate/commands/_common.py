@@ -12,7 +12,6 @@ from kvgate.errors import KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.reporting import emit
 from kvgate.secrets import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -55,6 +54,8 @@ def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]]) -> NoR
     A report file that could not be written turns a pass into a usage error: a pipeline must not
     promote on a verdict nobody can read.
     """
+    from kvgate.reporting import emit
+
     problems = emit(report, pairs)
     for p in problems:
         typer.echo(f"kvgate: error: {redact(p)}", err=True)

@@ -4,32 +4,19 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.backport.engine import (
-    BackportResult,
-    Layout,
-    Target,
-    applied_patches,
-    apply_series,
-    revert_series,
-    site_packages_of,
-)
-from kvgate.backport.manifest import Series, load_series
-from kvgate.backport.probe import (
-    ERROR,
-    RETIRED,
-    VERIFIED,
-    run_all_probes,
-)
 from kvgate.commands._common import finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
 from kvgate.formats import ReportFormat
-from kvgate.reporting import pair_outputs
 from kvgate.secrets import redact
+
+if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
+    from kvgate.backport.engine import BackportResult, Target
+    from kvgate.backport.manifest import Series
 
 GATE = "backport"
 
@@ -54,6 +41,10 @@ def backport(
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
+    from kvgate.backport.engine import apply_series, revert_series
+    from kvgate.backport.manifest import load_series
+    from kvgate.reporting import pair_outputs
+
     pairs = pair_outputs(list(fmt), list(output))
     action = "verify" if verify else "revert" if revert else "check" if check else "apply"
     try:
@@ -77,6 +68,8 @@ def backport(
 
 def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:
     """The target to patch, and the interpreter + PYTHONPATH that import it (None: a CPU env will)."""
+    from kvgate.backport.engine import Layout, Target, site_packages_of
+
     if repo is not None and (site is not None or python is not None):
         raise UsageError("give one of --repo, --site-packages, --python (--python may accompany --site-packages)")
     if repo is not None:
@@ -112,6 +105,9 @@ def _report(series: Series, target: Target, result: BackportResult) -> Report:
 
 def _verify(series: Series, target: Target, python: str | None, extra: list[str], timeout: float) -> Report:
     """Applied? Then execute the target's own admission (and, if applied, decode commit) code."""
+    from kvgate.backport.engine import Layout, applied_patches
+    from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_all_probes
+
     node = str(target.root)
     have = applied_patches(target, series)
     have_ids = {p.id for p in have}
@@ -188,4 +184,4 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
                           "applied": sorted(have_ids)}, notes=notes)
 
 
-__all__ = ["backport", "RETIRED"]
+__all__ = ["backport"]

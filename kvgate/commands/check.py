@@ -7,22 +7,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from kvgate.check import run_check
 from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError
 from kvgate.formats import ReportFormat
-from kvgate.gates.base import CheckOptions
-from kvgate.progress import LineObserver, Observer, RichObserver
-from kvgate.reporting import pair_outputs
-from kvgate.secrets import token_from_env
+
+if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
+    from kvgate.gates.base import CheckOptions
+    from kvgate.progress import Observer
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
 
 
 def _observer(quiet: bool) -> Observer | None:
+    from kvgate.progress import LineObserver, RichObserver
+
     if quiet:
         return None
     return RichObserver() if sys.stderr.isatty() else LineObserver()
@@ -67,6 +70,10 @@ def check(
     ),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, and (with --router-url) behavioural probes."""
+    from kvgate.check import run_check
+    from kvgate.reporting import pair_outputs
+    from kvgate.secrets import token_from_env
+
     pairs = pair_outputs(list(fmt), list(output))
     try:
         options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
@@ -101,6 +108,7 @@ def _options(
     strict: bool,
 ) -> CheckOptions:
     """Merge the profile and the flags: flags win, then the profile, then the defaults."""
+    from kvgate.gates.base import CheckOptions
     from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")

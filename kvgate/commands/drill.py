@@ -16,8 +16,6 @@ from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
-from kvgate.gates.base import CheckOptions
-from kvgate.reporting import pair_outputs
 
 
 @handle_errors
@@ -41,6 +39,8 @@ def drill(
 ) -> None:
     """Run the full gate against a simulated PD deployment behind the real router."""
     from kvgate.check import run_check
+    from kvgate.gates.base import CheckOptions
+    from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
     probes: dict[str, object] = {}

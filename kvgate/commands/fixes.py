@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.catalogue import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
-from kvgate.catalogue.behaviour import detect_by_behaviour
-from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
 from kvgate.commands._common import finish, handle_errors
 from kvgate.errors import TransportError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.reporting import pair_outputs
-from kvgate.secrets import token_from_env
+
+if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
+    from kvgate.catalogue import Assessment
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
@@ -40,6 +38,8 @@ def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple
 
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
+    from kvgate.catalogue import Assessment, assess, assess_version
+
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--url {url}: expected an http:// or https:// URL")
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
@@ -77,6 +77,12 @@ def fixes(
     Exit 0: every correctness fix present. 1: one is missing. 2: usage error. 3: --strict and an entry
     is unknown. 4: --url unreachable.
     """
+    from kvgate.catalogue import assess_checkout, assess_installed, assess_version, to_findings
+    from kvgate.catalogue.behaviour import detect_by_behaviour
+    from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
+    from kvgate.reporting import pair_outputs
+    from kvgate.secrets import token_from_env
+
     chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
                                      ("--python", python), ("--url", url)) if val is not None]
     # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).

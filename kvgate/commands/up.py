@@ -15,8 +15,6 @@ from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError
 from kvgate.formats import ReportFormat
-from kvgate.gates.base import CheckOptions
-from kvgate.reporting import pair_outputs
 
 
 class _Stop(Exception):
@@ -56,6 +54,8 @@ def up(
     import sys
 
     from kvgate.check import run_check
+    from kvgate.gates.base import CheckOptions
+    from kvgate.reporting import pair_outputs
     from kvgate.launch import PDDeployment, PDLaunchPlan
 
     pairs = pair_outputs(list(fmt), list(output))
