@@ -25,6 +25,11 @@ def backports_dir() -> Path:
     return _data_dir("backports")
 
 
+def checks_doc() -> Path:
+    """docs/checks.md: one short page per check ID."""
+    return _data_dir("docs") / "checks.md"
+
+
 def cache_dir() -> Path:
     """KVGATE_CACHE_DIR, else .cache/kvgate in a source checkout, else ~/.cache/kvgate."""
     env = os.environ.get("KVGATE_CACHE_DIR")

@@ -48,7 +48,10 @@ def fatal_report(command: str, exc: KvgateError, strict: bool) -> Report:
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=exc.exit_status)
 
 
-def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]]) -> NoReturn:
+VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
+
+
+def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False) -> NoReturn:
     """Write the report everywhere it was asked for, then exit with its status.
 
     A report file that could not be written turns a pass into a usage error: a pipeline must not
@@ -56,7 +59,7 @@ def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]]) -> NoR
     """
     from kvgate.reporting import emit
 
-    problems = emit(report, pairs)
+    problems = emit(report, pairs, verbose=verbose)
     for p in problems:
         typer.echo(f"kvgate: error: {redact(p)}", err=True)
     status = report.exit_status

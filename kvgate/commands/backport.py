@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.commands._common import finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
 from kvgate.formats import ReportFormat
@@ -39,6 +39,7 @@ def backport(
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
     from kvgate.backport.engine import apply_series, revert_series
@@ -63,7 +64,7 @@ def backport(
         node = str(repo or site_packages or python or "-")
         report = Report(command=f"backport {action}", findings=(inconclusive(
             GATE, action, node, f"refused: {exc}"),), strict=True, fatal_status=exc.exit_status)
-    finish(report, pairs)
+    finish(report, pairs, verbose)
 
 
 def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError
 from kvgate.formats import ReportFormat
 
@@ -53,6 +53,7 @@ def check(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe_deadline: Optional[float] = typer.Option(
         None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
     ),
@@ -94,7 +95,7 @@ def check(
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = fatal_report("check", exc, strict)
-    finish(report, pairs)
+    finish(report, pairs, verbose)
 
 
 def _options(

@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -36,6 +36,7 @@ def drill(
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Run the full gate against a simulated PD deployment behind the real router."""
     from kvgate.check import run_check
@@ -74,4 +75,4 @@ def drill(
         report = fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"), strict)
     except KvgateError as exc:
         report = fatal_report("drill", exc, strict)
-    finish(report, pairs)
+    finish(report, pairs, verbose)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.commands._common import finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, finish, handle_errors
 from kvgate.errors import TransportError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
@@ -68,6 +68,7 @@ def fixes(
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
@@ -132,4 +133,4 @@ def fixes(
         cost={"wall_s": round(time.time() - started, 3)},
         notes=tuple(notes),
     )
-    finish(report, pairs)
+    finish(report, pairs, verbose)

@@ -7,6 +7,7 @@ import json
 from kvgate import __version__
 from kvgate.findings import Report
 from kvgate.formats.base import Formatter
+from kvgate.formats.digest import doc_ref
 
 SCHEMA_VERSION = 1
 
@@ -26,6 +27,6 @@ class JsonFormatter(Formatter):
             "target": report.target,
             "cost": report.cost,
             "notes": list(report.notes),
-            "findings": [f.to_dict() for f in report.findings],
+            "findings": [{"id": f.test_id, **f.to_dict(), "doc": doc_ref(f)} for f in report.findings],
         }
         return json.dumps(doc, indent=2, default=str) + "\n"
