@@ -51,6 +51,9 @@ def drill(
         probes["early_stop"] = False
     observer = _observer(quiet)
     try:
+        from kvgate.extras import require_sim
+
+        require_sim("kvgate drill")
         from kvgate.sim.deploy import SimDeployment
         from kvgate.sim.releases import SUPPORTED
 

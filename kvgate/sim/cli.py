@@ -74,6 +74,9 @@ def up(
     from kvgate.sim.releases import SUPPORTED
     from kvgate.supervisor import SupervisorError
 
+    from kvgate.extras import require_sim
+
+    require_sim("kvgate sim up")
     if emulate not in SUPPORTED:
         raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
     from kvgate.sim.releases import get_release
