@@ -51,6 +51,9 @@ app.add_typer(sim_app, name="sim")
 from kvgate.commands.fixes import fixes  # noqa: E402
 
 app.command("fixes")(fixes)
+from kvgate.commands.schema import schema  # noqa: E402
+
+app.command("schema")(schema)
 
 
 def main() -> None:

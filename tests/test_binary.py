@@ -90,6 +90,11 @@ def test_binary_gates_a_simulated_deployment(binary: Path, bare_env: dict[str, s
                "-f", "table", "-f", "json", "-o", str(tmp_path / "kvgate.txt"), "-o", str(report), cwd=tmp_path)
     assert res.returncode == status, res.stdout + res.stderr
     doc = json.loads(report.read_text())
+    import jsonschema
+
+    from kvgate.formats.json import schema_text
+
+    jsonschema.validate(doc, json.loads(schema_text()))  # the binary writes the published schema too
     failed = [f["id"] for f in doc["findings"] if f["outcome"] == "failed"]
     if status == ExitStatus.GATE_FAILED:
         assert any(i.startswith("probes.canary.") or i.startswith("probes.contract.") for i in failed), failed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kvgate import __version__
 from kvgate.findings import Report
@@ -10,6 +11,12 @@ from kvgate.formats.base import Formatter
 from kvgate.formats.digest import doc_ref
 
 SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+
+
+def schema_text() -> str:
+    """The published JSON Schema of this report (`kvgate schema` prints it)."""
+    return SCHEMA_FILE.read_text(encoding="utf-8")
 
 
 class JsonFormatter(Formatter):
