@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -104,6 +105,22 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-1].strip() == command
     assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
+
+
+def test_usage_errors_read_the_same_in_every_command(tmp_path: Path) -> None:
+    """A usage error found after the flags parse: `kvgate: error: ...` on stderr, exit 2, and the report."""
+    cases = [["check", "--prefill-url", "ftp://x"],
+             ["fixes", "--rev", "HEAD"],
+             ["backport", "--to", "v0.5.20"]]
+    for argv in cases:
+        out = tmp_path / f"{argv[0]}.json"
+        res = runner.invoke(app, [*argv, "-q", "-f", "json", "-o", str(out)] if argv[0] == "check"
+                            else [*argv, "-f", "json", "-o", str(out)])
+        assert res.exit_code == 2, (argv, res.output)
+        assert res.stderr.startswith("kvgate: error: ") and "Traceback" not in res.output, (argv, res.stderr)
+        doc = json.loads(out.read_text())
+        assert doc["verdict"] == "usage_error" and [f["id"] for f in doc["findings"]] == ["kvgate.run"], argv
+        assert res.stdout.startswith(f"kvgate {doc['command']}: USAGE ERROR"), (argv, res.stdout)
 
 
 def test_usage_errors_exit_2_without_a_traceback_in_every_command() -> None:

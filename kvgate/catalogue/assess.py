@@ -12,7 +12,7 @@ from kvgate.catalogue.model import Catalogue, Detection, Presence, load_catalogu
 from kvgate.catalogue.source import InstalledSglang, detect_by_source
 from kvgate.catalogue.version import detect_by_version, parse_release
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
 
 GATE = "fixes"
 
@@ -173,6 +173,8 @@ def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None) -> 
                                     remedy="read the code the server runs: kvgate fixes --site-packages PATH or --python INTERPRETER"))
         elif s.presence is Presence.ABSENT and required:
             out.append(failed(gate, fix.id, node, summary, *ev, remedy=remedy_for(a.catalogue, s)))
+        elif s.presence is Presence.ABSENT:
+            out.append(info(gate, fix.id, node, summary, *ev))  # absent and not required here: not a pass
         else:
             out.append(passed(gate, fix.id, node, summary, *ev))
     return out

@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
 from kvgate.formats import ReportFormat
-from kvgate.secrets import redact
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
     from kvgate.backport.engine import BackportResult, Target
@@ -60,10 +59,7 @@ def backport(
         else:
             report = _report(series, target, apply_series(target, series, with_hardening, check=check))
     except KvgateError as exc:
-        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
-        node = str(repo or site_packages or python or "-")
-        report = Report(command=f"backport {action}", findings=(inconclusive(
-            GATE, action, node, f"refused: {exc}"),), strict=True, fatal_status=exc.exit_status)
+        report = fatal_report(f"backport {action}", exc, strict=True)
     finish(report, pairs, verbose)
 
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, finish, handle_errors
-from kvgate.errors import TransportError, UsageError
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.errors import KvgateError, TransportError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
 
@@ -84,53 +84,56 @@ def fixes(
     from kvgate.reporting import pair_outputs
     from kvgate.secrets import token_from_env
 
-    chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
-                                     ("--python", python), ("--url", url)) if val is not None]
-    # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
-    probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
-    if len(chosen) > 1 and not probe_pair:
-        raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
-    if probe and python is None:
-        raise UsageError("--probe needs --python INTERPRETER (one that imports sglang, with --site-packages PATH "
-                         "when the package is not on its own path)")
-    if rev is not None and repo is None:
-        raise UsageError("--rev needs --repo")
     pairs = pair_outputs(list(formats), list(outputs))
-    token = token_from_env(token_env)
-    if token_env and url is None:
-        raise UsageError("--token-env is only used with --url")
-    backend = backend.strip().lower() if backend else None
-    started = time.time()
-    if version is not None:
-        a = assess_version(version, backend=backend)
-    elif repo is not None:
-        a = assess_checkout(repo, rev or "HEAD", backend=backend)
-    elif url is not None:
-        a = _assess_url(url, backend=backend, token=token, timeout=timeout)
-    elif probe_pair:
-        installed = from_site_packages(Path(str(site_packages)))
-        behaviour = detect_by_behaviour(str(python), [str(installed.package_dir.parent)], timeout=probe_timeout)
-        a = assess_installed(installed, backend=backend, behaviour=behaviour)
-    elif python is not None:
-        installed = from_python(python)
-        behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
-        a = assess_installed(installed, backend=backend, behaviour=behaviour)
-    elif site_packages is not None and site_packages != "auto":
-        a = assess_installed(from_site_packages(Path(site_packages)), backend=backend)
-    else:
-        a = assess_installed(auto_detect(), backend=backend)
-    notes = list(a.notes)
-    notes.append(f"reads as: {a.reads_as()}")
-    if a.backend is None:
-        notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
-    report = Report(
-        command="fixes",
-        findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
-        strict=strict,
-        target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
-                "methods": list(a.methods), "backports": list(a.backports_present()),
-                "missing_correctness": [s.fix.id for s in a.missing_correctness()]},
-        cost={"wall_s": round(time.time() - started, 3)},
-        notes=tuple(notes),
-    )
+    try:
+        chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
+                                         ("--python", python), ("--url", url)) if val is not None]
+        # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
+        probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
+        if len(chosen) > 1 and not probe_pair:
+            raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
+        if probe and python is None:
+            raise UsageError("--probe needs --python INTERPRETER (one that imports sglang, with --site-packages PATH "
+                             "when the package is not on its own path)")
+        if rev is not None and repo is None:
+            raise UsageError("--rev needs --repo")
+        token = token_from_env(token_env)
+        if token_env and url is None:
+            raise UsageError("--token-env is only used with --url")
+        backend = backend.strip().lower() if backend else None
+        started = time.time()
+        if version is not None:
+            a = assess_version(version, backend=backend)
+        elif repo is not None:
+            a = assess_checkout(repo, rev or "HEAD", backend=backend)
+        elif url is not None:
+            a = _assess_url(url, backend=backend, token=token, timeout=timeout)
+        elif probe_pair:
+            installed = from_site_packages(Path(str(site_packages)))
+            behaviour = detect_by_behaviour(str(python), [str(installed.package_dir.parent)], timeout=probe_timeout)
+            a = assess_installed(installed, backend=backend, behaviour=behaviour)
+        elif python is not None:
+            installed = from_python(python)
+            behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
+            a = assess_installed(installed, backend=backend, behaviour=behaviour)
+        elif site_packages is not None and site_packages != "auto":
+            a = assess_installed(from_site_packages(Path(site_packages)), backend=backend)
+        else:
+            a = assess_installed(auto_detect(), backend=backend)
+        notes = list(a.notes)
+        notes.append(f"reads as: {a.reads_as()}")
+        if a.backend is None:
+            notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
+        report = Report(
+            command="fixes",
+            findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
+            strict=strict,
+            target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
+                    "methods": list(a.methods), "backports": list(a.backports_present()),
+                    "missing_correctness": [s.fix.id for s in a.missing_correctness()]},
+            cost={"wall_s": round(time.time() - started, 3)},
+            notes=tuple(notes),
+        )
+    except KvgateError as exc:
+        report = fatal_report("fixes", exc, strict)
     finish(report, pairs, verbose)

@@ -35,7 +35,7 @@ def verdict_line(report: Report) -> str:
 def counts_line(report: Report) -> str:
     c = report.counts()
     parts = [f"{c['failed']} failed", f"{c['error']} errors", f"{c['inconclusive']} inconclusive",
-             f"{c['passed']} passed"]
+             f"{c['passed']} passed"] + ([f"{c['info']} info"] if c["info"] else [])
     return ", ".join(parts) + (f" ({c['waived']} waived)" if c["waived"] else "")
 
 
@@ -109,10 +109,10 @@ def doc_ref(f: Finding) -> str | None:
     return doc.ref if doc else None
 
 
-def passed_digest(report: Report) -> str:
-    """`target.reachable x3, pool-context.role x2, ...`: the passed checks in one line."""
+def passed_digest(report: Report, outcome: Outcome = Outcome.PASSED) -> str:
+    """`target.reachable x3, pool-context.role x2, ...`: the checks of one outcome in one line."""
     n: dict[str, int] = {}
     for f in report.findings:
-        if f.outcome is Outcome.PASSED and not f.waived:
+        if f.outcome is outcome and not f.waived:
             n[f.test_id] = n.get(f.test_id, 0) + 1
     return ", ".join(k + (f" x{v}" if v > 1 else "") for k, v in n.items())

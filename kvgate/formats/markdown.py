@@ -6,7 +6,8 @@ from kvgate.findings import Outcome, Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import counts_line, doc_ref, evidence_line, headlines, verdict_line
 
-_ICON = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR"}
+_ICON = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR",
+         Outcome.INFO: "INFO"}
 
 
 def _cell(text: object) -> str:
@@ -28,7 +29,7 @@ class MarkdownFormatter(Formatter):
             out.append(
                 f"| {_ICON[f.outcome]}{' (waived)' if f.waived else ''} | `{_cell(f.test_id)}` | {_cell(f.node)} | {_cell(f.summary)} |"
             )
-        not_passed = [f for f in report.findings if f.outcome is not Outcome.PASSED and f.evidence]
+        not_passed = [f for f in report.findings if f.outcome not in (Outcome.PASSED, Outcome.INFO) and f.evidence]
         if not_passed:
             out += ["", "### Evidence", ""]
             for f in not_passed:
@@ -39,7 +40,7 @@ class MarkdownFormatter(Formatter):
         if waived:
             out += ["", "### Waived", ""]
             out += [f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.waived)}" for f in waived]
-        remedies = [f for f in report.findings if f.remedy and f.outcome is not Outcome.PASSED]
+        remedies = [f for f in report.findings if f.remedy and f.outcome not in (Outcome.PASSED, Outcome.INFO)]
         if remedies:
             out += ["", "### Remedies", ""]
             for f in remedies:

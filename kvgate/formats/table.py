@@ -25,8 +25,11 @@ from kvgate.formats.digest import (
     verdict_line,
 )
 
-_STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.INCONCLUSIVE: "yellow", Outcome.ERROR: "magenta"}
-_LABEL = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR"}
+_STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.INCONCLUSIVE: "yellow", Outcome.ERROR: "magenta",
+          Outcome.INFO: "cyan"}
+_LABEL = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR",
+          Outcome.INFO: "INFO"}
+_QUIET = (Outcome.PASSED, Outcome.INFO)  # one digest line each unless --verbose
 FILE_WIDTH = 100  # a report written to a file has no terminal; wide enough for a log viewer
 
 
@@ -71,7 +74,7 @@ class TableFormatter(Formatter):
         self._details(console, report)
 
     def _details(self, console: Console, report: Report) -> None:
-        shown = [f for f in report.findings if self.verbose or f.outcome is not Outcome.PASSED or f.waived]
+        shown = [f for f in report.findings if self.verbose or f.outcome not in _QUIET or f.waived]
         if shown:
             console.print()
             console.rule("detail" if self.verbose else "detail (what did not pass; --verbose for all)",
@@ -87,16 +90,19 @@ class TableFormatter(Formatter):
                 grid.add_row("", "- ", escape(evidence_line(e, f.node, full=self.verbose)))
             if f.waived:
                 grid.add_row("", "", f"[bold]waived[/]: {escape(f.waived)}")
-            if f.remedy and f.outcome is not Outcome.PASSED:
+            if f.remedy and f.outcome not in _QUIET:
                 grid.add_row("", "", f"[bold]fix[/]: {escape(f.remedy)}")
             ref = doc_ref(f)
-            if ref and f.outcome is not Outcome.PASSED:
+            if ref and f.outcome not in _QUIET:
                 grid.add_row("", "", f"see {escape(ref)}")
             console.print(grid)
-        digest = passed_digest(report)
-        if digest and not self.verbose:
-            console.print()
-            console.print(escape(f"passed: {digest}"))
+        if not self.verbose:
+            digests = [(o.value, passed_digest(report, o)) for o in _QUIET]
+            if any(d for _, d in digests):
+                console.print()
+            for name, digest in digests:
+                if digest:
+                    console.print(escape(f"{name}: {digest}"))
         if report.cost:
             console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items())))
         for n in report.notes:
