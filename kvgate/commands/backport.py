@@ -173,8 +173,12 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         else:
             findings.append(failed(f"{GATE}-probe", "handoff-coverage", node,
                                    f"{hard.status}: a short handoff was committed", *hev))
+    from kvgate.paths import cache_dir, left_behind
+
     notes = (f"probes ran in {adm.python} (sglang {adm.version}, {suite.duration_s}s"
-             f"{', torchvision STUB' if adm.torchvision_stub else ''})",)
+             f"{', torchvision STUB' if adm.torchvision_stub else ''})",
+             left_behind("kvgate cache (real sglang wheels, CPU environments)", cache_dir(),
+                         "rm -rf it to free the space; it is rebuilt on next use (KVGATE_CACHE_DIR moves it)"))
     return Report(command=f"backport verify {series.name}", findings=tuple(findings), strict=True,
                   target={"layout": target.layout.value, "root": node, "series": series.name,
                           "probe_status": adm.status, "client_error": adm.client_error,

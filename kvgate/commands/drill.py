@@ -7,6 +7,7 @@ incident's pool and context) and `--emulate 0.5.19` the gate must fail.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -41,6 +42,7 @@ def drill(
     """Run the full gate against a simulated PD deployment behind the real router."""
     from kvgate.check import run_check
     from kvgate.gates.base import CheckOptions
+    from kvgate.paths import left_behind
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
@@ -73,7 +75,10 @@ def drill(
                 router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {emulate}",
                 probes=probes,
             )
-            report = run_check(options, observer=observer)
+            report = replace(run_check(options, observer=observer), command="drill")
+        if dep.log_dir is not None:
+            report = replace(report, notes=report.notes + (
+                left_behind("simulator logs", dep.log_dir, f"delete with rm -rf {dep.log_dir}"),))
     except ImportError as exc:
         report = fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"), strict)
     except KvgateError as exc:
