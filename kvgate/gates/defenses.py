@@ -188,8 +188,8 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
                            f"exposed env (SGLANG_EXPOSE_OWN_ENV_VARS=1) or operator input; release default {default}"))
         return inconclusive(GATE, "deferred-release", n.node,
                             "deferred decode KV release: the effective env is unknown (no CLI flag, not in server_info)",
-                            *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value in "
-                            "the gate profile (defenses.deferred_release_env)")
+                            *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
+                            "--deferred-release-env / --no-deferred-release-env (profile: defenses.deferred_release_env)")
     if on is False:
         return failed(GATE, "deferred-release", n.node, "deferred decode KV release is OFF: pages can be freed "
                       "while an aborted transfer may still write them", *ev,
