@@ -5,9 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
