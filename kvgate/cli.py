@@ -14,6 +14,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help: Rich's boxed panels cut option names off at 80 columns.
+    rich_markup_mode=None,
 )
 
 def _version_callback(value: bool) -> None:
@@ -49,6 +51,9 @@ app.add_typer(sim_app, name="sim")
 from kvgate.commands.fixes import fixes  # noqa: E402
 
 app.command("fixes")(fixes)
+from kvgate.commands.schema import schema  # noqa: E402
+
+app.command("schema")(schema)
 
 
 def main() -> None:

@@ -20,11 +20,12 @@ class UsageError(KvgateError):
 class ProfileError(UsageError):
     """A gate profile that does not validate (exit 2). The message names file, key and expectation."""
 
-    def __init__(self, path: str, key: str, problem: str) -> None:
+    def __init__(self, path: str, key: str | None, problem: str) -> None:
         self.path = path
         self.key = key
         self.problem = problem
-        super().__init__(f"profile {path}: key '{key}': {problem}")
+        # key None: the whole file is the problem (missing, not YAML, not a mapping).
+        super().__init__(f"profile {path}: " + (f"key '{key}': " if key else "") + problem)
 
 
 class TransportError(KvgateError):

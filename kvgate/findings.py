@@ -1,8 +1,10 @@
 """Results of a gate run: frozen findings with evidence, and the report that carries them.
 
-A finding is one check on one node. Its outcome is one of four: passed, failed, inconclusive
-(nothing could be observed, or a field needed for the verdict is unknown) and error (the run broke
-while checking: transport failure). Inconclusive is never passed.
+A finding is one check on one node. Its outcome is one of five: passed, failed, inconclusive
+(nothing could be observed, or a field needed for the verdict is unknown), error (the run broke
+while checking: transport failure) and info (reported, not required: an optional detection that is
+off, an informational fix that is absent). Inconclusive is never passed; info is neither a pass nor
+a failure and never moves the exit status.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Outcome(str, Enum):
     FAILED = "failed"
     INCONCLUSIVE = "inconclusive"
     ERROR = "error"
+    INFO = "info"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,11 @@ def inconclusive(
 
 def error(gate: str, check: str, node: str, summary: str, *evidence: Evidence) -> Finding:
     return Finding(gate, check, node, Outcome.ERROR, summary, tuple(evidence))
+
+
+def info(gate: str, check: str, node: str, summary: str, *evidence: Evidence) -> Finding:
+    """Reported for the record, not required: neither a pass nor a failure."""
+    return Finding(gate, check, node, Outcome.INFO, summary, tuple(evidence))
 
 
 def exit_status_for(findings: tuple[Finding, ...] | list[Finding], strict: bool) -> ExitStatus:

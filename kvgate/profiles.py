@@ -48,7 +48,7 @@ def resolve(ref: str) -> Path:
     if bundled.is_file():
         return bundled
     known = ", ".join(sorted(p.stem for p in profiles_dir().glob("*.yaml")))
-    raise ProfileError(ref, "-", f"no such file, and no bundled profile of that name (bundled: {known})")
+    raise ProfileError(ref, None, f"no such file, and no bundled profile of that name (bundled: {known})")
 
 
 def _int(path: str, key: str, value: Any, minimum: int) -> int:
@@ -74,11 +74,11 @@ def load(ref: str) -> Profile:
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise ProfileError(where, "-", f"not valid YAML: {exc}") from None
+        raise ProfileError(where, None, f"not valid YAML: {exc}") from None
     except OSError as exc:
-        raise ProfileError(where, "-", f"cannot read: {exc}") from None
+        raise ProfileError(where, None, f"cannot read: {exc}") from None
     if not isinstance(doc, dict):
-        raise ProfileError(where, "-", f"expected a mapping at the top level, got {type(doc).__name__}")
+        raise ProfileError(where, None, f"expected a mapping at the top level, got {type(doc).__name__}")
     unknown = sorted(set(doc) - _TOP_KEYS)
     if unknown:
         raise ProfileError(where, unknown[0], f"unknown key; expected one of {', '.join(sorted(_TOP_KEYS))}")

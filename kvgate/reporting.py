@@ -9,7 +9,6 @@ from typing import TextIO
 from kvgate.errors import UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.formats.table import TableFormatter
 from kvgate.secrets import redact
 
 
@@ -29,14 +28,24 @@ def emit(
     report: Report,
     pairs: list[tuple[ReportFormat, Path | None]],
     stdout: TextIO | None = None,
+    verbose: bool = False,
 ) -> list[str]:
-    """Render the report in every requested format; return problems writing files (never raise)."""
+    """Render the report in every requested format; return problems writing files (never raise).
+
+    The table on stdout fits the terminal; a table written to a file gets a fixed width. `verbose`
+    shows every finding's detail in the table, not only what did not pass.
+    """
+    from kvgate.formats.table import TableFormatter, terminal_width
+
     stdout = stdout or sys.stdout
+    width = terminal_width()
     problems: list[str] = []
     to_stdout = [fmt for fmt, dest in pairs if dest is None]
     for fmt, dest in pairs:
-        if fmt is ReportFormat.TABLE and dest is None:
-            text = TableFormatter(color=stdout.isatty()).render(report)
+        if fmt is ReportFormat.TABLE:
+            on_stdout = dest is None
+            text = TableFormatter(color=on_stdout and stdout.isatty(), width=width if on_stdout else None,
+                                  verbose=verbose).render(report)
         else:
             text = fmt.formatter().render(report)
         text = redact(text)
@@ -52,6 +61,6 @@ def emit(
             problems.append(f"could not write {fmt.value} report to {dest}: {exc}")
     if not to_stdout:
         # Every format went to a file: a human still reads the verdict in the job log.
-        stdout.write(redact(TableFormatter(color=stdout.isatty()).render(report)))
+        stdout.write(redact(TableFormatter(color=stdout.isatty(), width=width, verbose=verbose).render(report)))
     stdout.flush()
     return problems

@@ -1,4 +1,8 @@
-"""Shared fixtures: a real loopback HTTP server that serves SGLang-shaped documents."""
+"""Shared fixtures: a real loopback HTTP server that serves SGLang-shaped documents.
+
+And two checks on every report any test renders: its JSON validates against the published schema
+(`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,50 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator
 
 import pytest
+
+_report_problems: list[str] = []
+
+
+def _validator() -> Any:
+    try:
+        import jsonschema
+    except ImportError:  # tests/formats/test_schema.py fails loudly instead; keep the rest running
+        return None
+    from kvgate.formats.json import schema_text
+
+    cls = jsonschema.Draft202012Validator
+    return cls(json.loads(schema_text()), format_checker=cls.FORMAT_CHECKER)
+
+
+@pytest.fixture(autouse=True)
+def _every_report_is_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Validate every JSON report against the schema and every emitted check ID against docs/checks.md."""
+    import kvgate.reporting
+    from kvgate.checkdocs import doc_for
+    from kvgate.formats.json import JsonFormatter
+
+    validator = _validator()
+    render, emit = JsonFormatter.render, kvgate.reporting.emit
+    _report_problems.clear()
+
+    def checked_render(self: JsonFormatter, report: Any) -> str:
+        text = render(self, report)
+        if validator is not None:
+            for err in validator.iter_errors(json.loads(text)):
+                _report_problems.append(f"JSON report breaks the schema at {list(err.absolute_path)}: {err.message}")
+        return text
+
+    def checked_emit(report: Any, *args: Any, **kwargs: Any) -> Any:
+        for f in report.findings:
+            if doc_for(f.test_id) is None:
+                _report_problems.append(f"check ID {f.test_id} has no page in docs/checks.md")
+        return emit(report, *args, **kwargs)
+
+    monkeypatch.setattr(JsonFormatter, "render", checked_render)
+    monkeypatch.setattr(kvgate.reporting, "emit", checked_emit)
+    yield
+    problems, _report_problems[:] = list(dict.fromkeys(_report_problems)), []
+    assert not problems, "\n".join(problems)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -39,12 +40,30 @@ def test_help_of_every_command_imports_no_heavy_module() -> None:
         f"for path in {_commands()!r}:\n"
         "    r = CliRunner().invoke(app, path + ['--help'])\n"
         "    assert r.exit_code == 0, (path, r.output)\n"
-        "heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'sglang', 'smg', 'git') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'fastapi', 'uvicorn', 'sglang', 'smg', 'git', 'httpx', 'kvgate.target',\n"
+        "                     'kvgate.check', 'kvgate.backport.engine', 'kvgate.catalogue') if m in sys.modules]\n"
         "print('HEAVY', heavy)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_help_of_every_command_is_readable_at_80_columns() -> None:
+    import typer.main
+
+    group = typer.main.get_command(app)
+    for path in _commands():
+        res = runner.invoke(app, path + ["--help"], terminal_width=80, env={"COLUMNS": "80"})
+        assert res.exit_code == 0, (path, res.output)
+        too_wide = [ln for ln in res.output.splitlines() if len(ln) > 80]
+        assert not too_wide, (path, too_wide)
+        cmd = group
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        for param in cmd.params:
+            for opt in param.opts + param.secondary_opts:
+                assert opt in res.output, f"`kvgate {' '.join(path)} --help` cuts off {opt}"
 
 
 def _readme_invocations() -> list[list[str]]:
@@ -86,6 +105,22 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci = [ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-1].strip() == command
     assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
+
+
+def test_usage_errors_read_the_same_in_every_command(tmp_path: Path) -> None:
+    """A usage error found after the flags parse: `kvgate: error: ...` on stderr, exit 2, and the report."""
+    cases = [["check", "--prefill-url", "ftp://x"],
+             ["fixes", "--rev", "HEAD"],
+             ["backport", "--to", "v0.5.20"]]
+    for argv in cases:
+        out = tmp_path / f"{argv[0]}.json"
+        res = runner.invoke(app, [*argv, "-q", "-f", "json", "-o", str(out)] if argv[0] == "check"
+                            else [*argv, "-f", "json", "-o", str(out)])
+        assert res.exit_code == 2, (argv, res.output)
+        assert res.stderr.startswith("kvgate: error: ") and "Traceback" not in res.output, (argv, res.stderr)
+        doc = json.loads(out.read_text())
+        assert doc["verdict"] == "usage_error" and [f["id"] for f in doc["findings"]] == ["kvgate.run"], argv
+        assert res.stdout.startswith(f"kvgate {doc['command']}: USAGE ERROR"), (argv, res.stdout)
 
 
 def test_usage_errors_exit_2_without_a_traceback_in_every_command() -> None:

@@ -15,7 +15,7 @@ from kvgate.catalogue.model import Catalogue, Detection, Presence, load_catalogu
 from kvgate.catalogue.source import detect_by_source
 from kvgate.catalogue.version import detect_by_version, parse_release
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
 
 GATE = "fixes"
 
@@ -237,6 +237,8 @@ def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None,
         elif required and s.presence is Presence.PRESENT and require_code and s.version_only:
             out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE + "; or accept the "
                                     "version string with --trust-version"))
+        elif s.presence is Presence.ABSENT:
+            out.append(info(gate, fix.id, node, summary, *ev))  # absent and not required here: not a pass
         else:
             out.append(passed(gate, fix.id, node, summary, *ev))
     return out

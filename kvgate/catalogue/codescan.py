@@ -23,9 +23,9 @@ from kvgate.backport.manifest import MARKER_PREFIX, Series, available, load_seri
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.model import Catalogue, Signature
 from kvgate.catalogue.signatures import SourceTree, glob_regex
+from kvgate.defaults import SCAN_TIMEOUT_S  # one home: kvgate/defaults.py (re-exported here)
 from kvgate.errors import TransportError, UsageError
 
-SCAN_TIMEOUT_S = 60.0
 SCAN_OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of stdout; the answer is a few kB
 
 

@@ -12,7 +12,6 @@ from kvgate.errors import KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.reporting import emit
 from kvgate.secrets import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,13 +48,18 @@ def fatal_report(command: str, exc: KvgateError, strict: bool) -> Report:
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=exc.exit_status)
 
 
-def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]]) -> NoReturn:
+VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
+
+
+def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False) -> NoReturn:
     """Write the report everywhere it was asked for, then exit with its status.
 
     A report file that could not be written turns a pass into a usage error: a pipeline must not
     promote on a verdict nobody can read.
     """
-    problems = emit(report, pairs)
+    from kvgate.reporting import emit
+
+    problems = emit(report, pairs, verbose=verbose)
     for p in problems:
         typer.echo(f"kvgate: error: {redact(p)}", err=True)
     status = report.exit_status

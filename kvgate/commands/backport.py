@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.backport.engine import (
-    BackportResult,
-    Layout,
-    Target,
-    applied_patches,
-    apply_series,
-    revert_series,
-    site_packages_of,
-)
-from kvgate.backport.manifest import Series, load_series
-from kvgate.backport.probe import (
-    ERROR,
-    RETIRED,
-    VERIFIED,
-    run_all_probes,
-)
-from kvgate.commands._common import finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
 from kvgate.formats import ReportFormat
-from kvgate.reporting import pair_outputs
-from kvgate.secrets import redact
+
+if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
+    from kvgate.backport.engine import BackportResult, Target
+    from kvgate.backport.manifest import Series
 
 GATE = "backport"
 
@@ -52,8 +38,13 @@ def backport(
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
+    from kvgate.backport.engine import apply_series, revert_series
+    from kvgate.backport.manifest import load_series
+    from kvgate.reporting import pair_outputs
+
     pairs = pair_outputs(list(fmt), list(output))
     action = "verify" if verify else "revert" if revert else "check" if check else "apply"
     try:
@@ -68,15 +59,14 @@ def backport(
         else:
             report = _report(series, target, apply_series(target, series, with_hardening, check=check))
     except KvgateError as exc:
-        typer.echo(f"kvgate: error: {redact(str(exc))}", err=True)
-        node = str(repo or site_packages or python or "-")
-        report = Report(command=f"backport {action}", findings=(inconclusive(
-            GATE, action, node, f"refused: {exc}"),), strict=True, fatal_status=exc.exit_status)
-    finish(report, pairs)
+        report = fatal_report(f"backport {action}", exc, strict=True)
+    finish(report, pairs, verbose)
 
 
 def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:
     """The target to patch, and the interpreter + PYTHONPATH that import it (None: a CPU env will)."""
+    from kvgate.backport.engine import Layout, Target, site_packages_of
+
     if repo is not None and (site is not None or python is not None):
         raise UsageError("give one of --repo, --site-packages, --python (--python may accompany --site-packages)")
     if repo is not None:
@@ -112,6 +102,9 @@ def _report(series: Series, target: Target, result: BackportResult) -> Report:
 
 def _verify(series: Series, target: Target, python: str | None, extra: list[str], timeout: float) -> Report:
     """Applied? Then execute the target's own admission (and, if applied, decode commit) code."""
+    from kvgate.backport.engine import Layout, applied_patches
+    from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_all_probes
+
     node = str(target.root)
     have = applied_patches(target, series)
     have_ids = {p.id for p in have}
@@ -180,12 +173,16 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         else:
             findings.append(failed(f"{GATE}-probe", "handoff-coverage", node,
                                    f"{hard.status}: a short handoff was committed", *hev))
+    from kvgate.paths import cache_dir, left_behind
+
     notes = (f"probes ran in {adm.python} (sglang {adm.version}, {suite.duration_s}s"
-             f"{', torchvision STUB' if adm.torchvision_stub else ''})",)
+             f"{', torchvision STUB' if adm.torchvision_stub else ''})",
+             left_behind("kvgate cache (real sglang wheels, CPU environments)", cache_dir(),
+                         "rm -rf it to free the space; it is rebuilt on next use (KVGATE_CACHE_DIR moves it)"))
     return Report(command=f"backport verify {series.name}", findings=tuple(findings), strict=True,
                   target={"layout": target.layout.value, "root": node, "series": series.name,
                           "probe_status": adm.status, "client_error": adm.client_error,
                           "applied": sorted(have_ids)}, notes=notes)
 
 
-__all__ = ["backport", "RETIRED"]
+__all__ = ["backport"]

@@ -5,25 +5,26 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.catalogue.codescan import SCAN_TIMEOUT_S
-from kvgate.check import run_check
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
-from kvgate.gates.base import CheckOptions
-from kvgate.progress import LineObserver, Observer, RichObserver
-from kvgate.reporting import pair_outputs
-from kvgate.secrets import token_from_env
+
+if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
+    from kvgate.gates.base import CheckOptions
+    from kvgate.progress import Observer
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
 
 
 def _observer(quiet: bool) -> Observer | None:
+    from kvgate.progress import LineObserver, RichObserver
+
     if quiet:
         return None
     return RichObserver() if sys.stderr.isatty() else LineObserver()
@@ -51,6 +52,7 @@ def check(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe_deadline: Optional[float] = typer.Option(
         None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
     ),
@@ -81,6 +83,10 @@ def check(
     ),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, and (with --router-url) behavioural probes."""
+    from kvgate.check import run_check
+    from kvgate.reporting import pair_outputs
+    from kvgate.secrets import token_from_env
+
     pairs = pair_outputs(list(fmt), list(output))
     try:
         options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
@@ -114,7 +120,7 @@ def check(
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = fatal_report("check", exc, strict)
-    finish(report, pairs)
+    finish(report, pairs, verbose)
 
 
 def _options(
@@ -128,6 +134,7 @@ def _options(
     strict: bool,
 ) -> CheckOptions:
     """Merge the profile and the flags: flags win, then the profile, then the defaults."""
+    from kvgate.gates.base import CheckOptions
     from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")

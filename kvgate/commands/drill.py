@@ -9,17 +9,16 @@ it down, and exits as `check` would. With `--emulate 0.5.19` the gate must fail.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
-from kvgate.gates.base import CheckOptions
-from kvgate.reporting import pair_outputs
 
 
 # The incident's numbers on the simulator; on the real server on CPU, its shape scaled to the tiny model.
@@ -77,9 +76,13 @@ def drill(
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Run the full gate against a simulated PD deployment behind the real router."""
+    """Run the full gate against a PD deployment it starts: the simulator, or the real server on CPU."""
     from kvgate.check import run_check
+    from kvgate.gates.base import CheckOptions
+    from kvgate.paths import left_behind
+    from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
     probes: dict[str, object] = {}
@@ -89,6 +92,10 @@ def drill(
         probes["early_stop"] = False
     observer = _observer(quiet)
     try:
+        if engine == "sim":
+            from kvgate.extras import require_sim
+
+            require_sim("kvgate drill")
         from kvgate.sim.releases import SUPPORTED
 
         if emulate not in SUPPORTED:
@@ -117,9 +124,12 @@ def drill(
                 router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {engine} {emulate}",
                 probes=probes,
             )
-            report = run_check(options, observer=observer)
+            report = replace(run_check(options, observer=observer), command="drill")
+        if dep.log_dir is not None:
+            report = replace(report, notes=report.notes + (
+                left_behind("simulator logs" if engine == "sim" else "server logs", dep.log_dir, f"delete with rm -rf {dep.log_dir}"),))
     except ImportError as exc:
         report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"), strict)
     except KvgateError as exc:
         report = fatal_report("drill", exc, strict)
-    finish(report, pairs)
+    finish(report, pairs, verbose)

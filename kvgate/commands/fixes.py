@@ -5,20 +5,18 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.catalogue import Assessment, assess_checkout, assess_code, assess_version, to_findings
-from kvgate.catalogue.behaviour import detect_by_behaviour
-from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, command_argv
-from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
-from kvgate.commands._common import finish, handle_errors
-from kvgate.errors import TransportError, UsageError
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.defaults import SCAN_TIMEOUT_S
+from kvgate.errors import KvgateError, TransportError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.reporting import pair_outputs
-from kvgate.secrets import token_from_env
+
+if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
+    from kvgate.catalogue import Assessment
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
@@ -42,6 +40,8 @@ def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple
 
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
+    from kvgate.catalogue import Assessment, assess, assess_version
+
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"--url {url}: expected an http:// or https:// URL")
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
@@ -70,6 +70,7 @@ def fixes(
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
     strict: bool = typer.Option(False, "--strict", help="Exit 3 also when an informational entry is unknown."),
     scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
@@ -80,58 +81,68 @@ def fixes(
     3: a correctness fix is unknown or only weakly evidenced (--strict: any entry). 4: --url unreachable,
     or the --python command failed.
     """
-    chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
-                                     ("--python", python), ("--url", url)) if val is not None]
-    # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
-    probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
-    if len(chosen) > 1 and not probe_pair:
-        raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
-    if probe and (python is None or len(command_argv(python)) != 1):
-        raise UsageError("--probe needs --python INTERPRETER, a local interpreter path (one that imports sglang, "
-                         "with --site-packages PATH when the package is not on its own path)")
-    if rev is not None and repo is None:
-        raise UsageError("--rev needs --repo")
+    from kvgate.catalogue import assess_checkout, assess_code, assess_version, to_findings
+    from kvgate.catalogue.behaviour import detect_by_behaviour
+    from kvgate.catalogue.codescan import command_argv
+    from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
+    from kvgate.reporting import pair_outputs
+    from kvgate.secrets import token_from_env
+
     pairs = pair_outputs(list(formats), list(outputs))
-    token = token_from_env(token_env)
-    if token_env and url is None:
-        raise UsageError("--token-env is only used with --url")
-    backend = backend.strip().lower() if backend else None
-    started = time.time()
-    if version is not None:
-        a = assess_version(version, backend=backend)
-    elif repo is not None:
-        a = assess_checkout(repo, rev or "HEAD", backend=backend)
-    elif url is not None:
-        a = _assess_url(url, backend=backend, token=token, timeout=timeout)
-    elif probe_pair:
-        scan = from_site_packages(Path(str(site_packages)))
-        behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
-        a = assess_code(scan, backend=backend, behaviour=behaviour)
-    elif python is not None:
-        scan = from_python(python, timeout=scan_timeout)
-        behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
-        a = assess_code(scan, backend=backend, behaviour=behaviour)
-    elif site_packages is not None and site_packages != "auto":
-        a = assess_code(from_site_packages(Path(site_packages)), backend=backend)
-    else:
-        a = assess_code(auto_detect(), backend=backend)
-    notes = list(a.notes)
-    notes.append(f"reads as: {a.reads_as()}")
-    if a.backend is None:
-        notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
-    # A correctness fix whose presence is unknown (or only weakly evidenced) is never a silent pass:
-    # exit 3 on its own; --strict extends that to informational entries.
-    unproven = a.unproven_correctness()
-    report = Report(
-        command="fixes",
-        findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
-        strict=strict or bool(unproven),
-        target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
-                "methods": list(a.methods), "backports": list(a.backports_present()),
-                "missing_correctness": [s.fix.id for s in a.missing_correctness()],
-                "unproven_correctness": [s.fix.id for s in unproven],
-                "tampered_backports": [s.fix.id for s in a.tampered()]},
-        cost={"wall_s": round(time.time() - started, 3)},
-        notes=tuple(notes),
-    )
-    finish(report, pairs)
+    try:
+        chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
+                                         ("--python", python), ("--url", url)) if val is not None]
+        # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
+        probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
+        if len(chosen) > 1 and not probe_pair:
+            raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
+        if probe and (python is None or len(command_argv(python)) != 1):
+            raise UsageError("--probe needs --python INTERPRETER, a local interpreter path (one that imports sglang, "
+                             "with --site-packages PATH when the package is not on its own path)")
+        if rev is not None and repo is None:
+            raise UsageError("--rev needs --repo")
+        token = token_from_env(token_env)
+        if token_env and url is None:
+            raise UsageError("--token-env is only used with --url")
+        backend = backend.strip().lower() if backend else None
+        started = time.time()
+        if version is not None:
+            a = assess_version(version, backend=backend)
+        elif repo is not None:
+            a = assess_checkout(repo, rev or "HEAD", backend=backend)
+        elif url is not None:
+            a = _assess_url(url, backend=backend, token=token, timeout=timeout)
+        elif probe_pair:
+            scan = from_site_packages(Path(str(site_packages)))
+            behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
+            a = assess_code(scan, backend=backend, behaviour=behaviour)
+        elif python is not None:
+            scan = from_python(python, timeout=scan_timeout)
+            behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
+            a = assess_code(scan, backend=backend, behaviour=behaviour)
+        elif site_packages is not None and site_packages != "auto":
+            a = assess_code(from_site_packages(Path(site_packages)), backend=backend)
+        else:
+            a = assess_code(auto_detect(), backend=backend)
+        notes = list(a.notes)
+        notes.append(f"reads as: {a.reads_as()}")
+        if a.backend is None:
+            notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
+        # A correctness fix whose presence is unknown (or only weakly evidenced) is never a silent pass:
+        # exit 3 on its own; --strict extends that to informational entries.
+        unproven = a.unproven_correctness()
+        report = Report(
+            command="fixes",
+            findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
+            strict=strict or bool(unproven),
+            target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
+                    "methods": list(a.methods), "backports": list(a.backports_present()),
+                    "missing_correctness": [s.fix.id for s in a.missing_correctness()],
+                    "unproven_correctness": [s.fix.id for s in unproven],
+                    "tampered_backports": [s.fix.id for s in a.tampered()]},
+            cost={"wall_s": round(time.time() - started, 3)},
+            notes=tuple(notes),
+        )
+    except KvgateError as exc:
+        report = fatal_report("fixes", exc, strict)
+    finish(report, pairs, verbose)

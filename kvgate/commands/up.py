@@ -11,12 +11,10 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
-from kvgate.gates.base import CheckOptions
-from kvgate.reporting import pair_outputs
 
 
 class _Stop(Exception):
@@ -56,12 +54,15 @@ def up(
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="With --gate: exit 3 when any check is inconclusive."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     worker_arg: List[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
 ) -> None:
     """Start prefill and decode workers and the real router; print the URLs, or gate them with --gate."""
     import sys
 
     from kvgate.check import run_check
+    from kvgate.gates.base import CheckOptions
+    from kvgate.reporting import pair_outputs
     from kvgate.launch import PDDeployment, PDLaunchPlan
 
     pairs = pair_outputs(list(fmt), list(output))
@@ -106,7 +107,7 @@ def up(
                 report = run_check(options, observer=observer)
         except KvgateError as exc:
             report = fatal_report("up --gate", exc, strict)
-        finish(report, pairs)
+        finish(report, pairs, verbose)
     except (KeyboardInterrupt, _Stop):
         typer.echo("kvgate up: stopping", err=True)
     finally:

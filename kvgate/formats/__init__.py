@@ -1,14 +1,17 @@
-"""Report formats: one small class per format, chosen by the `ReportFormat` enum."""
+"""Report formats: one small class per format, chosen by the `ReportFormat` enum.
+
+The enum is imported by every command's option declarations, so it stays light: a formatter module
+(Rich, ElementTree) loads only when a report is rendered, not for `--help`.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-from kvgate.formats.base import Formatter
-from kvgate.formats.json import JsonFormatter
-from kvgate.formats.junit import JunitFormatter
-from kvgate.formats.markdown import MarkdownFormatter
-from kvgate.formats.table import TableFormatter
+if TYPE_CHECKING:
+    from kvgate.formats.base import Formatter
 
 
 class ReportFormat(str, Enum):
@@ -19,15 +22,16 @@ class ReportFormat(str, Enum):
     JUNIT = "junit"
     MARKDOWN = "markdown"
 
-    def formatter(self) -> Formatter:
-        return _FORMATTERS[self]()
+    def formatter(self) -> "Formatter":
+        module, cls = _FORMATTERS[self].rsplit(".", 1)
+        return getattr(import_module(module), cls)()  # type: ignore[no-any-return]
 
 
-_FORMATTERS: dict[ReportFormat, type[Formatter]] = {
-    ReportFormat.TABLE: TableFormatter,
-    ReportFormat.JSON: JsonFormatter,
-    ReportFormat.JUNIT: JunitFormatter,
-    ReportFormat.MARKDOWN: MarkdownFormatter,
+_FORMATTERS: dict[ReportFormat, str] = {
+    ReportFormat.TABLE: "kvgate.formats.table.TableFormatter",
+    ReportFormat.JSON: "kvgate.formats.json.JsonFormatter",
+    ReportFormat.JUNIT: "kvgate.formats.junit.JunitFormatter",
+    ReportFormat.MARKDOWN: "kvgate.formats.markdown.MarkdownFormatter",
 }
 
-__all__ = ["Formatter", "ReportFormat"]
+__all__ = ["ReportFormat"]

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kvgate import __version__
 from kvgate.findings import Report
 from kvgate.formats.base import Formatter
+from kvgate.formats.digest import doc_ref
 
 SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).with_name("report.schema.json")
+
+
+def schema_text() -> str:
+    """The published JSON Schema of this report (`kvgate schema` prints it)."""
+    return SCHEMA_FILE.read_text(encoding="utf-8")
 
 
 class JsonFormatter(Formatter):
@@ -26,6 +34,6 @@ class JsonFormatter(Formatter):
             "target": report.target,
             "cost": report.cost,
             "notes": list(report.notes),
-            "findings": [f.to_dict() for f in report.findings],
+            "findings": [{"id": f.test_id, **f.to_dict(), "doc": doc_ref(f)} for f in report.findings],
         }
         return json.dumps(doc, indent=2, default=str) + "\n"

@@ -50,9 +50,9 @@ class JunitFormatter(Formatter):
                     el.text = _details(f)
                 elif f.outcome is Outcome.INCONCLUSIVE:
                     ET.SubElement(case, "skipped", message=f"inconclusive: {f.summary}")
-                else:
+                else:  # passed, or info (reported, not required: JUnit has no such state)
                     out = ET.SubElement(case, "system-out")
-                    out.text = _details(f)
+                    out.text = ("info (not required): " if f.outcome is Outcome.INFO else "") + _details(f)
         suites.set("tests", str(len(report.findings)))
         waived_failures = sum(f.outcome is Outcome.FAILED and bool(f.waived) for f in report.findings)
         suites.set("failures", str(counts["failed"] - waived_failures))

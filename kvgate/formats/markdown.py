@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from kvgate.findings import Outcome, Report
 from kvgate.formats.base import Formatter
+from kvgate.formats.digest import counts_line, doc_ref, evidence_line, headlines, verdict_line
 
-_ICON = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR"}
+_ICON = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR",
+         Outcome.INFO: "INFO"}
 
 
 def _cell(text: object) -> str:
@@ -14,37 +16,36 @@ def _cell(text: object) -> str:
 
 class MarkdownFormatter(Formatter):
     def render(self, report: Report) -> str:
-        status = report.exit_status
-        c = report.counts()
-        out = [
-            f"## kvgate {report.command}: {status.name.replace('_', ' ').lower()} (exit {int(status)})",
-            "",
-            f"{c['passed']} passed, {c['failed']} failed, {c['inconclusive']} inconclusive, {c['error']} errors"
-            + (f" ({c['waived']} waived)" if c["waived"] else ""),
-            "",
-            "| result | gate | check | node | summary |",
-            "| --- | --- | --- | --- | --- |",
-        ]
+        out = [f"## {_cell(verdict_line(report))}", "", counts_line(report), ""]
+        lines, more = headlines(report)
+        for h in lines:
+            out.append(f"- **{_ICON[h.outcome]}** `{_cell(h.check_id)}` {_cell(h.where)}: {_cell(h.summary)}")
+        if more:
+            out.append(f"- ... and {more} more below")
+        if lines:
+            out.append("")
+        out += ["| result | check | node | summary |", "| --- | --- | --- | --- |"]
         for f in report.findings:
             out.append(
-                f"| {_ICON[f.outcome]}{' (waived)' if f.waived else ''} | {_cell(f.gate)} | {_cell(f.check)} | {_cell(f.node)} | {_cell(f.summary)} |"
+                f"| {_ICON[f.outcome]}{' (waived)' if f.waived else ''} | `{_cell(f.test_id)}` | {_cell(f.node)} | {_cell(f.summary)} |"
             )
-        not_passed = [f for f in report.findings if f.outcome is not Outcome.PASSED and f.evidence]
+        not_passed = [f for f in report.findings if f.outcome not in (Outcome.PASSED, Outcome.INFO) and f.evidence]
         if not_passed:
             out += ["", "### Evidence", ""]
             for f in not_passed:
                 out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}):")
                 for e in f.evidence:
-                    want = f" (expected {_cell(e.expected)})" if e.expected else ""
-                    out.append(f"  - `{_cell(e.field)}` = `{_cell(e.value)}`{want}")
+                    out.append(f"  - {_cell(evidence_line(e, f.node))}")
         waived = [f for f in report.findings if f.waived]
         if waived:
             out += ["", "### Waived", ""]
             out += [f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.waived)}" for f in waived]
-        remedies = [f for f in report.findings if f.remedy and f.outcome is not Outcome.PASSED]
+        remedies = [f for f in report.findings if f.remedy and f.outcome not in (Outcome.PASSED, Outcome.INFO)]
         if remedies:
             out += ["", "### Remedies", ""]
-            out += [f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.remedy)}" for f in remedies]
+            for f in remedies:
+                ref = doc_ref(f)
+                out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.remedy)}" + (f" (see `{ref}`)" if ref else ""))
         if report.cost:
             out += ["", "### Cost", ""]
             out += [f"- {_cell(k)}: {_cell(v)}" for k, v in report.cost.items()]

@@ -1,62 +1,110 @@
-"""Human report rendered with Rich (colour on a TTY, plain text otherwise)."""
+"""Human report rendered with Rich (colour on a TTY, plain text otherwise).
+
+Read in ten seconds: the verdict, then the findings that decide it (one line each), then the detail
+of what did not pass as `field = value (want ...)` lines, each with its remedy and its page in
+docs/checks.md; passed checks are one line unless `--verbose` asks for all of them.
+"""
 
 from __future__ import annotations
 
 import io
+import shutil
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvgate.findings import Outcome, Report
+from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats.base import Formatter
+from kvgate.formats.digest import (
+    counts_line,
+    doc_ref,
+    evidence_line,
+    headlines,
+    passed_digest,
+    verdict_line,
+)
 
-_STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.INCONCLUSIVE: "yellow", Outcome.ERROR: "magenta"}
+_STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.INCONCLUSIVE: "yellow", Outcome.ERROR: "magenta",
+          Outcome.INFO: "cyan"}
+_LABEL = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR",
+          Outcome.INFO: "INFO"}
+_QUIET = (Outcome.PASSED, Outcome.INFO)  # one digest line each unless --verbose
+FILE_WIDTH = 100  # a report written to a file has no terminal; wide enough for a log viewer
 
 
-def _evidence_text(report_finding) -> str:  # type: ignore[no-untyped-def]
-    parts = []
-    for e in report_finding.evidence:
-        exp = f" (want {e.expected})" if e.expected else ""
-        parts.append(f"{e.field}={e.value}{exp}")
-    return "; ".join(parts)
+def terminal_width() -> int:
+    """The real terminal's width (COLUMNS, then the tty), never below 60."""
+    return max(60, shutil.get_terminal_size((FILE_WIDTH, 24)).columns)
 
 
 class TableFormatter(Formatter):
-    def __init__(self, color: bool = False, width: int = 160) -> None:
+    def __init__(self, color: bool = False, width: int | None = None, verbose: bool = False) -> None:
         self.color = color
-        self.width = width
+        self.width = width or FILE_WIDTH
+        self.verbose = verbose
 
     def render(self, report: Report) -> str:
         buf = io.StringIO()
-        console = Console(file=buf, force_terminal=self.color, no_color=not self.color, width=self.width)
+        console = Console(file=buf, force_terminal=self.color, no_color=not self.color, width=self.width,
+                          soft_wrap=False, highlight=False)
         self.print_to(console, report)
-        return buf.getvalue()
+        return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
+
+    def _label(self, f: Finding) -> str:
+        return f"[{_STYLE[f.outcome]}]{_LABEL[f.outcome]}[/]" + (" [dim](waived)[/]" if f.waived else "")
 
     def print_to(self, console: Console, report: Report) -> None:
-        table = Table(title=f"kvgate {report.command}", show_lines=False, expand=False)
-        for col in ("result", "gate", "check", "node", "summary", "evidence"):
-            table.add_column(col, overflow="fold")
-        for f in report.findings:
-            # Text from targets and gates is data, not markup: "[...]" must print as is.
-            table.add_row(
-                f"[{_STYLE[f.outcome]}]{f.outcome.value}[/]" + (" [dim](waived)[/]" if f.waived else ""),
-                *(escape(x) for x in (f.gate, f.check, f.node, f.summary, _evidence_text(f))),
-            )
-        console.print(table)
-        for f in report.findings:
+        status = report.exit_status
+        style = "bold green" if status == 0 else "bold red"
+        # Text from targets and gates is data, not markup: "[...]" must print as is.
+        console.print(f"[{style}]{escape(verdict_line(report))}[/]")
+        console.print(escape(counts_line(report)))
+        lines, more = headlines(report)
+        if lines:
+            grid = Table.grid(padding=(0, 1))
+            grid.add_column(no_wrap=True)
+            grid.add_column(overflow="fold")
+            for h in lines:
+                grid.add_row(f"[{_STYLE[h.outcome]}]{_LABEL[h.outcome]}[/]",
+                             f"[bold]{escape(h.check_id)}[/] {escape(h.where)}: {escape(h.summary)}")
+            console.print(grid)
+            if more:
+                console.print(f"... and {more} more below")
+        self._details(console, report)
+
+    def _details(self, console: Console, report: Report) -> None:
+        shown = [f for f in report.findings if self.verbose or f.outcome not in _QUIET or f.waived]
+        if shown:
+            console.print()
+            console.rule("detail" if self.verbose else "detail (what did not pass; --verbose for all)",
+                         style="dim", align="left")
+        for f in shown:
+            console.print(f"{self._label(f)} [bold]{escape(f.test_id)}[/] {escape(f.node)}")
+            grid = Table.grid(padding=(0, 0))
+            grid.add_column(width=4, no_wrap=True)
+            grid.add_column(no_wrap=True)
+            grid.add_column(overflow="fold")
+            grid.add_row("", "", escape(f.summary))
+            for e in f.evidence:
+                grid.add_row("", "- ", escape(evidence_line(e, f.node, full=self.verbose)))
             if f.waived:
-                console.print(f"[bold]waived[/] {escape(f.test_id)} ({escape(f.node)}): {escape(f.waived)}")
-            if f.remedy and f.outcome is not Outcome.PASSED:
-                console.print(f"[bold]remedy[/] {escape(f.test_id)} ({escape(f.node)}): {escape(f.remedy)}")
+                grid.add_row("", "", f"[bold]waived[/]: {escape(f.waived)}")
+            if f.remedy and f.outcome not in _QUIET:
+                grid.add_row("", "", f"[bold]fix[/]: {escape(f.remedy)}")
+            ref = doc_ref(f)
+            if ref and f.outcome not in _QUIET:
+                grid.add_row("", "", f"see {escape(ref)}")
+            console.print(grid)
+        if not self.verbose:
+            digests = [(o.value, passed_digest(report, o)) for o in _QUIET]
+            if any(d for _, d in digests):
+                console.print()
+            for name, digest in digests:
+                if digest:
+                    console.print(escape(f"{name}: {digest}"))
         if report.cost:
             console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items())))
         for n in report.notes:
             console.print(escape(f"note: {n}"))
-        status = report.exit_status
-        c = report.counts()
-        console.print(
-            f"[bold]{status.name.replace('_', ' ').lower()}[/] (exit {int(status)}): "
-            f"{c['passed']} passed, {c['failed']} failed, {c['inconclusive']} inconclusive, {c['error']} errors"
-            + (f" ({c['waived']} waived)" if c["waived"] else "")
-        )
+        console.print(f"[bold]{escape(verdict_line(report))}[/]")

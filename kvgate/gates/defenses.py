@@ -34,7 +34,7 @@ from kvgate.catalogue.assess import READ_THE_CODE, remedy_for_missing
 from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, CodeScan, command_argv, scan_command, scan_site_packages
 from kvgate.catalogue.version import ReleaseString
 from kvgate.errors import KvgateError, UsageError
-from kvgate.findings import Evidence, Finding, error, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, error, failed, inconclusive, info, passed
 
 GATE = "defenses"
 DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
@@ -210,8 +210,8 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
                            f"exposed env (SGLANG_EXPOSE_OWN_ENV_VARS=1) or operator input; release default {default}"))
         return inconclusive(GATE, "deferred-release", n.node,
                             "deferred decode KV release: the effective env is unknown (no CLI flag, not in server_info)",
-                            *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value in "
-                            "the gate profile (defenses.deferred_release_env)")
+                            *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
+                            "--deferred-release-env / --no-deferred-release-env (profile: defenses.deferred_release_env)")
     if on is False:
         return failed(GATE, "deferred-release", n.node, "deferred decode KV release is OFF: pages can be freed "
                       "while an aborted transfer may still write them", *ev,
@@ -238,10 +238,19 @@ def _not_counted(check: str, node: str, summary: str, required: bool, *ev: Evide
     return inconclusive(GATE, check, node, summary, *ev, remedy=remedy)
 
 
+def _checksum_value(n: DefenseInputs) -> object:
+    """The flag as read; a release before the flag existed says so instead of a bare null."""
+    rel = _release(n)
+    if n.kv_checksum is None and rel is not None and rel.base < _CHECKSUM_FROM:
+        return f"no such flag in {n.version} (from 0.5.21)"
+    return n.kv_checksum
+
+
 def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
     node = "deployment"
     pd = [n for n in nodes if n.role in ("prefill", "decode")]
-    ev = [Evidence(n.node, "disaggregation_enable_kv_checksum", n.kv_checksum, "true") for n in pd]
+    want = "true" if required else "true to count as a defense"
+    ev = [Evidence(n.node, "disaggregation_enable_kv_checksum", _checksum_value(n), want) for n in pd]
     remedy = "--disaggregation-enable-kv-checksum on every prefill AND decode worker (sglang >= 0.5.21, CUDA)"
     if not any(n.role == "prefill" for n in pd) or not any(n.role == "decode" for n in pd):
         return inconclusive(GATE, "kv-checksum", node, "KV checksum needs prefill and decode nodes to judge", *ev)
@@ -258,7 +267,7 @@ def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
     if not any(flags):
         if required:
             return failed(GATE, "kv-checksum", node, "KV checksum is off (required by the profile)", *ev, remedy=remedy)
-        return passed(GATE, "kv-checksum", node, "KV checksum off: optional detection, not counted as a defense", *ev)
+        return info(GATE, "kv-checksum", node, "KV checksum off: optional detection, not counted as a defense", *ev)
     if not all(flags):
         off = [n.node for n, f in zip(pd, flags) if not f]
         return _not_counted("kv-checksum", node, f"KV checksum on for some nodes only (off: {', '.join(off)}): it "
@@ -309,7 +318,7 @@ def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
 # --- KV canary ------------------------------------------------------------------------------
 
 def _check_canary(n: DefenseInputs, model_arch: str | None, required: bool) -> Finding:
-    ev = [Evidence(n.node, "kv_canary", n.kv_canary, "log|raise")]
+    ev = [Evidence(n.node, "kv_canary", n.kv_canary, "log|raise" if required else "log|raise to count as a defense")]
     remedy = "--kv-canary log|raise on a model whose KV pool is MHA, MHA-FP4, SWA or DeepSeek-V4"
     if n.kv_canary is None:
         return inconclusive(GATE, "kv-canary", n.node, "kv_canary not reported", *ev)
@@ -317,7 +326,7 @@ def _check_canary(n: DefenseInputs, model_arch: str | None, required: bool) -> F
     if mode == "none":
         if required:
             return failed(GATE, "kv-canary", n.node, "KV canary is off (required by the profile)", *ev, remedy=remedy)
-        return passed(GATE, "kv-canary", n.node, "KV canary off: optional detection, not counted as a defense", *ev)
+        return info(GATE, "kv-canary", n.node, "KV canary off: optional detection, not counted as a defense", *ev)
     archs = n.architectures if n.architectures is not None else ((model_arch,) if model_arch else None)
     ev.append(Evidence(n.node, "architectures", list(archs) if archs is not None else None))
     if not archs:

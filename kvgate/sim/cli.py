@@ -18,7 +18,6 @@ import typer
 
 from kvgate.commands._common import handle_errors
 from kvgate.errors import UsageError
-from kvgate.supervisor import SupervisorError
 
 sim_app = typer.Typer(
     name="sim",
@@ -26,6 +25,7 @@ sim_app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 
@@ -72,7 +72,11 @@ def up(
     """Start router + workers, print their URLs and one JSON line, stay up until Ctrl-C/SIGTERM."""
     from kvgate.sim.deploy import SimDeployment
     from kvgate.sim.releases import SUPPORTED
+    from kvgate.supervisor import SupervisorError
 
+    from kvgate.extras import require_sim
+
+    require_sim("kvgate sim up")
     if emulate not in SUPPORTED:
         raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
     from kvgate.sim.releases import get_release

@@ -63,7 +63,10 @@ def test_doubled_pool_passes(payload_server: Callable[..., PayloadServer]) -> No
     d = worker(payload_server, "0.5.23", mode="decode", pool=2_040_000)
     res = run("--prefill-url", p.url, "--decode-url", d.url)
     assert res.exit_code == ExitStatus.PASSED, res.output
-    assert "2,040,000" in res.stdout and "passed (exit 0)" in res.stdout
+    assert res.stdout.startswith("kvgate check: PASSED (exit 0)")
+    assert "2,040,000" not in res.stdout  # passed checks are one digest line by default
+    res = run("--prefill-url", p.url, "--decode-url", d.url, "--verbose")
+    assert "max_total_num_tokens = 2,040,000" in res.stdout and "PASSED (exit 0)" in res.stdout
 
 
 def test_decode_pool_is_checked_too(payload_server: Callable[..., PayloadServer]) -> None:

@@ -30,6 +30,25 @@ def test_drill_on_leaky_release_fails_with_the_leak(tmp_path: Path) -> None:
     assert ("pool-context", "headroom") in failed
     assert ("defenses", "release") in failed
     assert any(g == "probes" and c.startswith("canary.") for g, c in failed), failed
+    (logs,) = [n for n in json.loads(out.read_text())["notes"] if n.startswith("simulator logs: ")]
+    assert " B); delete with rm -rf " in logs or "B); delete with rm -rf " in logs  # where, and how big
+
+
+def test_readme_main_command_shows_the_leak_in_the_first_lines() -> None:
+    """The Quick start's command, exactly: the verdict first, then the leak, before any detail."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    argv = shlex.split(re.search(r"kvgate (drill[^&\n]*)", block).group(1))  # type: ignore[union-attr]
+    assert argv[:3] == ["drill", "--emulate", "0.5.19"], argv
+    res = runner.invoke(app, [*argv, "-q"], env={"COLUMNS": "80"})
+    assert res.exit_code == ExitStatus.GATE_FAILED, res.output
+    first = res.stdout.splitlines()[:8]
+    assert first[0] == "kvgate drill: GATE FAILED: do not promote (exit 1)"
+    assert first[2].startswith("FAIL probes.canary.") and "leaked into" in " ".join(first[2:5]), first
+    assert all(len(ln) <= 80 for ln in res.stdout.splitlines())
 
 
 def test_drill_on_fixed_release_with_doubled_pool_passes(tmp_path: Path) -> None:

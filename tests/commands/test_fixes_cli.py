@@ -62,13 +62,16 @@ def test_table_shows_fix_class_presence_and_how() -> None:
     res = _run("--version", "0.5.20")
     out = res.stdout
     assert "pr-38935" in out and "absent" in out and "admission" in out and "by version" in out
-    assert "gate failed (exit 1)" in out
+    assert out.startswith("kvgate fixes: GATE FAILED: do not promote (exit 1)")
 
 
 def test_garbage_version_exits_2_with_a_clear_message() -> None:
     res = _run("--version", "garbage")
     assert res.exit_code == 2
-    assert "not a PEP 440 version" in res.stderr and res.stdout == ""
+    assert "not a PEP 440 version" in res.stderr
+    # The report is written before the exit, as in every command: the verdict, then the one error.
+    assert res.stdout.startswith("kvgate fixes: USAGE ERROR: the gate did not run (exit 2)")
+    assert "kvgate.run" in res.stdout and "not a PEP 440 version" in res.stdout
 
 
 def test_post_release_is_unknown_not_passed() -> None:

@@ -34,7 +34,7 @@ def test_json_schema() -> None:
     doc = json.loads(ReportFormat.JSON.formatter().render(_report()))
     assert doc["schema_version"] == 1
     assert doc["exit_status"] == ExitStatus.GATE_FAILED
-    assert doc["counts"] == {"passed": 1, "failed": 1, "inconclusive": 1, "error": 1, "waived": 0}
+    assert doc["counts"] == {"passed": 1, "failed": 1, "inconclusive": 1, "error": 1, "info": 1, "waived": 0}
     assert doc["findings"][1]["evidence"][0]["value"] == 681280
 
 
@@ -64,3 +64,48 @@ def test_table_prints_brackets_verbatim() -> None:
     report = Report(command="check", findings=(failed("g", "c", "prefill[0] http://x", "saw [tenant-a] in [b]"),))
     text = ReportFormat.TABLE.formatter().render(report)
     assert "[tenant-a]" in text and "prefill[0]" in text
+
+
+def test_info_is_neither_a_pass_nor_a_failure() -> None:
+    from kvgate.findings import exit_status_for, info, passed
+
+    note = info("defenses", "kv-canary", "prefill[0] http://x", "KV canary off: optional detection",
+                Evidence("prefill[0] http://x", "kv_canary", "none", "log|raise to count as a defense"))
+    ok = passed("target", "reachable", "prefill[0] http://x", "answered")
+    assert exit_status_for([note, ok], strict=True) == ExitStatus.PASSED
+    report = Report(command="check", findings=(note, ok))
+    table = ReportFormat.TABLE.formatter().render(report)
+    assert "info: defenses.kv-canary" in table and "passed: target.reachable" in table
+    assert "PASS defenses.kv-canary" not in table and "0 failed, 0 errors, 0 inconclusive, 1 passed, 1 info" in table
+    md = ReportFormat.MARKDOWN.formatter().render(report)
+    assert "| INFO | `defenses.kv-canary`" in md
+    doc = json.loads(ReportFormat.JSON.formatter().render(report))
+    assert doc["counts"]["info"] == 1 and doc["findings"][0]["outcome"] == "info"
+
+
+def test_table_leads_with_the_verdict_and_the_deciding_findings_at_80_columns() -> None:
+    from kvgate.findings import failed, passed
+    from kvgate.formats.table import TableFormatter
+
+    node = "prefill[0] http://127.0.0.1:30000"
+    findings = [passed("target", "reachable", node, "answered")] * 20 + [
+        failed("pool-context", "headroom", node, "pool 681,280 < 1,310,720 required for context 1,048,576",
+               Evidence(node, "max_total_num_tokens", 681280, ">= 1,310,720"), remedy="raise the pool"),
+        failed("pool-context", "headroom-dp0", node, "pool 681,280 < 1,310,720 required for context 1,048,576"),
+        failed("probes", "canary.round_a", "router http://r", "content of tenant-plantA30 leaked into pool_limit",
+               Evidence("router http://r", "canary.leaks", ["a -> b"] * 9, "every answer carries only its own sentinel")),
+    ]
+    text = TableFormatter(width=80).render(Report(command="check", findings=tuple(findings)))
+    lines = text.splitlines()
+    assert lines[0] == "kvgate check: GATE FAILED: do not promote (exit 1)"
+    heads = [ln for ln in lines[2:8] if ln.startswith("FAIL")]  # a headline may wrap, indented
+    assert heads[0].startswith("FAIL probes.canary.round_a router http://r: content of tenant-plantA30")
+    assert heads[1].startswith("FAIL pool-context.headroom " + node)  # the DP-rank duplicate is merged
+    headline_block = "\n".join(lines[:lines.index("")])  # a blank line ends the headlines
+    assert len(heads) == 2 and "headroom-dp0" not in headline_block
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
+    assert "- max_total_num_tokens = 681,280 (want >= 1,310,720)" in text
+    assert "... (5 more; --verbose)" in text and "see docs/checks.md#probes.canary" in text
+    assert "passed: target.reachable x20" in text and "answered" not in text
+    verbose = TableFormatter(width=80, verbose=True).render(Report(command="check", findings=tuple(findings)))
+    assert "answered" in verbose and "(5 more" not in verbose

@@ -35,7 +35,7 @@ from kvgate.target import DECODE
 
 GATE = "probes"
 REMEDY_REJECT = ("upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
-                 "raise the KV pool to at least the context (incident.md section 1)")
+                 "raise the KV pool to at least the context")
 
 
 class ProbeGate:
@@ -167,7 +167,7 @@ class _Run:
         if skipped:
             self.findings.append(inconclusive(GATE, "skipped", self.node,
                                               f"not run after a confirmed leak ({self.stopped_by}): "
-                                              + ", ".join(skipped) + " (set early_stop: false to run them)"))
+                                              + ", ".join(skipped) + " (run them with --keep-going, or the profile's probes.early_stop: false)"))
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
 

@@ -122,7 +122,7 @@ def latency_finding(samples: LatencySamples | None, settings: ProbeSettings, ser
     if fast:
         ev.append(Evidence(node, "latency.served_too_fast", fast, "a rejected length is never served"))
         return failed(GATE, CHECK, node, f"latency_too_fast: {fast[0]}: served without its prefill "
-                      "(incident.md section 5, signal 3)", *ev,
+                      "(latency too good: read from another request's KV)", *ev,
                       remedy="upgrade to SGLang 0.5.22+; rejected requests must be retired at admission")
     if ks is None:
         return inconclusive(GATE, CHECK, node, f"too few answered latency samples ({len(samples.short)} short, "

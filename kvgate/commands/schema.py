@@ -1,0 +1,12 @@
+"""`kvgate schema`: print the JSON Schema of the `--format json` report."""
+
+from __future__ import annotations
+
+import typer
+
+
+def schema() -> None:
+    """Print the JSON Schema that every `--format json` report validates against."""
+    from kvgate.formats.json import schema_text
+
+    typer.echo(schema_text(), nl=False)

@@ -1,0 +1,23 @@
+"""Optional extras: what a command needs beyond the core, and one clear message when it is missing.
+
+The core (and the single-file build, dist/kvgate) carries typer, rich, httpx, gitpython, pyyaml and
+packaging. The simulator needs the `sim` extra in the interpreter that runs kvgate.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from kvgate.errors import UsageError
+
+SIM_MODULES = ("torch", "numpy", "fastapi", "uvicorn")
+
+
+def require_sim(command: str) -> None:
+    """Raise a usage error naming the missing modules when the simulator cannot run here."""
+    missing = [m for m in SIM_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"{command} runs the simulator, which needs the 'sim' and 'router' extras (missing here: "
+            f"{', '.join(missing)}): pip install 'kvgate[sim,router]' (the single-file build carries the core only)"
+        )

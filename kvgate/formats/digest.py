@@ -1,0 +1,118 @@
+"""What the human formats share: the verdict line, the few findings that decide it, readable evidence.
+
+The machine formats (json, junit) carry everything; a person reads the verdict and the decisive
+findings first, one line each, then the detail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.checkdocs import doc_for
+from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Evidence, Finding, Outcome, Report
+
+# A leak seen in an answer outranks a pool that is too small, which outranks a missing fix.
+_GATE_ORDER = {"probes": 0, "pool-context": 1, "defenses": 2, "fixes": 3, "backport-probe": 4}
+_VERDICT = {
+    ExitStatus.PASSED: "PASSED",
+    ExitStatus.GATE_FAILED: "GATE FAILED: do not promote",
+    ExitStatus.USAGE_ERROR: "USAGE ERROR: the gate did not run",
+    ExitStatus.INCONCLUSIVE: "INCONCLUSIVE under --strict: something could not be observed",
+    ExitStatus.TRANSPORT_ERROR: "TARGET UNREACHABLE: the gate could not finish",
+}
+MAX_HEADLINES = 6
+MAX_LIST_ITEMS = 4
+
+
+def verdict_line(report: Report) -> str:
+    """`kvgate check: GATE FAILED: do not promote (exit 1)`."""
+    status = report.exit_status
+    return f"kvgate {report.command}: {_VERDICT[status]} (exit {int(status)})"
+
+
+def counts_line(report: Report) -> str:
+    c = report.counts()
+    parts = [f"{c['failed']} failed", f"{c['error']} errors", f"{c['inconclusive']} inconclusive",
+             f"{c['passed']} passed"] + ([f"{c['info']} info"] if c["info"] else [])
+    return ", ".join(parts) + (f" ({c['waived']} waived)" if c["waived"] else "")
+
+
+def _deciding(report: Report) -> list[Finding]:
+    """The findings that set the exit status (waived ones never do)."""
+    status = report.exit_status
+    want = {
+        ExitStatus.GATE_FAILED: {Outcome.FAILED},
+        ExitStatus.TRANSPORT_ERROR: {Outcome.ERROR},
+        ExitStatus.INCONCLUSIVE: {Outcome.INCONCLUSIVE},
+        ExitStatus.USAGE_ERROR: {Outcome.ERROR, Outcome.FAILED, Outcome.INCONCLUSIVE},
+    }.get(status, set())
+    picked = [f for f in report.findings if f.outcome in want and f.counts_toward_exit]
+    return sorted(picked, key=lambda f: _GATE_ORDER.get(f.gate, 9))  # stable: report order within a gate
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One line: the findings that say the same thing, on every node that says it."""
+
+    outcome: Outcome
+    check_id: str
+    nodes: tuple[str, ...]
+    summary: str
+
+    @property
+    def where(self) -> str:
+        return self.nodes[0] + (f" (+{len(self.nodes) - 1} more)" if len(self.nodes) > 1 else "")
+
+
+def headlines(report: Report) -> tuple[list[Headline], int]:
+    """The decisive findings, duplicates across nodes and DP ranks merged; and how many were left off."""
+    merged: dict[tuple[str, str], list[Finding]] = {}
+    for f in _deciding(report):
+        merged.setdefault((f.gate, f.summary), []).append(f)
+    lines = []
+    for group in merged.values():
+        nodes = tuple(dict.fromkeys(f.node for f in group))
+        lines.append(Headline(group[0].outcome, group[0].test_id, nodes, group[0].summary))
+    return lines[:MAX_HEADLINES], max(0, len(lines) - MAX_HEADLINES)
+
+
+def format_value(value: Any, full: bool = False) -> str:
+    """A value as a person reads it: 681,280 not 681280; lists and mappings flattened, long lists cut."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "not reported"}[value]
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {format_value(v, full)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "none"
+        items = [format_value(v, full) for v in value]
+        if not full and len(items) > MAX_LIST_ITEMS:
+            return ", ".join(items[:MAX_LIST_ITEMS]) + f", ... ({len(items) - MAX_LIST_ITEMS} more; --verbose)"
+        return ", ".join(items)
+    return str(value)
+
+
+def evidence_line(e: Evidence, finding_node: str, full: bool = False) -> str:
+    """`field = value (want ...)`, with the node when it is not the finding's own."""
+    where = f"{e.node}: " if e.node != finding_node else ""
+    want = f" (want {e.expected})" if e.expected else ""
+    return f"{where}{e.field} = {format_value(e.value, full)}{want}"
+
+
+def doc_ref(f: Finding) -> str | None:
+    """Where the page of this finding's check lives (docs/checks.md#ID)."""
+    doc = doc_for(f.test_id)
+    return doc.ref if doc else None
+
+
+def passed_digest(report: Report, outcome: Outcome = Outcome.PASSED) -> str:
+    """`target.reachable x3, pool-context.role x2, ...`: the checks of one outcome in one line."""
+    n: dict[str, int] = {}
+    for f in report.findings:
+        if f.outcome is outcome and not f.waived:
+            n[f.test_id] = n.get(f.test_id, 0) + 1
+    return ", ".join(k + (f" x{v}" if v > 1 else "") for k, v in n.items())
