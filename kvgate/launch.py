@@ -232,6 +232,15 @@ class PDDeployment:
         if self.supervisor is not None:
             self.supervisor.stop()
 
+    def code_sources(self) -> dict[str, dict[str, str]]:
+        """Where the code the workers run lives, when kvgate installed it (device cpu, a release): the
+        defenses gate then reads that code instead of trusting the version string."""
+        if self.plan.release is None:
+            return {}
+        from kvgate.backport.cpuenv import overlay_dir
+
+        return {"*": {"site_packages": str(overlay_dir(self.plan.release))}}
+
     def info(self) -> dict[str, object]:
         return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,
                 "logs": str(self.log_dir)}

@@ -122,7 +122,7 @@ def drill(
             options = CheckOptions(
                 prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
                 router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {engine} {emulate}",
-                probes=probes,
+                probes=probes, code=dep.code_sources(),
             )
             report = replace(run_check(options, observer=observer), command="drill")
         if dep.log_dir is not None:

@@ -53,6 +53,8 @@ def up(
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool = typer.Option(False, "--strict", help="With --gate: exit 3 when any check is inconclusive."),
+    profile: Optional[str] = typer.Option(None, "--profile",
+                                          help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     worker_arg: List[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
@@ -64,6 +66,7 @@ def up(
     from kvgate.gates.base import CheckOptions
     from kvgate.reporting import pair_outputs
     from kvgate.launch import PDDeployment, PDLaunchPlan
+    from kvgate.profiles import load as load_profile
 
     pairs = pair_outputs(list(fmt), list(output))
     plan = PDLaunchPlan(
@@ -101,9 +104,15 @@ def up(
                     raise KvgateError(f"{', '.join(dead)} exited unexpectedly; see {dep.log_dir}")
         try:
             with dep:
+                prof = load_profile(profile) if profile else None
                 options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                                       router_url=dep.router_url, strict=strict, timeout=30.0,
-                                       context_len=context_length)
+                                       router_url=dep.router_url, strict=strict or bool(prof and prof.strict),
+                                       timeout=30.0, context_len=context_length,
+                                       profile_name=prof.name if prof else None,
+                                       headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
+                                       probes=prof.probes if prof else {},
+                                       defenses=prof.defenses if prof else {},
+                                       waivers=prof.waivers if prof else (), code=dep.code_sources())
                 report = run_check(options, observer=observer)
         except KvgateError as exc:
             report = fatal_report("up --gate", exc, strict)

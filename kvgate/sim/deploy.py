@@ -183,6 +183,10 @@ class SimDeployment:
         """Pids of every process of the deployment (each leads its own process group)."""
         return self.supervisor.pids() if self.supervisor else []
 
+    def code_sources(self) -> dict[str, dict[str, str]]:
+        """None: the simulator runs no sglang code, so the defenses gate can only read its version label."""
+        return {}
+
     def info(self) -> dict[str, Any]:
         """`{"router": URL, "prefill": [URL], "decode": [URL]}` plus bootstrap ports and the log folder."""
         return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,

@@ -84,7 +84,9 @@ class RealPair:
         return self.deployment.decode_urls[0]
 
     def check_args(self) -> list[str]:
-        return ["check", "--prefill-url", self.prefill, "--decode-url", self.decode, "--router-url", self.router]
+        """`kvgate check` against this pair, reading the code the workers run (the release's CPU env)."""
+        return ["check", "--prefill-url", self.prefill, "--decode-url", self.decode, "--router-url", self.router,
+                "--site-packages", self.deployment.code_sources()["*"]["site_packages"]]
 
 
 def plan_for(spec: PairSpec) -> PDLaunchPlan:
