@@ -133,7 +133,7 @@ def run_check(
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(command="check", findings=tuple(findings), strict=options.strict,
-                  target=_target_summary(options, readings), cost=cost, notes=tuple(notes))
+                  strict_source=options.strict_source, target=_target_summary(options, readings), cost=cost, notes=tuple(notes))
 
 
 def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:
@@ -148,6 +148,7 @@ def _self_test_only(options: CheckOptions, observer: Observer) -> Report:
     started = time.time()
     findings = _run_self_test(options, observer)
     return Report(command="check --self-test", findings=tuple(findings), strict=options.strict,
+                  strict_source=options.strict_source,
                   cost={"wall_s": round(time.time() - started, 3)})
 
 

@@ -10,7 +10,7 @@ from typing import List, Optional
 import typer
 
 from kvgate.check import run_check
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.errors import KvgateError
 from kvgate.formats import ReportFormat
 from kvgate.gates.base import CheckOptions
@@ -45,7 +45,7 @@ def check(
     ),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     token_env: Optional[str] = typer.Option(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
@@ -86,7 +86,7 @@ def check(
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
-        report = fatal_report("check", exc, strict)
+        report = fatal_report("check", exc)
     finish(report, pairs)
 
 
@@ -98,12 +98,13 @@ def _options(
     context_len: int | None,
     headroom: float | None,
     timeout: float | None,
-    strict: bool,
+    strict: bool | None,
 ) -> CheckOptions:
     """Merge the profile and the flags: flags win, then the profile, then the defaults."""
     from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
+    is_strict, strict_source = resolve_strict(strict, prof.strict)
     return CheckOptions(
         prefill_urls=tuple(prefill_url),
         decode_urls=tuple(decode_url),
@@ -111,7 +112,8 @@ def _options(
         context_len=context_len if context_len is not None else prof.context_length,
         headroom=headroom if headroom is not None else (prof.headroom or DEFAULT_HEADROOM),
         timeout=timeout if timeout is not None else (prof.timeout or DEFAULT_TIMEOUT),
-        strict=strict or bool(prof.strict),
+        strict=is_strict,
+        strict_source=strict_source,
         profile_name=prof.name if profile_ref else None,
         probes=prof.probes,
         defenses=prof.defenses,

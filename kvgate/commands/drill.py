@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -36,7 +36,7 @@ def drill(
     keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
 ) -> None:
     """Run the full gate against a simulated PD deployment behind the real router."""
@@ -49,6 +49,7 @@ def drill(
     if keep_going:
         probes["early_stop"] = False
     observer = _observer(quiet)
+    is_strict, strict_source = resolve_strict(strict)
     try:
         from kvgate.sim.deploy import SimDeployment
         from kvgate.sim.releases import SUPPORTED
@@ -66,12 +67,13 @@ def drill(
         with dep:
             options = CheckOptions(
                 prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {emulate}",
+                router_url=dep.router_url, timeout=30.0, strict=is_strict, strict_source=strict_source,
+                profile_name=f"drill {emulate}",
                 probes=probes,
             )
             report = run_check(options, observer=observer)
     except ImportError as exc:
-        report = fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"), strict)
+        report = fatal_report("drill", UsageError(f"the simulator needs kvgate[sim,router]: {exc}"))
     except KvgateError as exc:
-        report = fatal_report("drill", exc, strict)
+        report = fatal_report("drill", exc)
     finish(report, pairs)

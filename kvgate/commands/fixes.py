@@ -11,7 +11,7 @@ import typer
 from kvgate.catalogue import Assessment, assess, assess_checkout, assess_installed, assess_version, to_findings
 from kvgate.catalogue.behaviour import detect_by_behaviour
 from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
-from kvgate.commands._common import finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, finish, handle_errors, resolve_strict
 from kvgate.errors import TransportError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
@@ -67,15 +67,15 @@ def fixes(
     outputs: List[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any entry could not be determined."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
-    Exit 0: every correctness fix present. 1: one is missing. 2: usage error. 3: --strict and an entry
-    is unknown. 4: --url unreachable.
+    Exit 0: every correctness fix present. 1: one is missing. 2: usage error. 3: an entry is unknown
+    (unless --no-strict). 4: --url unreachable.
     """
     chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
                                      ("--python", python), ("--url", url)) if val is not None]
@@ -116,10 +116,12 @@ def fixes(
     notes.append(f"reads as: {a.reads_as()}")
     if a.backend is None:
         notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
+    is_strict, strict_source = resolve_strict(strict)
     report = Report(
         command="fixes",
         findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
-        strict=strict,
+        strict=is_strict,
+        strict_source=strict_source,
         target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
                 "methods": list(a.methods), "backports": list(a.backports_present()),
                 "missing_correctness": [s.fix.id for s in a.missing_correctness()]},

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError
 from kvgate.formats import ReportFormat
@@ -48,7 +48,7 @@ def up(
     gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool = typer.Option(False, "--strict", help="With --gate: exit 3 when any check is inconclusive."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     worker_arg: List[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
 ) -> None:
@@ -59,6 +59,7 @@ def up(
     from kvgate.launch import PDDeployment, PDLaunchPlan
 
     pairs = pair_outputs(list(fmt), list(output))
+    is_strict, strict_source = resolve_strict(strict)
     plan = PDLaunchPlan(
         model_path=model_path, prefill=prefill, decode=decode, tp_size=tp_size, context_length=context_length,
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
@@ -90,11 +91,12 @@ def up(
         try:
             with dep:
                 options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                                       router_url=dep.router_url, strict=strict, timeout=30.0,
+                                       router_url=dep.router_url, strict=is_strict,
+                                       strict_source=strict_source, timeout=30.0,
                                        context_len=context_length)
                 report = run_check(options, observer=observer)
         except KvgateError as exc:
-            report = fatal_report("up --gate", exc, strict)
+            report = fatal_report("up --gate", exc)
         finish(report, pairs)
     except (KeyboardInterrupt, _Stop):
         typer.echo("kvgate up: stopping", err=True)
