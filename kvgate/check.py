@@ -11,7 +11,7 @@ from kvgate.findings import Evidence, Finding, Outcome, Report, error, passed
 from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
-from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient
+from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
 
 GateFactory = Callable[[CheckOptions], Gate]
 
@@ -25,10 +25,9 @@ def node_specs(options: CheckOptions) -> list[NodeSpec]:
         if s.url in seen:
             raise UsageError(f"{s.url} is given more than once (a node has one role)")
         seen.add(s.url)
-        if not s.url.startswith(("http://", "https://")):
-            raise UsageError(f"--{s.role}-url {s.url}: expected an http:// or https:// URL")
-    if options.router_url and not options.router_url.startswith(("http://", "https://")):
-        raise UsageError(f"--router-url {options.router_url}: expected an http:// or https:// URL")
+        validate_url(f"--{s.role}-url", s.url)
+    if options.router_url:
+        validate_url("--router-url", options.router_url)
     return specs
 
 

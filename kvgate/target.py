@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from kvgate.errors import TransportError
+from kvgate.errors import TransportError, UsageError
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -23,6 +23,21 @@ ROUTER = "router"
 # Pool capacity keys in the order we trust them. SGLang's `max_total_tokens` is the operator's cap
 # flag (often null), not the pool the engine sized, so it is deliberately not on this list.
 POOL_KEYS = ("max_total_num_tokens", "kv_pool_tokens")
+
+
+def validate_url(flag: str, url: str) -> str:
+    """An http(s) URL with a host, as httpx will parse it; anything else is a usage error naming the flag."""
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"{flag} {url}: expected an http:// or https:// URL")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise UsageError(f"{flag} {url}: not a valid URL ({exc})") from None
+    if not parsed.host or any(c.isspace() or c == "%" for c in parsed.host):
+        raise UsageError(f"{flag} {url}: the URL names no valid host")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise UsageError(f"{flag} {url}: port {parsed.port} is out of range")
+    return url
 
 
 @dataclass(frozen=True)
@@ -146,6 +161,10 @@ class TargetClient:
             raise TransportError(url, f"HTTP {resp.status_code}: authentication refused (check --token-env)")
         if resp.status_code >= 400:
             raise TransportError(url, f"HTTP {resp.status_code}: {resp.text[:200]!r}")
+        if not 200 <= resp.status_code < 300:
+            # A redirect is not the document: kvgate reads the worker it was pointed at, never another.
+            where = resp.headers.get("location", "?")
+            raise TransportError(url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): point kvgate at the worker itself")
         try:
             return resp.json()
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:

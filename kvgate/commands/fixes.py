@@ -17,6 +17,7 @@ from kvgate.findings import Report
 from kvgate.formats import ReportFormat
 from kvgate.reporting import pair_outputs
 from kvgate.secrets import token_from_env
+from kvgate.target import validate_url
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
@@ -40,8 +41,7 @@ def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple
 
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url}: expected an http:// or https:// URL")
+    validate_url("--url", url)
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
     backend = backend or reported_backend
     if version is None:
