@@ -99,6 +99,10 @@ class NodeReading:
     ranks: tuple[RankReading, ...]
     problems: tuple[FieldProblem, ...] = ()
     server_info: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # `enable_dp_attention`: with it, dp_size attention-DP groups split tp_size GPUs.
+    dp_attention: bool | None = None
+    # How many `internal_states` entries the server sent (one per DP rank, malformed ones included).
+    rank_entries: int = 0
 
     @property
     def node(self) -> str:
@@ -321,6 +325,7 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
     if len(lives) > 1:
         r.note("internal_states[*].disaggregation_mode", f"ranks disagree: {sorted(lives)}")
 
+    dp_attention = r.bool_field(info, "enable_dp_attention", "enable_dp_attention")
     architectures: tuple[str, ...] | None = None
     if isinstance(model_info, dict) and isinstance(model_info.get("architectures"), list):
         architectures = tuple(str(a) for a in model_info["architectures"])
@@ -352,4 +357,6 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         ranks=tuple(ranks),
         problems=tuple(r.problems),
         server_info=dict(info),
+        dp_attention=dp_attention,
+        rank_entries=len(states) if isinstance(states, list) else 0,
     )
