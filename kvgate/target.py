@@ -40,6 +40,16 @@ def validate_url(flag: str, url: str) -> str:
     return url
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys repeat is ambiguous (which value does the engine mean?): refuse it."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """A worker (or router) as the operator named it on the command line."""
@@ -170,8 +180,8 @@ class TargetClient:
             where = resp.headers.get("location", "?")
             raise TransportError(url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): point kvgate at the worker itself")
         try:
-            return resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+            return json.loads(resp.content, object_pairs_hook=_unique_keys)
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise TransportError(url, f"malformed JSON ({exc}): {resp.text[:120]!r}") from None
 
     def read_node(self, spec: NodeSpec) -> NodeReading:
@@ -339,7 +349,7 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         context_length_flag=context_flag,
         max_total_num_tokens=pool,
         pool_key=pool_key,
-        max_req_input_len=r.int_field(info, "max_req_input_len", "max_req_input_len", required=True),
+        max_req_input_len=r.int_field(info, "max_req_input_len", "max_req_input_len", required=True, minimum=1),
         page_size=r.int_field(info, "page_size", "page_size", required=False, nullable=True, minimum=1),
         disaggregation_mode=r.str_field(info, "disaggregation_mode", "disaggregation_mode", required=True),
         live_disaggregation_mode=live_mode,
