@@ -116,9 +116,9 @@ def exit_status_for(findings: tuple[Finding, ...] | list[Finding], strict: bool 
         return ExitStatus.INTERNAL_ERROR
     if Outcome.ERROR in outcomes:
         return ExitStatus.TRANSPORT_ERROR
-    if any(f.outcome is Outcome.INCONCLUSIVE and f.blocking for f in counted):
-        return ExitStatus.INCONCLUSIVE
-    if strict and (Outcome.INCONCLUSIVE in outcomes or not findings):
+    if not findings or any(f.outcome is Outcome.INCONCLUSIVE and f.blocking for f in counted):
+        return ExitStatus.INCONCLUSIVE  # nothing checked at all is no opt-out's business: it never passes
+    if strict and Outcome.INCONCLUSIVE in outcomes:
         return ExitStatus.INCONCLUSIVE
     return ExitStatus.PASSED
 

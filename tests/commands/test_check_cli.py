@@ -110,7 +110,7 @@ def test_inconclusive_blocks_by_default_and_the_opt_out_is_reported(
     res = run("--prefill-url", p.url, "--no-strict", "--format", "json")
     assert res.exit_code == ExitStatus.PASSED, res.output
     doc = json.loads(res.stdout)
-    assert doc["strict"] is False
+    assert doc["strict"] is False and doc["strict_source"] == "--no-strict"
     note = [n for n in doc["notes"] if n.startswith("strictness opted out (--no-strict)")]
     assert note and "pool-context.role" in note[0]
     # The profile's `strict: false` opts out too, and the report names it; the flag wins over it.

@@ -89,3 +89,10 @@ def test_a_redirect_is_not_read_as_the_document(tmp_path: Path, payload_server: 
     res, doc = _invoke(tmp_path, "check", "-q", "--prefill-url", srv.url, "--no-strict")
     assert res.exit_code == doc["exit_status"] == ExitStatus.TRANSPORT_ERROR, res.output
     assert "redirect" in doc["findings"][0]["summary"]
+
+
+def test_a_run_that_checked_nothing_never_passes_even_without_strict() -> None:
+    from kvgate.findings import Report, exit_status_for
+
+    assert exit_status_for([], strict=False) == ExitStatus.INCONCLUSIVE
+    assert Report("fixes", (), strict=False).exit_status == ExitStatus.INCONCLUSIVE
