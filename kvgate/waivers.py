@@ -4,8 +4,8 @@ A waived finding keeps the outcome that was observed and stays in every report; 
 ignores it. Transport errors cannot be waived, and an expired waiver is not applied (the finding blocks
 again and the report says why). Every waiver needs a reason and an expiry date no further than
 MAX_HORIZON_DAYS ahead, and must name its gate: a pattern that could waive every gate is a profile
-error. Pool/context and correctness-fix checks (PROTECTED) can only be waived by their exact id, never
-by a wildcard.
+error. Pool/context, correctness-fix and leak-probe checks (PROTECTED) can only be waived by their exact
+id, never by a wildcard.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from kvgate.findings import Finding, Outcome
 
 _KEYS = {"check", "node", "reason", "expires"}
 MAX_HORIZON_DAYS = 90
-# Checks a wildcard must never reach: the incident's own hazard (pool vs context) and the fixes that
-# close it. Each is a gate, or a gate.check id.
-PROTECTED = ("pool-context", "fixes", "defenses.release", "probes.selftest.positive_control")
+# Checks a wildcard must never reach: the incident's own hazard (pool vs context), the fixes that close
+# it, and the probes that observe cross-request content (a `probes.*` waiver would wave a confirmed leak
+# through). Each is a gate, or a gate.check id.
+PROTECTED = ("pool-context", "fixes", "defenses.release", "probes")
 _GLOB = set("*?[")
 
 

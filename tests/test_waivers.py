@@ -87,7 +87,7 @@ def test_a_waiver_that_could_waive_every_gate_is_a_profile_error(pattern: str) -
 
 
 @pytest.mark.parametrize("pattern", ["pool-context.*", "pool-context.headroom*", "fixes.*", "defenses.*",
-                                     "defenses.rel*", "probes.selftest.*"])
+                                     "defenses.rel*", "probes.selftest.*", "probes.*", "probes.canary.*"])
 def test_protected_checks_cannot_be_waived_by_a_wildcard(pattern: str) -> None:
     with pytest.raises(ProfileError) as exc:
         parse_waivers([{"check": pattern, "reason": "x", "expires": "2026-12-31"}], "p.yaml", today=TODAY)
