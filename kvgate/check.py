@@ -132,7 +132,8 @@ def run_check(
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(command="check", findings=tuple(findings), strict=options.strict,
-                  strict_source=options.strict_source, target=_target_summary(options, readings), cost=cost, notes=tuple(notes))
+                  strict_source=options.strict_source, target=_target_summary(options, readings), cost=cost,
+                  notes=tuple(notes))
 
 
 def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:

@@ -178,7 +178,8 @@ class TargetClient:
         if not 200 <= resp.status_code < 300:
             # A redirect is not the document: kvgate reads the worker it was pointed at, never another.
             where = resp.headers.get("location", "?")
-            raise TransportError(url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): point kvgate at the worker itself")
+            raise TransportError(url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): "
+                                      "point kvgate at the worker itself")
         try:
             return json.loads(resp.content, object_pairs_hook=_unique_keys)
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
