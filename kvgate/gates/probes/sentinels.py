@@ -133,13 +133,16 @@ class Sighting:
 
     victim: str  # the request whose response carried it
     source: str  # the request whose content it is (UNKNOWN_SOURCE for a whole sentinel of no request of ours)
-    sentinel: str  # what was seen: the whole delimited sentinel, or the fragment of a partial match
-    kind: str = WHOLE  # WHOLE, or PARTIAL: only a fragment of one of this run's sentinels
+    sentinel: str  # the whole delimited sentinel whose content it is
+    kind: str = WHOLE  # WHOLE, or PARTIAL: only a fragment of one of this run's sentinels was seen
+    fragment: str | None = None  # what was seen, for a partial match
 
     @property
     def shown(self) -> str:
-        """What was seen, with its class when it is a partial match."""
-        return self.sentinel + (" (partial match: fragment only)" if self.kind == PARTIAL else "")
+        """The sentinel, with its class and the fragment seen when it is a partial match."""
+        if self.kind == PARTIAL:
+            return f"{self.sentinel} (partial match: only fragment {self.fragment} seen)"
+        return self.sentinel
 
 
 def scan(victim: str, own: Sentinel | None, text: str, book: Sequence[Sentinel]) -> list[Sighting]:
@@ -152,7 +155,7 @@ def scan(victim: str, own: Sentinel | None, text: str, book: Sequence[Sentinel])
         if s.text in text:
             out.append(Sighting(victim, s.owner, s.text))
         elif (frag := s.fragment_in(text)) is not None:
-            out.append(Sighting(victim, s.owner, frag, PARTIAL))
+            out.append(Sighting(victim, s.owner, s.text, PARTIAL, frag))
     ours = {s.core for s in book}
     for m in sorted(set(WHOLE_SENTINEL.findall(text))):
         if m not in ours:
