@@ -11,7 +11,7 @@ from kvgate.findings import Evidence, Finding, Outcome, Report, error, passed
 from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
-from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient
+from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
 
 GateFactory = Callable[[CheckOptions], Gate]
 
@@ -25,10 +25,9 @@ def node_specs(options: CheckOptions) -> list[NodeSpec]:
         if s.url in seen:
             raise UsageError(f"{s.url} is given more than once (a node has one role)")
         seen.add(s.url)
-        if not s.url.startswith(("http://", "https://")):
-            raise UsageError(f"--{s.role}-url {s.url}: expected an http:// or https:// URL")
-    if options.router_url and not options.router_url.startswith(("http://", "https://")):
-        raise UsageError(f"--router-url {options.router_url}: expected an http:// or https:// URL")
+        validate_url(f"--{s.role}-url", s.url)
+    if options.router_url:
+        validate_url("--router-url", options.router_url)
     return specs
 
 
@@ -133,7 +132,8 @@ def run_check(
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(command="check", findings=tuple(findings), strict=options.strict,
-                  target=_target_summary(options, readings), cost=cost, notes=tuple(notes))
+                  strict_source=options.strict_source, target=_target_summary(options, readings), cost=cost,
+                  notes=tuple(notes))
 
 
 def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:
@@ -148,6 +148,7 @@ def _self_test_only(options: CheckOptions, observer: Observer) -> Report:
     started = time.time()
     findings = _run_self_test(options, observer)
     return Report(command="check --self-test", findings=tuple(findings), strict=options.strict,
+                  strict_source=options.strict_source,
                   cost={"wall_s": round(time.time() - started, 3)})
 
 

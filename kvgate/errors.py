@@ -37,3 +37,13 @@ class TransportError(KvgateError):
         self.url = url
         self.problem = problem
         super().__init__(f"{url}: {problem}")
+
+
+class InternalError(KvgateError):
+    """kvgate itself broke on something it did not expect (exit 5): a bug to report, never a pass."""
+
+    exit_status = ExitStatus.INTERNAL_ERROR
+
+    def __init__(self, where: str, exc: BaseException) -> None:
+        self.where = where
+        super().__init__(f"internal error in {where}: {type(exc).__name__}: {exc} (a kvgate bug; please report it)")

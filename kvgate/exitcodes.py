@@ -13,3 +13,5 @@ class ExitStatus(IntEnum):
     USAGE_ERROR = 2
     INCONCLUSIVE = 3
     TRANSPORT_ERROR = 4
+    # kvgate itself broke (a bug, not the target): the report says what raised; never a pass.
+    INTERNAL_ERROR = 5

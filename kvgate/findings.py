@@ -2,9 +2,10 @@
 
 A finding is one check on one node. Its outcome is one of five: passed, failed, inconclusive
 (nothing could be observed, or a field needed for the verdict is unknown), error (the run broke
-while checking: transport failure) and info (reported, not required: an optional detection that is
-off, an informational fix that is absent). Inconclusive is never passed; info is neither a pass nor
-a failure and never moves the exit status.
+while checking: transport failure, or `internal` when kvgate itself crashed) and info (reported, not
+required: an optional detection that is off, an informational fix that is absent). Inconclusive is
+never passed: it blocks (exit 3) unless the operator opted out of strictness, and the report says
+so; info is neither a pass nor a failure and never moves the exit status.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class Finding:
     # Set when an unexpired profile waiver covers this finding: "reason (waived until DATE)".
     # The outcome stays what was observed; only the exit status ignores it.
     waived: str | None = None
+    # An inconclusive the operator asked for explicitly (e.g. the --self-test control): it blocks even
+    # with strictness opted out.
+    blocking: bool = False
 
     @property
     def counts_toward_exit(self) -> bool:
@@ -73,6 +77,7 @@ class Finding:
             "evidence": [e.to_dict() for e in self.evidence],
             "remedy": self.remedy,
             "waived": self.waived,
+            "blocking": self.blocking,
         }
 
 
@@ -101,18 +106,27 @@ def info(gate: str, check: str, node: str, summary: str, *evidence: Evidence) ->
     return Finding(gate, check, node, Outcome.INFO, summary, tuple(evidence))
 
 
-def exit_status_for(findings: tuple[Finding, ...] | list[Finding], strict: bool) -> ExitStatus:
+INTERNAL_CHECK = "internal"  # the check id of an error finding for a crash of kvgate itself
+
+
+def exit_status_for(findings: tuple[Finding, ...] | list[Finding], strict: bool = True) -> ExitStatus:
     """Map findings to the process exit status.
 
-    A confirmed gate failure wins over a transport error: the deployment is known to be unsafe, and a
-    retry would not change that. A run with no finding at all observed nothing and is inconclusive.
+    A confirmed gate failure wins over a run that broke: the deployment is known to be unsafe, and a
+    retry would not change that. kvgate's own crash (5) wins over a transport error (4), which wins
+    over inconclusive (3). A run with no finding at all observed nothing and is inconclusive.
     """
-    outcomes = {f.outcome for f in findings if f.counts_toward_exit}
+    counted = [f for f in findings if f.counts_toward_exit]
+    outcomes = {f.outcome for f in counted}
     if Outcome.FAILED in outcomes:
         return ExitStatus.GATE_FAILED
+    if any(f.outcome is Outcome.ERROR and f.check == INTERNAL_CHECK for f in counted):
+        return ExitStatus.INTERNAL_ERROR
     if Outcome.ERROR in outcomes:
         return ExitStatus.TRANSPORT_ERROR
-    if strict and (Outcome.INCONCLUSIVE in outcomes or not findings):
+    if not findings or any(f.outcome is Outcome.INCONCLUSIVE and f.blocking for f in counted):
+        return ExitStatus.INCONCLUSIVE  # nothing checked at all is no opt-out's business: it never passes
+    if strict and Outcome.INCONCLUSIVE in outcomes:
         return ExitStatus.INCONCLUSIVE
     return ExitStatus.PASSED
 
@@ -127,7 +141,9 @@ class Report:
 
     command: str
     findings: tuple[Finding, ...]
-    strict: bool = False
+    # Blocking on doubt is the default; False only when the operator opted out (strict_source says how).
+    strict: bool = True
+    strict_source: str = "default"
     target: dict[str, Any] = field(default_factory=dict)
     cost: dict[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
@@ -141,6 +157,20 @@ class Report:
         if self.fatal_status is not None:
             return self.fatal_status
         return exit_status_for(self.findings, self.strict)
+
+    @property
+    def unobserved(self) -> list[str]:
+        """The inconclusive checks that count toward the exit: what this run could not observe."""
+        return [f"{f.test_id} ({f.node})" for f in self.findings
+                if f.outcome is Outcome.INCONCLUSIVE and f.counts_toward_exit]
+
+    def strictness_note(self) -> str | None:
+        """What opting out of strictness let through, for the report (None when strict)."""
+        if self.strict:
+            return None
+        what = self.unobserved
+        return (f"strictness opted out ({self.strict_source}): {len(what)} inconclusive check(s) did not block"
+                + (": " + "; ".join(what) if what else ""))
 
     def counts(self) -> dict[str, int]:
         out = {o.value: 0 for o in Outcome}

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import httpx
 
-from kvgate.errors import TransportError
+from kvgate.errors import TransportError, UsageError
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -23,6 +23,31 @@ ROUTER = "router"
 # Pool capacity keys in the order we trust them. SGLang's `max_total_tokens` is the operator's cap
 # flag (often null), not the pool the engine sized, so it is deliberately not on this list.
 POOL_KEYS = ("max_total_num_tokens", "kv_pool_tokens")
+
+
+def validate_url(flag: str, url: str) -> str:
+    """An http(s) URL with a host, as httpx will parse it; anything else is a usage error naming the flag."""
+    if not url.startswith(("http://", "https://")):
+        raise UsageError(f"{flag} {url}: expected an http:// or https:// URL")
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise UsageError(f"{flag} {url}: not a valid URL ({exc})") from None
+    if not parsed.host or any(c.isspace() or c == "%" for c in parsed.host):
+        raise UsageError(f"{flag} {url}: the URL names no valid host")
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        raise UsageError(f"{flag} {url}: port {parsed.port} is out of range")
+    return url
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys repeat is ambiguous (which value does the engine mean?): refuse it."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
 
 
 @dataclass(frozen=True)
@@ -84,6 +109,10 @@ class NodeReading:
     ranks: tuple[RankReading, ...]
     problems: tuple[FieldProblem, ...] = ()
     server_info: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # `enable_dp_attention`: with it, dp_size attention-DP groups split tp_size GPUs.
+    dp_attention: bool | None = None
+    # How many `internal_states` entries the server sent (one per DP rank, malformed ones included).
+    rank_entries: int = 0
 
     @property
     def node(self) -> str:
@@ -146,9 +175,14 @@ class TargetClient:
             raise TransportError(url, f"HTTP {resp.status_code}: authentication refused (check --token-env)")
         if resp.status_code >= 400:
             raise TransportError(url, f"HTTP {resp.status_code}: {resp.text[:200]!r}")
+        if not 200 <= resp.status_code < 300:
+            # A redirect is not the document: kvgate reads the worker it was pointed at, never another.
+            where = resp.headers.get("location", "?")
+            raise TransportError(url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): "
+                                      "point kvgate at the worker itself")
         try:
-            return resp.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+            return json.loads(resp.content, object_pairs_hook=_unique_keys)
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise TransportError(url, f"malformed JSON ({exc}): {resp.text[:120]!r}") from None
 
     def read_node(self, spec: NodeSpec) -> NodeReading:
@@ -302,6 +336,7 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
     if len(lives) > 1:
         r.note("internal_states[*].disaggregation_mode", f"ranks disagree: {sorted(lives)}")
 
+    dp_attention = r.bool_field(info, "enable_dp_attention", "enable_dp_attention")
     architectures: tuple[str, ...] | None = None
     if isinstance(model_info, dict) and isinstance(model_info.get("architectures"), list):
         architectures = tuple(str(a) for a in model_info["architectures"])
@@ -315,7 +350,7 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         context_length_flag=context_flag,
         max_total_num_tokens=pool,
         pool_key=pool_key,
-        max_req_input_len=r.int_field(info, "max_req_input_len", "max_req_input_len", required=True),
+        max_req_input_len=r.int_field(info, "max_req_input_len", "max_req_input_len", required=True, minimum=1),
         page_size=r.int_field(info, "page_size", "page_size", required=False, nullable=True, minimum=1),
         disaggregation_mode=r.str_field(info, "disaggregation_mode", "disaggregation_mode", required=True),
         live_disaggregation_mode=live_mode,
@@ -333,4 +368,6 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         ranks=tuple(ranks),
         problems=tuple(r.problems),
         server_info=dict(info),
+        dp_attention=dp_attention,
+        rank_entries=len(states) if isinstance(states, list) else 0,
     )

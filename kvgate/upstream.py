@@ -21,8 +21,24 @@ from kvgate.paths import cache_dir
 RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
 
+# What pip prints when it never got an answer from the index (connection, DNS, proxy, TLS, timeout).
+# "No matching distribution" alone is an answer: wrong pins or an unsupported Python, not the network.
+_UNREACHABLE = ("NewConnectionError", "ConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
+                "Network is unreachable", "Temporary failure in name resolution", "Name or service not known",
+                "nodename nor servname", "Connection refused", "ProxyError", "SSLError", "Max retries exceeded")
+
+
+def index_unreachable(pip_output: str) -> bool:
+    """True when pip's output says the package index could not be reached at all."""
+    return any(marker in pip_output for marker in _UNREACHABLE)
+
+
 class DownloadError(TransportError):
-    """The package index could not be reached or did not have the release."""
+    """The package index could not be reached (`unreachable`), or answered without the release."""
+
+    def __init__(self, url: str, problem: str, *, unreachable: bool | None = None) -> None:
+        super().__init__(url, problem)
+        self.unreachable = index_unreachable(problem) if unreachable is None else unreachable
 
 
 @contextmanager
@@ -51,7 +67,8 @@ def wheel_path(version: str, package: str = "sglang") -> Path:
         found = sorted(dest.glob("*.whl"))
         if proc.returncode != 0 or not found:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise DownloadError(f"pip download {package}=={version}", " | ".join(tail) or "no wheel")
+            raise DownloadError(f"pip download {package}=={version}", " | ".join(tail) or "no wheel",
+                                unreachable=index_unreachable(proc.stderr + proc.stdout))
         return found[0]
 
 

@@ -2,7 +2,10 @@
 
 A waived finding keeps the outcome that was observed and stays in every report; only the exit status
 ignores it. Transport errors cannot be waived, and an expired waiver is not applied (the finding blocks
-again and the report says why). Every waiver needs a reason and an expiry date.
+again and the report says why). Every waiver needs a reason and an expiry date no further than
+MAX_HORIZON_DAYS ahead, and must name its gate: a pattern that could waive every gate is a profile
+error. Pool/context, correctness-fix and leak-probe checks (PROTECTED) can only be waived by their exact
+id, never by a wildcard.
 """
 
 from __future__ import annotations
@@ -16,6 +19,21 @@ from kvgate.errors import ProfileError
 from kvgate.findings import Finding, Outcome
 
 _KEYS = {"check", "node", "reason", "expires"}
+MAX_HORIZON_DAYS = 90
+# Checks a wildcard must never reach: the incident's own hazard (pool vs context), the fixes that close
+# it, and the probes that observe cross-request content (a `probes.*` waiver would wave a confirmed leak
+# through). Each is a gate, or a gate.check id.
+PROTECTED = ("pool-context", "fixes", "defenses.release", "probes")
+_GLOB = set("*?[")
+
+
+def is_wildcard(pattern: str) -> bool:
+    return bool(_GLOB & set(pattern))
+
+
+def is_protected(test_id: str) -> bool:
+    """True for a pool/context or correctness-fix check id."""
+    return any(test_id == p or test_id.startswith(p + ".") for p in PROTECTED)
 
 
 @dataclass(frozen=True)
@@ -28,11 +46,28 @@ class Waiver:
     node: str = "*"
 
     def matches(self, finding: Finding) -> bool:
+        if is_wildcard(self.check) and is_protected(finding.test_id):
+            return False  # only an exact id waives a protected check (parse refuses such patterns too)
         return fnmatchcase(finding.test_id, self.check) and fnmatchcase(finding.node, self.node)
 
 
-def parse_waivers(raw: Any, path: str) -> tuple[Waiver, ...]:
-    """Validate a profile's `waivers:` list."""
+def _check_pattern(path: str, key: str, pattern: str) -> None:
+    """A waiver names its gate exactly; a wildcard never reaches a protected check."""
+    if "." not in pattern:
+        raise ProfileError(path, key, f"expected 'gate.check' (e.g. defenses.kv-canary), got {pattern!r}")
+    gate = pattern.split(".", 1)[0]
+    if is_wildcard(gate):
+        raise ProfileError(path, key, f"{pattern!r} would waive every gate: name the gate (e.g. defenses.kv-canary)")
+    if is_wildcard(pattern):
+        reached = [p for p in PROTECTED if ((gate == p) if "." not in p else fnmatchcase(p, pattern))]
+        if reached:
+            raise ProfileError(path, key, f"{pattern!r} is a wildcard over {reached[0]}: pool/context and "
+                               "correctness-fix checks can only be waived one exact id at a time")
+
+
+def parse_waivers(raw: Any, path: str, today: dt.date | None = None) -> tuple[Waiver, ...]:
+    """Validate a profile's `waivers:` list (expiries at most MAX_HORIZON_DAYS after `today`)."""
+    today = today or dt.date.today()
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -48,8 +83,7 @@ def parse_waivers(raw: Any, path: str) -> tuple[Waiver, ...]:
         for name in ("check", "reason"):
             if not isinstance(entry.get(name), str) or not entry[name].strip():
                 raise ProfileError(path, f"{key}.{name}", "required: a non-empty string")
-        if "." not in entry["check"]:
-            raise ProfileError(path, f"{key}.check", f"expected 'gate.check' (e.g. defenses.kv-canary), got {entry['check']!r}")
+        _check_pattern(path, f"{key}.check", entry["check"])
         expires = entry.get("expires")
         if isinstance(expires, str):
             try:
@@ -58,6 +92,10 @@ def parse_waivers(raw: Any, path: str) -> tuple[Waiver, ...]:
                 expires = None
         if not isinstance(expires, dt.date) or isinstance(expires, dt.datetime):
             raise ProfileError(path, f"{key}.expires", f"required: a date YYYY-MM-DD, got {entry.get('expires')!r}")
+        horizon = today + dt.timedelta(days=MAX_HORIZON_DAYS)
+        if expires > horizon:
+            raise ProfileError(path, f"{key}.expires", f"{expires.isoformat()} is more than {MAX_HORIZON_DAYS} days "
+                               f"ahead (latest allowed: {horizon.isoformat()}); waivers are temporary")
         node = entry.get("node", "*")
         if not isinstance(node, str) or not node:
             raise ProfileError(path, f"{key}.node", f"expected a glob pattern string, got {node!r}")

@@ -55,8 +55,11 @@ def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
     res = runner.invoke(app, ["up", "--engine", "sim", "--emulate", "0.5.22", "--model-path", "toy",
                               "--context-length", "8192", "--prefill-pool", "16384", "--decode-pool", "16384",
                               "--gate", "-q", "-f", "json", "-o", str(out)])
-    assert res.exit_code == ExitStatus.PASSED, res.output
     doc = json.loads(out.read_text())
+    # Strict by default: a pass needs every check observed; an unobserved probe is exit 3, said so.
+    unobserved = [f for f in doc["findings"] if f["outcome"] == "inconclusive"]
+    assert not [f for f in doc["findings"] if f["outcome"] in ("failed", "error")], res.output
+    assert res.exit_code == (ExitStatus.INCONCLUSIVE if unobserved else ExitStatus.PASSED), res.output
     assert {n["role"] for n in doc["target"]["nodes"]} == {"prefill", "decode"}
     deferred = [f for f in doc["findings"] if f["check"] == "deferred-release"]
     assert deferred and all(f["outcome"] == "passed" for f in deferred), deferred

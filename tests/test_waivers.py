@@ -25,7 +25,7 @@ TODAY = dt.date(2026, 11, 29)
 
 def test_apply_marks_only_matching_unexpired_findings() -> None:
     ws = (Waiver("defenses.kv-canary", "DSA pool: no canary support", dt.date(2026, 12, 31)),
-          Waiver("pool-context.headroom*", "old", dt.date(2026, 11, 1)),
+          Waiver("pool-context.headroom", "old", dt.date(2026, 11, 1)),
           Waiver("probes.never", "stale", dt.date(2027, 1, 1)))
     fs = [inconclusive("defenses", "kv-canary", "decode[0] u", "not supported"),
           failed("pool-context", "headroom", "prefill[0] u", "pool too small"),
@@ -58,10 +58,13 @@ def test_waived_failure_does_not_block_but_stays_in_every_report(
                           "/v1/models": Route(P.v1_models())})
     far = (dt.date.today() + dt.timedelta(days=30)).isoformat()
     prof = tmp_path / "p.yaml"
+    # A pool/context check is waived one exact id at a time (headroom, then each DP rank's).
     prof.write_text(
-        "headroom: 1.25\nwaivers:\n"
-        f"  - check: pool-context.headroom*\n    reason: pool doubling lands next week (TICKET-1)\n    expires: {far}\n")
-    base = ["check", "-q", "--prefill-url", srv.url, "--profile", str(prof)]
+        "headroom: 1.25\nwaivers:\n" + "".join(
+            f"  - check: pool-context.{c}\n    reason: pool doubling lands next week (TICKET-1)\n    expires: {far}\n"
+            for c in ("headroom", "headroom-dp0")))
+    # One node: the checksum check cannot be judged (inconclusive); this test is about the waived failure.
+    base = ["check", "-q", "--prefill-url", srv.url, "--profile", str(prof), "--deferred-release-env", "--no-strict"]
     res = runner.invoke(app, base + ["-f", "json", "-o", str(tmp_path / "r.json"), "-f", "junit", "-o",
                                      str(tmp_path / "r.xml")])
     doc = json.loads((tmp_path / "r.json").read_text())
@@ -74,3 +77,49 @@ def test_waived_failure_does_not_block_but_stays_in_every_report(
     # Without the waiver the same deployment fails the gate.
     prof.write_text("headroom: 1.25\n")
     assert runner.invoke(app, base).exit_code == ExitStatus.GATE_FAILED
+
+
+@pytest.mark.parametrize("pattern", ["*.*", "*.kv-canary", "?efenses.kv-canary", "[dp]*.x"])
+def test_a_waiver_that_could_waive_every_gate_is_a_profile_error(pattern: str) -> None:
+    with pytest.raises(ProfileError) as exc:
+        parse_waivers([{"check": pattern, "reason": "x", "expires": "2026-12-31"}], "p.yaml", today=TODAY)
+    assert exc.value.key == "waivers[0].check" and "every gate" in exc.value.problem
+
+
+@pytest.mark.parametrize("pattern", ["pool-context.*", "pool-context.headroom*", "fixes.*", "defenses.*",
+                                     "defenses.rel*", "probes.selftest.*", "probes.*", "probes.canary.*"])
+def test_protected_checks_cannot_be_waived_by_a_wildcard(pattern: str) -> None:
+    with pytest.raises(ProfileError) as exc:
+        parse_waivers([{"check": pattern, "reason": "x", "expires": "2026-12-31"}], "p.yaml", today=TODAY)
+    assert "exact id" in exc.value.problem
+
+
+def test_protected_check_is_not_matched_by_a_wildcard_even_if_constructed_directly() -> None:
+    w = Waiver("pool-context.*", "x", dt.date(2026, 12, 31))
+    out, _ = apply_waivers([failed("pool-context", "headroom", "n", "pool too small")], [w], today=TODAY)
+    assert out[0].waived is None
+    exact = Waiver("pool-context.headroom", "x", dt.date(2026, 12, 31))
+    out, _ = apply_waivers([failed("pool-context", "headroom", "n", "pool too small")], [exact], today=TODAY)
+    assert out[0].waived
+
+
+def test_expiry_has_a_maximum_horizon() -> None:
+    ok = (TODAY + dt.timedelta(days=90)).isoformat()
+    assert parse_waivers([{"check": "defenses.kv-canary", "reason": "x", "expires": ok}], "p", today=TODAY)
+    with pytest.raises(ProfileError) as exc:
+        parse_waivers([{"check": "defenses.kv-canary", "reason": "x", "expires": "9999-12-31"}], "p", today=TODAY)
+    assert exc.value.key == "waivers[0].expires" and "90 days" in exc.value.problem
+
+
+def test_issue_route_6_wildcard_forever_waiver_is_refused_even_without_strict(
+        tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
+    srv = payload_server({"/server_info": Route(P.server_info("0.5.20", pool=681_280)),
+                          "/v1/models": Route(P.v1_models())})
+    prof = tmp_path / "p.yaml"
+    prof.write_text("waivers:\n  - check: '*.*'\n    reason: ship it\n    expires: 9999-12-31\n")
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["check", "-q", "--prefill-url", srv.url, "--profile", str(prof), "--no-strict",
+                              "-f", "json", "-o", str(out)])
+    assert res.exit_code == ExitStatus.USAGE_ERROR, res.output
+    assert "waivers[0]" in res.stderr
+    assert json.loads(out.read_text())["exit_status"] == ExitStatus.USAGE_ERROR

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from kvgate.errors import KvgateError
 from kvgate.paths import cache_dir
-from kvgate.upstream import DownloadError, locked, wheel_path
+from kvgate.upstream import DownloadError, index_unreachable, locked, wheel_path
 
 STUB_DIR = Path(__file__).resolve().parent / "_stub"
 """Holds `sitecustomize.py`: the torchvision STUB (not torchvision) every CPU environment needs."""
@@ -98,7 +98,7 @@ def run_step(cmd: list[str], env: dict[str, str] | None = None, what: str = "") 
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
         if "No matching distribution" in tail or "Could not find a version" in tail or "ConnectionError" in tail:
-            raise DownloadError(what or cmd[0], tail)
+            raise DownloadError(what or cmd[0], tail, unreachable=index_unreachable(proc.stderr + proc.stdout))
         raise CpuEnvError(f"{what or ' '.join(cmd)} failed:\n{tail}")
 
 

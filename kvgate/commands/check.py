@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -47,7 +47,7 @@ def check(
     ),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     token_env: Optional[str] = typer.Option(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
@@ -119,7 +119,7 @@ def check(
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
-        report = fatal_report("check", exc, strict)
+        report = fatal_report("check", exc)
     finish(report, pairs, verbose)
 
 
@@ -131,13 +131,14 @@ def _options(
     context_len: int | None,
     headroom: float | None,
     timeout: float | None,
-    strict: bool,
+    strict: bool | None,
 ) -> CheckOptions:
     """Merge the profile and the flags: flags win, then the profile, then the defaults."""
     from kvgate.gates.base import CheckOptions
     from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
+    is_strict, strict_source = resolve_strict(strict, prof.strict)
     return CheckOptions(
         prefill_urls=tuple(prefill_url),
         decode_urls=tuple(decode_url),
@@ -145,7 +146,8 @@ def _options(
         context_len=context_len if context_len is not None else prof.context_length,
         headroom=headroom if headroom is not None else (prof.headroom or DEFAULT_HEADROOM),
         timeout=timeout if timeout is not None else (prof.timeout or DEFAULT_TIMEOUT),
-        strict=strict or bool(prof.strict),
+        strict=is_strict,
+        strict_source=strict_source,
         profile_name=prof.name if profile_ref else None,
         probes=prof.probes,
         defenses=prof.defenses,

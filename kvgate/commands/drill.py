@@ -15,7 +15,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -74,7 +74,7 @@ def drill(
     keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 when any check is inconclusive."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -91,6 +91,7 @@ def drill(
     if keep_going:
         probes["early_stop"] = False
     observer = _observer(quiet)
+    is_strict, strict_source = resolve_strict(strict)
     try:
         if engine == "sim":
             from kvgate.extras import require_sim
@@ -121,15 +122,15 @@ def drill(
             assert dep.router_url is not None
             options = CheckOptions(
                 prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                router_url=dep.router_url, timeout=30.0, strict=strict, profile_name=f"drill {engine} {emulate}",
-                probes=probes, code=dep.code_sources(),
+                router_url=dep.router_url, timeout=30.0, strict=is_strict, strict_source=strict_source,
+                profile_name=f"drill {engine} {emulate}", probes=probes, code=dep.code_sources(),
             )
             report = replace(run_check(options, observer=observer), command="drill")
         if dep.log_dir is not None:
             report = replace(report, notes=report.notes + (
                 left_behind("simulator logs" if engine == "sim" else "server logs", dep.log_dir, f"delete with rm -rf {dep.log_dir}"),))
     except ImportError as exc:
-        report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"), strict)
+        report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"))
     except KvgateError as exc:
-        report = fatal_report("drill", exc, strict)
+        report = fatal_report("drill", exc)
     finish(report, pairs, verbose)

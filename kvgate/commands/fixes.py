@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, TransportError, UsageError
 from kvgate.findings import Report
@@ -41,9 +41,9 @@ def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
     from kvgate.catalogue import Assessment, assess, assess_version
+    from kvgate.target import validate_url
 
-    if not url.startswith(("http://", "https://")):
-        raise UsageError(f"--url {url}: expected an http:// or https:// URL")
+    validate_url("--url", url)
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
     a = assess_version(version, backend=backend or reported_backend,
                        target=f"{url} (sglang {version})" if version else url)
@@ -68,7 +68,7 @@ def fixes(
     outputs: List[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
-    strict: bool = typer.Option(False, "--strict", help="Exit 3 also when an informational entry is unknown."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe: bool = typer.Option(
@@ -78,8 +78,8 @@ def fixes(
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
     Exit 0: every correctness fix present. 1: one is missing, or a backport is tampered. 2: usage error.
-    3: a correctness fix is unknown or only weakly evidenced (--strict: any entry). 4: --url unreachable,
-    or the --python command failed.
+    3: an entry is unknown (unless --no-strict; a correctness fix unknown or only weakly evidenced
+    blocks even then). 4: --url unreachable, or the --python command failed.
     """
     from kvgate.catalogue import assess_checkout, assess_code, assess_version, to_findings
     from kvgate.catalogue.behaviour import detect_by_behaviour
@@ -131,10 +131,14 @@ def fixes(
         # A correctness fix whose presence is unknown (or only weakly evidenced) is never a silent pass:
         # exit 3 on its own; --strict extends that to informational entries.
         unproven = a.unproven_correctness()
+        is_strict, strict_source = resolve_strict(strict)
+        if unproven and not is_strict:
+            strict_source += "; overridden: a correctness fix is unproven, which blocks whatever the setting"
         report = Report(
             command="fixes",
             findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
-            strict=strict or bool(unproven),
+            strict=is_strict or bool(unproven),
+            strict_source=strict_source,
             target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
                     "methods": list(a.methods), "backports": list(a.backports_present()),
                     "missing_correctness": [s.fix.id for s in a.missing_correctness()],
@@ -144,5 +148,5 @@ def fixes(
             notes=tuple(notes),
         )
     except KvgateError as exc:
-        report = fatal_report("fixes", exc, strict)
+        report = fatal_report("fixes", exc)
     finish(report, pairs, verbose)

@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -52,7 +52,7 @@ def up(
     gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool = typer.Option(False, "--strict", help="With --gate: exit 3 when any check is inconclusive."),
+    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
     profile: Optional[str] = typer.Option(None, "--profile",
                                           help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
@@ -69,6 +69,7 @@ def up(
     from kvgate.profiles import load as load_profile
 
     pairs = pair_outputs(list(fmt), list(output))
+    is_strict, strict_source = resolve_strict(strict)
     plan = PDLaunchPlan(
         model_path=model_path, prefill=prefill, decode=decode, tp_size=tp_size, context_length=context_length,
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
@@ -105,9 +106,10 @@ def up(
         try:
             with dep:
                 prof = load_profile(profile) if profile else None
+                is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)
                 options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                                       router_url=dep.router_url, strict=strict or bool(prof and prof.strict),
-                                       timeout=30.0, context_len=context_length,
+                                       router_url=dep.router_url, strict=is_strict,
+                                       strict_source=strict_source, timeout=30.0, context_len=context_length,
                                        profile_name=prof.name if prof else None,
                                        headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
                                        probes=prof.probes if prof else {},
@@ -115,7 +117,7 @@ def up(
                                        waivers=prof.waivers if prof else (), code=dep.code_sources())
                 report = run_check(options, observer=observer)
         except KvgateError as exc:
-            report = fatal_report("up --gate", exc, strict)
+            report = fatal_report("up --gate", exc)
         finish(report, pairs, verbose)
     except (KeyboardInterrupt, _Stop):
         typer.echo("kvgate up: stopping", err=True)

@@ -28,6 +28,7 @@ class JsonFormatter(Formatter):
             "started_at": report.started_at,
             "finished_at": report.finished_at,
             "strict": report.strict,
+            "strict_source": report.strict_source,
             "exit_status": int(report.exit_status),
             "verdict": report.exit_status.name.lower(),
             "counts": report.counts(),

@@ -24,7 +24,9 @@ class CheckOptions:
     context_len: int | None = None
     headroom: float = 1.25
     timeout: float = 10.0
-    strict: bool = False
+    # Inconclusive blocks unless the operator opted out (--no-strict, profile `strict: false`).
+    strict: bool = True
+    strict_source: str = "default"
     profile_name: str | None = None
     # Probe gates (router required): deadline of one probe, number of concurrent tenants, and so on.
     probes: Mapping[str, Any] = field(default_factory=dict)

@@ -118,6 +118,8 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
                 remedy="run a SGLang release that reports it (0.5.19-0.5.23 do), or check the URL points at a worker",
             ))
 
+    out.append(_rank_count(reading))
+
     if context is None:
         out.append(failed(
             GATE, "headroom", node, "effective context length unknown (no /v1/models max_model_len, no "
@@ -188,6 +190,31 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
                 *ev,
             ))
     return out
+
+
+def _rank_count(reading: NodeReading) -> Finding:
+    """Every DP rank must have reported: `internal_states` holds one entry per rank (the tokenizer
+    manager's fan-out is `dp_size`, attention-DP groups included), so a rank the server left out
+    is a pool nobody checked."""
+    node = reading.node
+    entries = reading.rank_entries
+    ev = [Evidence(node, "internal_states entries", entries, f"== dp_size ({reading.dp_size})"),
+          Evidence(node, "dp_size", reading.dp_size, "reported"),
+          Evidence(node, "tp_size", reading.tp_size, None),
+          Evidence(node, "enable_dp_attention", reading.dp_attention, None)]
+    if reading.dp_size is None:
+        return failed(GATE, "dp-ranks", node, f"dp_size not reported: cannot prove all {entries} rank(s) "
+                      "listed are every DP rank; the gate fails closed", *ev,
+                      remedy="check the URL points at an SGLang worker (0.5.19-0.5.23 report dp_size)")
+    if entries != reading.dp_size:
+        return failed(GATE, "dp-ranks", node, f"dp_size {reading.dp_size} but internal_states lists {entries} "
+                      "rank(s): the pools of the missing ranks were never checked", *ev,
+                      remedy="every DP rank must answer /server_info; check for a rank that is down or restarting")
+    if reading.dp_attention and reading.tp_size is not None and reading.tp_size % reading.dp_size:
+        return failed(GATE, "dp-ranks", node, f"attention DP layout does not add up: tp_size {reading.tp_size} is "
+                      f"not a multiple of dp_size {reading.dp_size}", *ev,
+                      remedy="the reported parallel layout is inconsistent; do not trust its per-rank capacities")
+    return passed(GATE, "dp-ranks", node, f"all {entries} DP rank(s) reported (dp_size {reading.dp_size})", *ev)
 
 
 class PoolContextGate:

@@ -15,15 +15,7 @@ from typing import Callable
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnv, copy_site_packages
-from kvgate.upstream import DownloadError, unpacked_wheel
-from tests.assets.real_sglang import cpu_env_or_skip
-
-
-def _wheel_or_skip(version: str) -> Path:
-    try:
-        return unpacked_wheel(version)
-    except DownloadError as exc:
-        pytest.skip(f"package index unreachable, no sglang {version} wheel: {exc}")
+from tests.assets.real_sglang import cpu_env_or_skip, wheel_or_skip
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +43,7 @@ def _base_checkouts(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
 
     def get(version: str) -> Path:
         if version not in made:
-            src = _wheel_or_skip(version) / "sglang"
+            src = wheel_or_skip(version) / "sglang"
             repo = tmp_path_factory.mktemp(f"sglang-{version}-base")
             shutil.copytree(src, repo / "python" / "sglang")
             _git(repo, "init", "-q", "-b", "main")

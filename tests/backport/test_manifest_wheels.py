@@ -7,6 +7,7 @@ import pytest
 from kvgate.backport.manifest import load_series
 from kvgate.backport.regen import recompute
 from kvgate.upstream import DownloadError
+from tests.assets.real_sglang import skip_only_if_unreachable
 
 pytestmark = pytest.mark.wheels
 
@@ -16,7 +17,7 @@ def test_manifest_hashes_match_the_real_wheel(release: str) -> None:
     try:
         fresh = recompute(release)
     except DownloadError as exc:
-        pytest.skip(f"package index unreachable, no sglang {release} wheel: {exc}")
+        skip_only_if_unreachable(exc, f"sglang {release} wheel")
     recorded = [{"id": p.id, "files": [{"path": f.path, "sha256_before": f.sha256_before,
                                         "sha256_after": f.sha256_after} for f in p.files]}
                 for p in load_series(release).patches]

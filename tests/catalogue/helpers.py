@@ -6,9 +6,9 @@ import shutil
 from pathlib import Path
 
 import git
-import pytest
 
-from kvgate.upstream import RELEASES, DownloadError, unpacked_wheel
+from kvgate.upstream import RELEASES
+from tests.assets.real_sglang import wheel_or_skip
 
 # upstream-fixes.md section 3 (grep of the published wheels), one row per catalogue entry:
 # the releases (of 0.5.19..0.5.23) whose wheel carries the entry's signatures.
@@ -54,10 +54,7 @@ SIGNATURE_DIRS = ("srt/disaggregation",)
 
 def wheel(version: str) -> Path:
     """The unpacked real wheel (site-packages layout); skip only when the package index is unreachable."""
-    try:
-        return unpacked_wheel(version)
-    except DownloadError as exc:
-        pytest.skip(f"package index unreachable, cannot fetch sglang=={version}: {exc}")
+    return wheel_or_skip(version)
 
 
 def copy_signature_tree(version: str, dest: Path) -> Path:

@@ -61,7 +61,7 @@ def test_incident_pool_fails_and_names_both_numbers(payload_server: Callable[...
 def test_doubled_pool_passes(payload_server: Callable[..., PayloadServer]) -> None:
     p = worker(payload_server, "0.5.23", mode="prefill", pool=2_040_000)
     d = worker(payload_server, "0.5.23", mode="decode", pool=2_040_000)
-    res = run("--prefill-url", p.url, "--decode-url", d.url)
+    res = run("--prefill-url", p.url, "--decode-url", d.url, "--deferred-release-env")
     assert res.exit_code == ExitStatus.PASSED, res.output
     assert res.stdout.startswith("kvgate check: PASSED (exit 0)")
     assert "2,040,000" not in res.stdout  # passed checks are one digest line by default
@@ -103,14 +103,25 @@ def test_role_mismatch_is_a_finding(payload_server: Callable[..., PayloadServer]
     assert role["outcome"] == "failed" and "'decode'" in role["summary"]
 
 
-def test_inconclusive_passes_without_strict_and_exits_3_with_it(payload_server: Callable[..., PayloadServer]) -> None:
+def test_inconclusive_blocks_by_default_and_the_opt_out_is_reported(
+        tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
     p = worker(payload_server, "0.5.22", mode="prefill", pool=2_040_000, drop=("disaggregation_mode",),
                drop_in_states=("disaggregation_mode",))
     res = run("--prefill-url", p.url)
-    assert res.exit_code == ExitStatus.PASSED, res.output
-    assert "inconclusive" in res.stdout
-    res = run("--prefill-url", p.url, "--strict")
     assert res.exit_code == ExitStatus.INCONCLUSIVE, res.output
+    assert run("--prefill-url", p.url, "--strict").exit_code == ExitStatus.INCONCLUSIVE
+    res = run("--prefill-url", p.url, "--no-strict", "--format", "json")
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    doc = json.loads(res.stdout)
+    assert doc["strict"] is False and doc["strict_source"] == "--no-strict"
+    note = [n for n in doc["notes"] if n.startswith("strictness opted out (--no-strict)")]
+    assert note and "pool-context.role" in note[0]
+    # The profile's `strict: false` opts out too, and the report names it; the flag wins over it.
+    prof = tmp_path / "lax.yaml"
+    prof.write_text("strict: false\n")
+    res = run("--prefill-url", p.url, "--profile", str(prof))
+    assert res.exit_code == ExitStatus.PASSED and "opted out (profile strict: false)" in res.stdout
+    assert run("--prefill-url", p.url, "--profile", str(prof), "--strict").exit_code == ExitStatus.INCONCLUSIVE
 
 
 def test_connection_refused_exits_4() -> None:
@@ -138,8 +149,9 @@ def test_5xx_and_bad_json_exit_4(payload_server: Callable[..., PayloadServer], r
 def test_get_server_info_fallback(payload_server: Callable[..., PayloadServer]) -> None:
     srv = payload_server({"/get_server_info": Route(P.server_info("0.5.22", pool=2_040_000)),
                           "/v1/models": Route(P.v1_models())})
-    res = run("--prefill-url", srv.url, "--format", "json")
+    res = run("--prefill-url", srv.url, "--format", "json", "--no-strict")
     assert res.exit_code == ExitStatus.PASSED, res.output
+    assert json.loads(res.stdout)["target"]["nodes"][0]["max_total_num_tokens"] == 2_040_000
 
 
 def test_bad_profile_exits_2_naming_file_and_key(tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
@@ -184,7 +196,7 @@ def test_flags_override_profile(payload_server: Callable[..., PayloadServer]) ->
 def test_junit_written_in_every_outcome(tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
     good = worker(payload_server, "0.5.22", pool=2_040_000)
     bad = worker(payload_server, "0.5.22", pool=681_280)
-    cases = {0: ["--prefill-url", good.url], 1: ["--prefill-url", bad.url],
+    cases = {0: ["--prefill-url", good.url, "--no-strict"], 1: ["--prefill-url", bad.url],
              4: ["--prefill-url", f"http://127.0.0.1:{free_port()}"]}
     for code, args in cases.items():
         out = tmp_path / f"r{code}.xml"

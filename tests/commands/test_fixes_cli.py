@@ -80,6 +80,8 @@ def test_post_release_is_unknown_not_passed() -> None:
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
     assert door["outcome"] == "inconclusive"
     assert "pr-38935" in doc["target"]["unproven_correctness"]
+    # --no-strict opts out of doubt about informational entries, never about a correctness fix
+    assert _run("--version", "0.5.20.post1", "--no-strict").exit_code == 3
 
 
 def test_dev_version_with_commit() -> None:
@@ -212,6 +214,7 @@ def test_url_without_version_is_inconclusive(payload_server) -> None:  # type: i
     srv = payload_server({"/server_info": Route({"tp_size": 1})})
     rc, doc = _json("--url", srv.url)
     assert rc == 3 and doc["counts"]["inconclusive"] == len(doc["findings"]) > 0
+    assert _run("--url", srv.url, "--no-strict").exit_code == 3  # no version: the fixes are unproven
 
 
 def test_unreachable_url_exits_4() -> None:

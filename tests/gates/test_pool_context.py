@@ -49,3 +49,40 @@ def test_a_rank_without_memory_usage_fails_closed() -> None:
     field = [f for f in check_node(r, "prefill", None, 1.25) if f.check == "field"]
     assert [f.outcome for f in field] == [Outcome.FAILED]
     assert "internal_states[1].memory_usage" in field[0].summary
+
+
+def _dp(doc: dict) -> tuple[Outcome, str]:
+    r = parse_node(NodeSpec("prefill", "http://p", 0), "/server_info", doc, P.v1_models(), None)
+    (f,) = [f for f in check_node(r, "prefill", None, 1.25) if f.check == "dp-ranks"]
+    return f.outcome, f.summary
+
+
+def test_issue_route_4_dp_size_4_with_one_rank_listed_fails_closed() -> None:
+    doc = P.server_info("0.5.23", pool=2_040_000)
+    doc["dp_size"] = 4  # the server says four DP ranks but lists one
+    outcome, summary = _dp(doc)
+    assert outcome is Outcome.FAILED and "dp_size 4" in summary and "1 rank" in summary
+
+
+def test_every_rank_listed_passes_and_a_missing_dp_size_fails_closed() -> None:
+    doc = P.server_info("0.5.23", pool=2_040_000, rank_pools=[2_040_000] * 4)
+    assert _dp(doc)[0] is Outcome.PASSED
+    doc.pop("dp_size")
+    assert _dp(doc)[0] is Outcome.FAILED
+
+
+def test_a_malformed_rank_entry_still_counts_as_listed_but_fails_on_its_field() -> None:
+    doc = P.server_info("0.5.23", pool=2_040_000, rank_pools=[2_040_000] * 2)
+    doc["internal_states"][1] = "garbage"
+    r = parse_node(NodeSpec("prefill", "http://p", 0), "/server_info", doc, P.v1_models(), None)
+    checks = {f.check: f.outcome for f in check_node(r, "prefill", None, 1.25)}
+    assert checks["dp-ranks"] is Outcome.PASSED and checks["field"] is Outcome.FAILED
+
+
+def test_attention_dp_layout_that_does_not_divide_tp_fails() -> None:
+    doc = P.server_info("0.5.23", pool=2_040_000, rank_pools=[2_040_000] * 3, tp_size=8)
+    doc["enable_dp_attention"] = True
+    outcome, summary = _dp(doc)
+    assert outcome is Outcome.FAILED and "tp_size 8" in summary
+    doc["enable_dp_attention"] = False
+    assert _dp(doc)[0] is Outcome.PASSED

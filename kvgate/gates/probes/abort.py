@@ -34,6 +34,7 @@ import httpx
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender, Sent
+from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.latency import LatencyModel
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sighting, owners
@@ -48,15 +49,32 @@ def abort_length(limits: ProbeLimits, settings: ProbeSettings) -> int:
     return max(16 * limits.one_page, min(want, limits.longest_accepted))
 
 
-def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) -> list[str]:
+def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) -> tuple[list[str], bool]:
+    """POST /abort_request to every decode; acknowledged only if every one answered 200 (SGLang's
+    `abort_request` answers an empty 200; a 404 or 401 means the cancel never reached the engine)."""
     notes = []
+    acked = bool(decode_urls)
     for url in decode_urls:
         try:
             r = http.post(url.rstrip("/") + "/abort_request", json={"rid": rid}, timeout=5.0)
             notes.append(f"{url}: HTTP {r.status_code}")
+            acked = acked and r.status_code == 200
         except httpx.HTTPError as exc:
             notes.append(f"{url}: {type(exc).__name__}")
-    return notes
+            acked = False
+    return notes, acked
+
+
+def _aborted_in_flight(result: ProbeResult, at: float) -> bool:
+    """The victim's own answer shows the abort: the client's disconnect, or an error answer after the cancel
+    point that names the abort (SGLang: "... KVTransferError(...): Aborted by AbortReq."). A timeout, a
+    transport failure or an unrelated error (a 503 "busy") is no abort."""
+    if result.transport_error is not None or result.timed_out:
+        return False
+    if result.cancelled:
+        return True
+    return (result.status is not None and not result.served and result.elapsed_s >= at
+            and "abort" in result.raw.lower())
 
 
 def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, settings: ProbeSettings,
@@ -81,6 +99,7 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
     canaries: list[Sent] = []
     sightings: list[Sighting] = []  # scanned per batch, as it arrives
     notes: list[str] = []
+    acknowledged = 0  # cancels a decode worker confirmed with its /abort_request answer
     n = settings.abort_attempts
     tries = 0
     points: list[float] = []
@@ -107,17 +126,23 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
                                  daemon=True)
             t.start()
             time.sleep(at)
-            for rid in sender.pending_rids(phase):
-                notes += _abort_on_decodes(sender.client.http, decode_urls, rid)
+            acked = bool(decode_urls)
+            rids = sender.pending_rids(phase)
+            for rid in rids:
+                answers, ok = _abort_on_decodes(sender.client.http, decode_urls, rid)
+                acked = acked and ok
+                if not ok:
+                    notes.append(f"try {tries}: /abort_request not acknowledged: {answers}")
+            acked = acked and bool(rids)
             batch = sender.many([canary_p] * settings.abort_canaries, f"{phase}-canary",
                                 f"abort canaries after cancel {tries}")
             t.join(timeout=settings.deadline_s + at)
             victim = box[0] if box else None
             # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
-            # A transport failure, or an error answer that came before the cancel point, is no abort either.
-            hit = victim if (victim is not None and victim.result.transport_error is None
-                             and (victim.result.cancelled
-                                  or (not victim.result.served and victim.result.elapsed_s >= at))) else None
+            # With decode URLs the cancel counts only if every decode acknowledged it and the victim's
+            # answer shows it; a disconnect alone is counted, as unacknowledged.
+            hit = victim if (victim is not None and _aborted_in_flight(victim.result, at)
+                             and (acked or not decode_urls)) else None
             if victim is not None:
                 sender.observer.log(f"abort try {tries}: cancel at {at:.3f} s of ~{expected:.3f} s expected; victim "
                                     f"{'aborted in flight' if hit is not None else 'answered first'} "
@@ -128,16 +153,21 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
                 if not hit.result.cancelled:
                     sender.meter.charge_prefill(la)  # aborted, so not counted as served; it was prefilled
                 cancelled.append(hit)
+                acknowledged += acked
                 handle.advance(1)
             else:
-                notes.append(f"try {tries}: the request answered before the cancel at {at:.3f} s")
+                what = "no answer" if victim is None else (
+                    f"HTTP {victim.result.status}, timed_out={victim.result.timed_out}, "
+                    f"transport_error={victim.result.transport_error}")
+                notes.append(f"try {tries}: no acknowledged abort in flight at {at:.3f} s ({what})")
                 if victim is not None and victim.result.served:
                     # it was faster than expected: aim the next cancels inside what was observed
                     expected = min(expected, victim.result.elapsed_s)
     ev = [Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
           Evidence(node, "abort.canaries", len(canaries)),
           Evidence(node, "abort.cancel_points_s", points),
-          Evidence(node, "abort.tries", tries)]
+          Evidence(node, "abort.tries", tries),
+          Evidence(node, "abort.acknowledged", acknowledged, "every counted cancel acknowledged by /abort_request")]
     if sightings:
         ev.append(Evidence(node, "abort.sightings", owners(sightings), "no canary carries another request's content"))
         from_cancelled = [s for s in sightings if "abort_victim" in s.source]
@@ -148,14 +178,23 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
                              "default from 0.5.21) and upgrade to 0.5.22+")
     answered = [c for c in canaries if c.result.status == 200]
     if not cancelled:
-        return inconclusive(GATE, CHECK, node, f"no request could be cancelled mid-transfer in {tries} tries (each "
-                            "answered first): nothing observed; raise abort_tokens or abort_budget", *ev,
+        return inconclusive(GATE, CHECK, node, f"no request could be cancelled mid-transfer in {tries} tries (none was "
+                            "an acknowledged abort in flight): nothing observed; see abort.notes, raise abort_tokens "
+                            "or abort_budget", *ev,
                             Evidence(node, "abort.notes", notes[:6]))
+    if not acknowledged:
+        how = ("no --decode-url: cancelled by client disconnect only, which a router may not propagate"
+               if not decode_urls else "no /abort_request was acknowledged by every decode")
+        return inconclusive(GATE, CHECK, node, f"{len(cancelled)} request(s) ended after the cancel, but {how}: "
+                            "the abort itself was not observed", *ev, Evidence(node, "abort.notes", notes[:6]),
+                            remedy="pass every decode worker with --decode-url (and a token allowed to call "
+                                   "/abort_request)")
     if len(answered) < len(canaries):
         lost = [f"{c.label}: HTTP {c.result.status}" for c in canaries if c.result.status != 200]
         return inconclusive(GATE, CHECK, node, f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}",
                             *ev)
-    return passed(GATE, CHECK, node, f"{len(cancelled)} request(s) of {la:,} tokens cancelled mid-transfer; "
+    return passed(GATE, CHECK, node, f"{acknowledged} request(s) of {la:,} tokens cancelled mid-transfer "
+                  "(acknowledged and observed); "
                   f"{len(answered)} canaries sent right after carry only their own content (absence of evidence: "
                   "the decode may not have reused those pages yet; the defenses gate's deferred-release check "
                   "is what proves page lifetime)", *ev)

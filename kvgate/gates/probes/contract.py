@@ -194,7 +194,7 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
     if ftype == "abort":
         return Classified(Verdict.ABORT_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
     ct = meta.get("completion_tokens")
-    if ftype == "length" and not (isinstance(ct, int) and ct >= 1):
+    if ftype == "length" and not (isinstance(ct, int) and not isinstance(ct, bool) and ct >= 1):
         return Classified(Verdict.LENGTH_UNDER_200, f"finish_reason {fr!r} with completion_tokens {ct!r}")
     if ftype not in ("stop", "length"):
         return Classified(Verdict.MISSING_FINISH_REASON, f"unknown finish_reason {fr!r}")

@@ -251,7 +251,7 @@ class _Run:
             ev.append(Evidence(self.node, "canary.leaks", what, "every answer carries only its own sentinel"))
             return failed(GATE, check, self.node,
                           f"cross-request content: {len(what)} foreign sentinel sighting(s); first: content of "
-                          f"{sightings[0].source} leaked into {sightings[0].victim}: {sightings[0].sentinel}",
+                          f"{sightings[0].source} leaked into {sightings[0].victim}: {sightings[0].shown}",
                           *ev, remedy=REMEDY_REJECT)
         if not self.can_decode:
             return inconclusive(GATE, check, self.node, f"sentinels cannot be decoded ({self.codec_note}): "

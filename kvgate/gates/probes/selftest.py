@@ -2,8 +2,10 @@
 
 Starts the simulator emulating SGLang 0.5.19 behind the real router, in the incident's shape scaled
 down (prefill pool well below the context, decode pool large), runs the same probe gate against it
-and demands that it fails with cross-request content. A probe set that cannot see this known leak
-makes the run inconclusive, never passed (style.md, "Peers' lessons").
+and demands that it fails with cross-request content. The operator asked for this evidence, so a
+control that does not pass blocks whatever the strictness: one that ran and did not see the known
+leak fails (the probes are blind), one that could not run is a blocking inconclusive (exit 3).
+Never a pass (style.md, "Peers' lessons").
 """
 
 from __future__ import annotations
@@ -11,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from kvgate.findings import Evidence, Finding, Outcome, inconclusive, passed
+from dataclasses import replace
+
+from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes.gate import ProbeGate
 from kvgate.gates.probes.settings import ProbeSettings
@@ -38,8 +42,10 @@ def run_self_test(settings: ProbeSettings, observer: Observer | None = None) -> 
         with observer.step("self-test: starting the simulated 0.5.19 deployment"):
             dep = SimDeployment(**SELFTEST_SHAPE).start()  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - any start failure means nothing was controlled
-        return [inconclusive(GATE, CHECK, node, f"could not start the simulator: {type(exc).__name__}: {exc}",
-                             remedy="install kvgate[sim,router] (torch, fastapi, uvicorn, smg==1.13.0)")]
+        return [replace(inconclusive(GATE, CHECK, node, f"could not start the simulator: {type(exc).__name__}: {exc}"
+                                     "; the positive control did not run, so no probe verdict can be trusted",
+                                     remedy="install kvgate[sim,router] (torch, fastapi, uvicorn, smg==1.13.0)"),
+                        blocking=True)]
     try:
         options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
                                router_url=dep.router_url, timeout=30.0)
@@ -56,6 +62,6 @@ def run_self_test(settings: ProbeSettings, observer: Observer | None = None) -> 
     if leaks:
         return [passed(GATE, CHECK, node, "the probes see the known leak of emulated 0.5.19: "
                        f"{leaks[0].summary}", *ev, Evidence(node, "detected_by", [f.test_id for f in leaks + served]))]
-    return [inconclusive(GATE, CHECK, node, "the probes did NOT see the known leak of emulated 0.5.19 "
-                         f"({len(served)} over-limit 200s, no foreign sentinel): their 'no leak' cannot be trusted",
-                         *ev, remedy="check probe settings (tokenizer, max_new_tokens, tenants)")]
+    return [failed(GATE, CHECK, node, "the probes did NOT see the known leak of emulated 0.5.19 "
+                   f"({len(served)} over-limit 200s, no foreign sentinel): they are blind, their 'no leak' cannot "
+                   "be trusted", *ev, remedy="check probe settings (tokenizer, max_new_tokens, tenants)")]

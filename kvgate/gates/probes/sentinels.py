@@ -24,11 +24,17 @@ import httpx
 
 PREFIX = "KVG"
 _CORE_LEN = 10
-# A sentinel of any kvgate run, ours or an earlier one.
+# The core of a sentinel of any kvgate run, ours or an earlier one (no delimiters: for ids and summaries).
 ANY_SENTINEL = re.compile(PREFIX + r"[A-Z2-7]{%d}" % _CORE_LEN)
-# Fragments of this many random characters still identify a sentinel (40 bits) when an answer is
-# too short to hold a whole one.
+# A whole sentinel in text, delimiters included. Only this attributes content to an unknown request:
+# the undelimited pattern also matches shapes glued from fragments ("KVG" + a real core's first 10).
+WHOLE_SENTINEL = re.compile(r"<(" + ANY_SENTINEL.pattern + r")>")
+# Fragments of this many random characters still identify one of this run's sentinels (40 bits) when
+# an answer is too short to hold a whole one; such a sighting is reported as a partial match.
 FRAGMENT = 8
+WHOLE = "whole"
+PARTIAL = "partial"
+UNKNOWN_SOURCE = "an earlier kvgate run (unknown request)"
 
 
 @dataclass(frozen=True)
@@ -52,8 +58,12 @@ class Sentinel:
         rnd = self.core[len(PREFIX):]
         return tuple(rnd[i:i + FRAGMENT] for i in range(len(rnd) - FRAGMENT + 1))
 
+    def fragment_in(self, text: str) -> str | None:
+        """The first fragment of this sentinel's random part found in `text`, if any."""
+        return next((f for f in self.fragments if f in text), None)
+
     def found_in(self, text: str) -> bool:
-        return self.core in text or any(f in text for f in self.fragments)
+        return self.text in text or self.fragment_in(text) is not None
 
 
 def new_sentinel(owner: str) -> Sentinel:
@@ -125,24 +135,36 @@ class Sighting:
     """A sentinel seen in a response it does not belong to."""
 
     victim: str  # the request whose response carried it
-    source: str  # the request whose content it is ("an earlier kvgate run" when unknown)
-    sentinel: str
+    source: str  # the request whose content it is (UNKNOWN_SOURCE for a whole sentinel of no request of ours)
+    sentinel: str  # the whole delimited sentinel whose content it is
+    kind: str = WHOLE  # WHOLE, or PARTIAL: only a fragment of one of this run's sentinels was seen
+    fragment: str | None = None  # what was seen, for a partial match
+
+    @property
+    def shown(self) -> str:
+        """The sentinel, with its class and the fragment seen when it is a partial match."""
+        if self.kind == PARTIAL:
+            return f"{self.sentinel} (partial match: only fragment {self.fragment} seen)"
+        return self.sentinel
 
 
 def scan(victim: str, own: Sentinel | None, text: str, book: Sequence[Sentinel]) -> list[Sighting]:
-    """Every foreign sentinel in `text`: this run's (attributed) and earlier runs' (pattern)."""
+    """Every foreign sentinel in `text`: this run's, whole or partial (attributed), and whole delimited
+    sentinels of no request of this run (an earlier run's)."""
     out: list[Sighting] = []
     for s in book:
         if own is not None and s.core == own.core:
             continue
-        if s.found_in(text):
+        if s.text in text:
             out.append(Sighting(victim, s.owner, s.text))
+        elif (frag := s.fragment_in(text)) is not None:
+            out.append(Sighting(victim, s.owner, s.text, PARTIAL, frag))
     ours = {s.core for s in book}
-    for m in set(ANY_SENTINEL.findall(text)):
+    for m in sorted(set(WHOLE_SENTINEL.findall(text))):
         if m not in ours:
-            out.append(Sighting(victim, "an earlier kvgate run (unknown request)", f"<{m}>"))
+            out.append(Sighting(victim, UNKNOWN_SOURCE, f"<{m}>"))
     return out
 
 
 def owners(sightings: Iterable[Sighting]) -> list[str]:
-    return sorted({f"{s.source} -> {s.victim} ({s.sentinel})" for s in sightings})
+    return sorted({f"{s.source} -> {s.victim} ({s.shown})" for s in sightings})

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Iterator
 
+import httpx
 import pytest
 
 from kvgate.findings import Outcome
@@ -24,11 +27,11 @@ MODEL = LatencyModel(short_tokens=16, long_tokens=4096, short_s=0.001, long_s=0.
 class _Client:
     """Answers canaries with a clean 200; the victim with whatever `victim` returns."""
 
-    http: Any = None
     deadline_s = 5.0
 
     def __init__(self, victim: Any) -> None:
         self.victim = victim
+        self.http = httpx.Client()
 
     def generate(self, name: str, ids: list[int], max_new_tokens: int, *, rid: str | None = None,
                  cancel_after_s: float | None = None, stream: bool = False) -> ProbeResult:
@@ -38,12 +41,62 @@ class _Client:
         return ProbeResult(name, len(ids), max_new_tokens, 200, 0.001, body, '{"text": "ok"}')
 
 
-def _run(victim: Any) -> Any:
+def _run(victim: Any, decode_urls: tuple[str, ...] = ()) -> Any:
     client: Any = _Client(victim)
     codec: Any = ByteCodec()
     sender = Sender(client, codec, CostMeter(context=LIMITS.context), NullObserver())
     settings = ProbeSettings(abort_tokens=256, abort_attempts=2, abort_canaries=2, abort_budget=4, deadline_s=5.0)
-    return run_abort(sender, [], LIMITS, settings, MODEL, "test")
+    try:
+        return run_abort(sender, list(decode_urls), LIMITS, settings, MODEL, "test")
+    finally:
+        client.http.close()
+
+
+class _AbortEndpoint:
+    """A real loopback decode worker's /abort_request: answers `status` (SGLang: an empty 200) and records rids."""
+
+    def __init__(self, status: int) -> None:
+        owner = self
+        self.rids: list[bytes] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                owner.rids.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                self.send_response(status if self.path == "/abort_request" else 404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def abort_endpoint() -> Iterator[Any]:
+    made: list[_AbortEndpoint] = []
+
+    def make(status: int) -> _AbortEndpoint:
+        made.append(_AbortEndpoint(status))
+        return made[-1]
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def _aborted(n: str, k: int, m: int) -> ProbeResult:
+    """What a decode-initiated abort mid-transfer answers through the router (SGLang's 500 message)."""
+    raw = ('{"object":"error","message":"Decode transfer failed for request rank=0 ... with exception '
+           'KVTransferError(bootstrap_room=1): Aborted by AbortReq.","type":"500","param":null,"code":500}')
+    return ProbeResult(n, k, m, 500, 0.5, None, raw)
 
 
 @pytest.mark.parametrize("victim", [
@@ -59,8 +112,39 @@ def test_failures_that_are_no_abort_do_not_count_as_cancelled(victim: Any) -> No
     assert ev["abort.cancelled"] == []
 
 
-def test_client_cancel_counts_and_clean_canaries_pass() -> None:
+def test_client_disconnect_alone_is_unacknowledged_and_inconclusive() -> None:
     f = _run(lambda n, k, m: ProbeResult(n, k, m, None, 0.01, cancelled=True))
+    assert f.outcome == Outcome.INCONCLUSIVE, f.summary
+    assert "disconnect only" in f.summary
+    ev = {e.field: e.value for e in f.evidence}
+    assert len(ev["abort.cancelled"]) == 2 and ev["abort.acknowledged"] == 0
+
+
+def test_acknowledged_and_observed_abort_with_clean_canaries_passes(abort_endpoint: Any) -> None:
+    decode = abort_endpoint(200)
+    f = _run(_aborted, (decode.url,))
     assert f.outcome == Outcome.PASSED, f.summary
     ev = {e.field: e.value for e in f.evidence}
-    assert len(ev["abort.cancelled"]) == 2
+    assert ev["abort.acknowledged"] == 2 and decode.rids and b'"rid"' in decode.rids[0]
+
+
+@pytest.mark.parametrize("status", [404, 401, 500])
+def test_issue_route_3_unacknowledged_abort_request_is_not_a_pass(abort_endpoint: Any, status: int) -> None:
+    decode = abort_endpoint(status)
+    f = _run(_aborted, (decode.url,))
+    assert f.outcome == Outcome.INCONCLUSIVE, f.summary
+    notes = next(e.value for e in f.evidence if e.field == "abort.notes")
+    assert any(f"HTTP {status}" in n for n in notes)
+
+
+@pytest.mark.parametrize("victim", [
+    # a timeout after the cancel point: nobody saw an abort
+    lambda n, k, m: ProbeResult(n, k, m, None, 5.0, timed_out=True),
+    # an unrelated 5xx after the cancel point
+    lambda n, k, m: ProbeResult(n, k, m, 503, 0.5, None, '{"message":"busy"}'),
+])
+def test_issue_route_3_a_timeout_or_unrelated_5xx_is_not_an_abort(abort_endpoint: Any, victim: Any) -> None:
+    decode = abort_endpoint(200)
+    f = _run(victim, (decode.url,))
+    assert f.outcome == Outcome.INCONCLUSIVE, f.summary
+    assert next(e.value for e in f.evidence if e.field == "abort.cancelled") == []

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from kvgate.gates.probes.sentinels import ANY_SENTINEL, ByteCodec, new_sentinel, plant_ids, scan
+from kvgate.gates.probes.sentinels import (
+    ANY_SENTINEL,
+    PARTIAL,
+    WHOLE,
+    ByteCodec,
+    Sentinel,
+    new_sentinel,
+    owners,
+    plant_ids,
+    scan,
+)
 from kvgate.sim import tokenizer as sim_tokenizer
 
 
@@ -26,15 +36,29 @@ def test_dense_plant_round_trips_through_the_simulator_tokenizer() -> None:
 def test_scan_attributes_foreign_and_ignores_own() -> None:
     a, b = new_sentinel("plant (100 tokens)"), new_sentinel("over (200 tokens)")
     assert scan("over", b, f"{b.text}\n{b.text}", [a, b]) == []
-    hits = scan("over (200 tokens)", b, f"xx{a.text[3:12]}yy", [a, b])  # a fragment of a
-    assert [(h.source, h.victim) for h in hits] == [("plant (100 tokens)", "over (200 tokens)")]
+    hits = scan("over (200 tokens)", b, f"xx{a.text[4:12]}yy", [a, b])  # a fragment of a
+    assert [(h.source, h.victim, h.kind) for h in hits] == [("plant (100 tokens)", "over (200 tokens)", PARTIAL)]
+    assert f"{a.text} (partial match: only fragment {a.text[4:12]} seen)" in owners(hits)[0]
+    hits = scan("over (200 tokens)", b, f"xx{a.text}yy", [a, b])
+    assert [(h.kind, h.sentinel) for h in hits] == [(WHOLE, a.text)]
+
+
+def test_issue_route_7_no_sentinel_is_made_up_from_a_fragment() -> None:
+    # The issue's shape: an answer glued "KVG" in front of a real core; the undelimited pattern read
+    # <KVGKVGITWSYNL> out of it and blamed "an earlier kvgate run".
+    mine = Sentinel("mine", "KVGITWSYNLQ2X")
+    other = Sentinel("other", "KVGAB234CDEFG")
+    for text in ("KVG" + mine.core + ">", "xxKVGKVGITWSYNLxx", "<KVGKVGITWSYNL", "KVGKVGITWSYNL>"):
+        assert scan("mine", mine, text, [mine, other]) == [], text
+    # An undelimited core of no request of ours is not attributed to anyone either.
+    assert scan("mine", mine, "KVGZZZZZZZZZZ", [mine]) == []
 
 
 def test_scan_flags_sentinels_of_earlier_runs() -> None:
     old = new_sentinel("old run")
     mine = new_sentinel("mine")
     hits = scan("mine", mine, old.text, [mine])
-    assert len(hits) == 1 and "earlier kvgate run" in hits[0].source
+    assert len(hits) == 1 and "earlier kvgate run" in hits[0].source and hits[0].sentinel == old.text
 
 
 def _tokenizer_server(offset: int, lossy: bool = False):

@@ -1,0 +1,98 @@
+"""Every way a run can end writes the report first and exits with a code that says what happened.
+
+Issue 10 route 5: a malformed URL was a traceback and exit 1 ("gate failed") with no report; any
+unexpected exception must still write every requested report and exit 2 (usage), 4 (transport) or
+5 (kvgate's own crash), never a traceback and never 0 or 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.cli import app
+from kvgate.exitcodes import ExitStatus
+from tests.assets import sglang_payloads as P
+from tests.conftest import PayloadServer, Route
+
+runner = CliRunner()
+
+
+def _invoke(tmp_path: Path, *args: str) -> tuple[Any, dict[str, Any]]:
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, [*args, "-f", "json", "-o", str(out)])
+    assert not isinstance(res.exception, Exception) or isinstance(res.exception, SystemExit), res.exception
+    assert "Traceback" not in res.output
+    return res, json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("flag", ["--prefill-url", "--decode-url", "--router-url"])
+@pytest.mark.parametrize("url", ["http://[::1", "http://", "http://exa mple.com:99999", "https://:80/x"])
+def test_malformed_url_is_a_usage_error_with_a_report(tmp_path: Path, flag: str, url: str) -> None:
+    args = ["check", "-q", flag, url]
+    if flag == "--router-url":
+        args += ["--prefill-url", "http://127.0.0.1:9"]
+    res, doc = _invoke(tmp_path, *args)
+    assert res.exit_code == doc["exit_status"] == ExitStatus.USAGE_ERROR, res.output
+    assert flag in res.stderr and url in res.stderr
+
+
+def test_fixes_malformed_url_is_a_usage_error_with_a_report(tmp_path: Path) -> None:
+    res, doc = _invoke(tmp_path, "fixes", "--url", "http://[::1")
+    assert res.exit_code == doc["exit_status"] == ExitStatus.USAGE_ERROR
+
+
+def test_unexpected_crash_in_check_writes_the_report_and_exits_5(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvgate.commands.check as cmd
+
+    def boom(*a: Any, **k: Any) -> None:
+        raise KeyError("something kvgate did not expect")
+
+    monkeypatch.setattr(cmd, "run_check", boom)
+    res, doc = _invoke(tmp_path, "check", "-q", "--prefill-url", "http://127.0.0.1:9")
+    assert res.exit_code == doc["exit_status"] == ExitStatus.INTERNAL_ERROR
+    assert doc["findings"][0]["check"] == "internal" and "KeyError" in doc["findings"][0]["summary"]
+    assert "internal error" in res.stderr
+
+
+def test_unexpected_crash_in_fixes_writes_the_report_and_exits_5(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import kvgate.commands.fixes as cmd
+
+    monkeypatch.setattr(cmd, "assess_version", lambda *a, **k: 1 / 0)
+    res, doc = _invoke(tmp_path, "fixes", "--version", "0.5.22")
+    assert res.exit_code == doc["exit_status"] == ExitStatus.INTERNAL_ERROR
+    assert "ZeroDivisionError" in doc["findings"][0]["summary"]
+
+
+def test_a_crashing_gate_is_internal_not_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   payload_server: Callable[..., PayloadServer]) -> None:
+    from kvgate.gates.pool_context import PoolContextGate
+
+    srv = payload_server({"/server_info": Route(P.server_info("0.5.22", pool=2_040_000)),
+                          "/v1/models": Route(P.v1_models())})
+    monkeypatch.setattr(PoolContextGate, "run", lambda self, ctx: [][1])
+    res, doc = _invoke(tmp_path, "check", "-q", "--prefill-url", srv.url, "--no-strict")
+    assert res.exit_code == doc["exit_status"] == ExitStatus.INTERNAL_ERROR, res.output
+    crash = [f for f in doc["findings"] if f["check"] == "internal"]
+    assert crash and "IndexError" in crash[0]["summary"]
+
+
+def test_a_redirect_is_not_read_as_the_document(tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
+    good = P.server_info("0.5.22", pool=2_040_000)
+    srv = payload_server({"/server_info": Route(good, status=302), "/v1/models": Route(P.v1_models())})
+    res, doc = _invoke(tmp_path, "check", "-q", "--prefill-url", srv.url, "--no-strict")
+    assert res.exit_code == doc["exit_status"] == ExitStatus.TRANSPORT_ERROR, res.output
+    assert "redirect" in doc["findings"][0]["summary"]
+
+
+def test_a_run_that_checked_nothing_never_passes_even_without_strict() -> None:
+    from kvgate.findings import Report, exit_status_for
+
+    assert exit_status_for([], strict=False) == ExitStatus.INCONCLUSIVE
+    assert Report("fixes", (), strict=False).exit_status == ExitStatus.INCONCLUSIVE
