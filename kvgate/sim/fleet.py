@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.sim import surface
-from kvgate.sim.engine import WorkerConfig
+from kvgate.sim.config import WorkerConfig
 from kvgate.sim.releases import Release0519, get_release
 
 METADATA_PATHS = ("/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.sim.engine import WorkerConfig, env_bool, exportable_env_vars
+from kvgate.sim.config import WorkerConfig, env_bool, exportable_env_vars
 from kvgate.sim.releases import Release0519
 
 
