@@ -148,10 +148,11 @@ class SimDeployment:
         env = self._worker_env()
         workers: list[ManagedProcess] = []
         light: list[dict[str, Any]] = []
+        ports = _DistinctPorts()
         try:
             prefill_pairs: list[tuple[str, int]] = []
             for i in range(self.prefill):
-                port, bport = free_port(), free_port()
+                port, bport = ports(), ports()
                 url = f"http://{self.host}:{port}"
                 if self.light:
                     light.append(self._light_worker("prefill", port, bport, int(prefill_pools[i])))
@@ -162,7 +163,7 @@ class SimDeployment:
                 self.bootstrap_ports.append(bport)
                 prefill_pairs.append((url, bport))
             for i in range(self.decode):
-                port = free_port()
+                port = ports()
                 url = f"http://{self.host}:{port}"
                 if self.light:
                     light.append(self._light_worker("decode", port, self.bootstrap_ports[0], int(decode_pools[i])))
@@ -180,11 +181,11 @@ class SimDeployment:
                                check=lambda _p: all(http_ok(u + "/health") for u in urls))
             router_proc = None
             if self.router:
-                rport = free_port()
+                rport = ports()
                 self.router_url = f"http://{self.host}:{rport}"
                 router_proc = sup.start("router", router_argv(
                     prefill=prefill_pairs, decode=self.decode_urls, host=self.host, port=rport,
-                    prometheus_port=free_port(), extra=self.router_args), ready_url=self.router_url + "/readiness")
+                    prometheus_port=ports(), extra=self.router_args), ready_url=self.router_url + "/readiness")
             sup.wait_ready(workers, deadline_s=self.ready_deadline_s)
             if router_proc is not None:
                 sup.wait_ready([router_proc], deadline_s=self.ready_deadline_s)
@@ -251,6 +252,21 @@ class SimDeployment:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+class _DistinctPorts:
+    """free_port() may hand out a port twice once its probe socket is closed; a fleet of hundreds
+    draws enough ports for that to happen, so a deployment never uses one port twice."""
+
+    def __init__(self) -> None:
+        self.used: set[int] = set()
+
+    def __call__(self) -> int:
+        while True:
+            port = free_port()
+            if port not in self.used:
+                self.used.add(port)
+                return port
 
 
 def _per_worker(value: float | Sequence[float], count: int, name: str) -> list[float]:
