@@ -74,6 +74,8 @@ class WorkerConfig:
     sim_transfer_tokens_per_s: float = 0.0
     mem_fraction_static: float | None = None
     tp_size: int = 1
+    #: Reported only (metadata-only fleet workers): one internal state per DP rank, each with the pool.
+    dp_size: int = 1
     launch_command: str = ""
 
     #: The toy model's own context window when `--context-length` is not given.

@@ -48,6 +48,7 @@ class SimDeployment:
       light: metadata-only workers, all served by ONE `python -m kvgate.sim fleet` process (fleet.py):
         cheap enough for 64 or 512 workers; no generation (a STUB answering 501).
       metadata_delay_s: (light only) seconds every metadata answer takes.
+      dp_size: (light only) DP ranks every worker reports (for smg's --dp-aware listing).
     """
 
     emulate: str = "0.5.20"
@@ -74,6 +75,7 @@ class SimDeployment:
     router_args: Sequence[str] = ()
     light: bool = False
     metadata_delay_s: float = 0.0
+    dp_size: int = 1
     host: str = "127.0.0.1"
     log_dir: Path | None = None
     ready_deadline_s: float = 120.0
@@ -202,7 +204,7 @@ class SimDeployment:
                 "chunked_prefill_size": self.chunked_prefill_size, "random_seed": self.seed,
                 "emulate": self.emulate, "fixed_by": self.fixed_by,
                 "disaggregation_enable_kv_checksum": self.kv_checksum,
-                "allow_auto_truncate": self.allow_auto_truncate,
+                "allow_auto_truncate": self.allow_auto_truncate, "dp_size": self.dp_size,
                 "launch_command": f"python -m kvgate.sim fleet (metadata-only {mode} worker on port {port})"}
 
     def _wait_router_lists_all(self) -> None:
@@ -213,7 +215,9 @@ class SimDeployment:
         while time.monotonic() < end:
             try:
                 doc = httpx.get(f"{self.router_url}/workers", timeout=2.0).json()
-                seen = sum(1 for w in doc.get("workers", []) if w.get("status") == "ready")
+                # A DP worker is listed once per rank (smg --dp-aware): count workers, not entries.
+                seen = len({w.get("dp_base_url") or w.get("url") for w in doc.get("workers", [])
+                            if w.get("status") == "ready"})
             except (httpx.HTTPError, ValueError, AttributeError):
                 seen = -1
             if seen >= want:

@@ -32,7 +32,7 @@ def resolved_args(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
         "max_total_tokens": cfg.max_total_tokens, "max_running_requests": cfg.max_running_requests,
         "page_size": cfg.page_size, "chunked_prefill_size": cfg.chunked_prefill_size,
         "mem_fraction_static": cfg.mem_fraction_static if cfg.mem_fraction_static is not None else 0.88,
-        "tp_size": cfg.tp_size, "dp_size": 1, "pp_size": 1, "device": "cpu",
+        "tp_size": cfg.tp_size, "dp_size": cfg.dp_size, "pp_size": 1, "device": "cpu",
         "random_seed": cfg.random_seed, "allow_auto_truncate": cfg.allow_auto_truncate,
         "disaggregation_mode": cfg.mode, "disaggregation_transfer_backend": cfg.disaggregation_transfer_backend,
         "disaggregation_bootstrap_port": cfg.disaggregation_bootstrap_port,
@@ -67,7 +67,8 @@ def server_info(cfg: WorkerConfig, release: Release0519, *, pool_tokens: int, st
         "max_total_num_tokens": pool_tokens,
         "max_req_input_len": admission_limit(cfg.effective_context, pool_tokens),
         "status": "ready", **release.server_info_extra(cfg.mode),
-        "startup_time": started, "internal_states": [state], "version": release.version,
+        "startup_time": started, "internal_states": [dict(state) for _ in range(cfg.dp_size)],
+        "version": release.version,
     }
 
 

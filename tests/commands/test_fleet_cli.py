@@ -147,3 +147,18 @@ def test_baseline_round_trip_on_the_fleet(deployment: Callable[..., SimDeploymen
     assert again.exit_code == ExitStatus.PASSED, again.output
     drift = [f for f in json.loads(again.stdout)["findings"] if f["gate"] == "baseline"]
     assert len(drift) == 4 and {f["outcome"] for f in drift} == {"passed"}
+
+
+def test_dp_aware_router_lists_ranks_and_each_worker_is_read_once(deployment: Callable[..., SimDeployment]) -> None:
+    dep = deployment(emulate="0.5.22", prefill=1, decode=1, context_length=CONTEXT, prefill_pool=GOOD_POOL,
+                     decode_pool=GOOD_POOL, light=True, dp_size=2, router_args=["--dp-aware"])
+    raw = httpx.get(f"{dep.router_url}/workers", timeout=5).json()["workers"]
+    # What smg 1.13.0 --dp-aware really lists: one entry per rank, `url@rank` plus dp_base_url/dp_rank/dp_size.
+    assert sorted(w["url"] for w in raw) == sorted(f"{u}@{r}" for u in dep.prefill_urls + dep.decode_urls
+                                                   for r in (0, 1))
+    assert {(w["dp_base_url"] in w["url"], w["dp_size"]) for w in raw} == {(True, 2)}
+    res = check("--router-url", str(dep.router_url), "--format", "json")
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    nodes = json.loads(res.stdout)["target"]["nodes"]
+    assert sorted((n["url"], n["dp_ranks"]) for n in nodes) == sorted(
+        (u, 2) for u in dep.prefill_urls + dep.decode_urls)
