@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 from typing import Callable, Sequence
 
+from kvgate import baseline
+from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError, UsageError
-from kvgate.findings import Evidence, Finding, Outcome, Report, error, passed
+from kvgate.findings import Evidence, Finding, Outcome, Report, error, inconclusive, passed
 from kvgate.gates.base import CheckOptions, Gate, GateContext
+from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
+
+#: Role of a worker the router lists without one (`/list_workers`), until its own server_info says.
+UNRESOLVED = "worker"
 
 GateFactory = Callable[[CheckOptions], Gate]
 
@@ -32,20 +40,47 @@ def node_specs(options: CheckOptions) -> list[NodeSpec]:
 
 
 def default_gates(options: CheckOptions) -> list[Gate]:
-    """Gate 1 and the defenses gate always; the probe gates when a router is given.
+    """Gate 1, the defenses and the fleet gates always; the baseline gate with --baseline; the probe
+    gates when a router is given (unless --no-probes).
 
-    Construction validates the profile's sections, so a bad profile is a usage error before any
-    request is sent.
+    Construction validates the profile's sections and the baseline file, so a bad one is a usage
+    error before any request is sent.
     """
     from kvgate.gates.defenses import DefensesGate
 
-    gates: list[Gate] = [PoolContextGate(), DefensesGate(options)]
-    if options.router_url:
+    gates: list[Gate] = [PoolContextGate(), DefensesGate(options), FleetGate()]
+    if options.baseline:
+        from kvgate.gates.baseline import BaselineGate
+
+        gates.append(BaselineGate(options.baseline))
+    if options.router_url and options.probes_enabled:
         from kvgate.gates.probes import ProbeGate, ProbeSettings
 
         where = options.profile_name or "probe settings"
         gates.append(ProbeGate(ProbeSettings.from_mapping(options.probes, where)))
     return gates
+
+
+def discovered_specs(listing: RouterListing) -> list[NodeSpec]:
+    """One spec per worker the router lists (a DP worker once), with the router's role where it gives one."""
+    specs: list[NodeSpec] = []
+    index: Counter[str] = Counter()
+    for url, entries in listing.by_base_url().items():
+        roles = {e.role for e in entries if e.role in PD_ROLES}
+        role = roles.pop() if len(roles) == 1 else UNRESOLVED
+        specs.append(NodeSpec(role, url, index[role]))
+        index[role] += 1
+    return specs
+
+
+def _resolve_roles(specs: list[NodeSpec], results: list[NodeReading | TransportError]) -> None:
+    """Workers listed without a role take the one they report (in place); the rest stay unresolved."""
+    index = Counter(s.role for s in specs)
+    for i, (spec, result) in enumerate(zip(specs, results)):
+        if spec.role == UNRESOLVED and isinstance(result, NodeReading) and result.role in PD_ROLES:
+            specs[i] = NodeSpec(result.role, spec.url, index[result.role])
+            index[result.role] += 1
+            results[i] = replace(result, spec=specs[i])
 
 
 def _router_findings(client: TargetClient, url: str) -> list[Finding]:
@@ -59,9 +94,11 @@ def _router_findings(client: TargetClient, url: str) -> list[Finding]:
     return [passed("target", "reachable", node, "router is ready", Evidence(node, "/readiness", body, "200"))]
 
 
-def _target_summary(options: CheckOptions, readings: Sequence[NodeReading]) -> dict[str, object]:
+def _target_summary(options: CheckOptions, readings: Sequence[NodeReading],
+                    listing: RouterListing | None = None) -> dict[str, object]:
     return {
         "router": options.router_url,
+        "router_listing": None if listing is None else {"endpoint": listing.endpoint, "entries": len(listing.workers)},
         "profile": options.profile_name,
         "nodes": [
             {"role": r.spec.role, "url": r.spec.url, "version": r.version, "disaggregation_mode": r.role,
@@ -88,10 +125,10 @@ def run_check(
     """
     observer = observer or NullObserver()
     specs = node_specs(options)
-    if self_test and not specs:
+    if self_test and not specs and not options.router_url:
         return _self_test_only(options, observer)
-    if not specs:
-        raise UsageError("nothing to check: give at least one --prefill-url or --decode-url")
+    if not specs and not options.router_url:
+        raise UsageError("nothing to check: give --router-url, or at least one --prefill-url or --decode-url")
     gates = list(gates) if gates is not None else default_gates(options)
     started = time.time()
     findings: list[Finding] = []
@@ -99,29 +136,49 @@ def run_check(
     if self_test:
         control = _run_self_test(options, observer)
         findings.extend(control)
-    with TargetClient(timeout=options.timeout, token=token) as client:
-        observer.log(f"reading server_info of {len(specs)} node(s)")
-        readings: list[NodeReading] = []
-        for spec, result in zip(specs, client.read_nodes(specs)):
-            if isinstance(result, TransportError):
-                findings.append(error("target", "reachable", spec.label, str(result),
-                                      Evidence(spec.label, "url", result.url, "reachable SGLang worker")))
-            else:
-                readings.append(result)
-                findings.append(passed("target", "reachable", spec.label,
-                                       f"SGLang {result.version or '?'} answered {result.info_path}"))
-        if options.router_url:
-            findings.extend(_router_findings(client, options.router_url.rstrip("/")))
+    readings: list[NodeReading] = []
+    listing: RouterListing | None = None
+    with TargetClient(timeout=options.timeout, token=token, concurrency=options.concurrency) as client:
         ctx = GateContext(options=options, readings=readings, client=client, observer=observer, prior=findings)
-        for gate in gates:
-            observer.log(f"gate {gate.name}")
-            try:
-                findings.extend(gate.run(ctx))
-            except TransportError as exc:
-                findings.append(error(gate.name, "transport", exc.url, str(exc)))
-            except Exception as exc:  # noqa: BLE001 - a broken gate must block, never pass
-                findings.append(Finding(gate.name, "internal", "kvgate", Outcome.ERROR,
-                                        f"gate crashed: {type(exc).__name__}: {exc}"))
+        if options.router_url:
+            router = options.router_url.rstrip("/")
+            findings.extend(_router_findings(client, router))
+            listing = _list_workers(client, router, findings)
+            if listing is not None and not specs:
+                specs = discovered_specs(listing)
+                observer.log(f"the router lists {len(specs)} worker(s) ({listing.endpoint})")
+        if specs:
+            read_started = time.monotonic()
+            with observer.step(f"reading metadata of {len(specs)} worker(s), {options.concurrency} at a time",
+                               total=len(specs)) as step:
+                results = client.read_nodes(specs, read_deadline_s=options.read_deadline, on_done=step.advance)
+            ctx.cost["metadata_read_s"] = round(time.monotonic() - read_started, 3)
+            _resolve_roles(specs, results)
+            for spec, result in zip(specs, results):
+                if isinstance(result, TransportError):
+                    findings.append(error("target", "reachable", spec.label, str(result),
+                                          Evidence(spec.label, "url", result.url, "reachable SGLang worker")))
+                else:
+                    readings.append(result)
+                    findings.append(passed("target", "reachable", spec.label,
+                                           f"SGLang {result.version or '?'} answered {result.info_path}"))
+            ctx = replace(ctx, listing=listing, attempted=tuple(specs))
+            if options.router_url and not options.probes_enabled:
+                findings.append(inconclusive("probes", "setup", f"router {options.router_url}",
+                                             "skipped (--no-probes): nothing was sent through the router"))
+            for gate in gates:
+                observer.log(f"gate {gate.name}")
+                try:
+                    findings.extend(gate.run(ctx))
+                except TransportError as exc:
+                    findings.append(error(gate.name, "transport", exc.url, str(exc)))
+                except Exception as exc:  # noqa: BLE001 - a broken gate must block, never pass
+                    findings.append(Finding(gate.name, "internal", "kvgate", Outcome.ERROR,
+                                            f"gate crashed: {type(exc).__name__}: {exc}"))
+            if options.write_baseline:
+                unread = [s.url for s, r in zip(specs, results) if isinstance(r, TransportError)]
+                findings.append(baseline.write(Path(options.write_baseline), readings, findings,
+                                               options.router_url, unread))
     if control and any(f.outcome is not Outcome.PASSED for f in control):
         findings = _distrust_probes(findings, control)
     notes: list[str] = []
@@ -132,8 +189,27 @@ def run_check(
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(command="check", findings=tuple(findings), strict=options.strict,
-                  strict_source=options.strict_source, target=_target_summary(options, readings), cost=cost,
-                  notes=tuple(notes))
+                  strict_source=options.strict_source, target=_target_summary(options, readings, listing),
+                  cost=cost, notes=tuple(notes))
+
+
+def _list_workers(client: TargetClient, router: str, findings: list[Finding]) -> RouterListing | None:
+    """The router's worker list, or None with an error finding (exit 4) when it cannot be had."""
+    node = f"router {router}"
+    try:
+        listing = list_router_workers(client, router)
+    except TransportError as exc:
+        findings.append(error("fleet", "router-list", node, f"cannot list the router's workers: {exc}",
+                              Evidence(node, "GET /workers | /list_workers", exc.problem, "a worker list")))
+        return None
+    if not listing.workers:
+        findings.append(error("fleet", "router-list", node, f"the router lists no workers ({listing.endpoint})",
+                              Evidence(node, listing.endpoint, 0, ">= 1 worker")))
+        return None
+    findings.append(passed("fleet", "router-list", node,
+                           f"{len(listing.by_base_url())} worker(s) listed by {listing.endpoint}",
+                           Evidence(node, listing.endpoint, len(listing.workers), ">= 1 worker")))
+    return listing
 
 
 def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:

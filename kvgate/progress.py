@@ -70,9 +70,11 @@ class RichObserver:
 
     @contextmanager
     def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
-        from rich.progress import Progress
+        from rich.progress import MofNCompleteColumn, Progress
 
-        with Progress(console=self.console, transient=True) as progress:
+        # "N/M" next to the bar when the step has a count (e.g. workers read of the fleet).
+        columns = [*Progress.get_default_columns(), MofNCompleteColumn()] if total is not None else []
+        with Progress(*columns, console=self.console, transient=True) as progress:
             task = progress.add_task(redact(description), total=total)
 
             class _Handle(StepHandle):

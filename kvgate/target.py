@@ -8,9 +8,11 @@ a transport failure (refused, timeout, 5xx, bad JSON) becomes a `TransportError`
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import httpx
 
@@ -23,6 +25,7 @@ ROUTER = "router"
 # Pool capacity keys in the order we trust them. SGLang's `max_total_tokens` is the operator's cap
 # flag (often null), not the pool the engine sized, so it is deliberately not on this list.
 POOL_KEYS = ("max_total_num_tokens", "kv_pool_tokens")
+from kvgate.defaults import DEFAULT_CONCURRENCY, NODE_DEADLINE_REQUESTS  # noqa: E402,F401  (one home)
 
 
 def validate_url(flag: str, url: str) -> str:
@@ -141,13 +144,32 @@ class NodeReading:
 class TargetClient:
     """HTTP access to SGLang workers and routers. Thread-safe; one per run."""
 
-    def __init__(self, timeout: float = 10.0, token: str | None = None) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+    def __init__(self, timeout: float = 10.0, token: str | None = None,
+                 concurrency: int = DEFAULT_CONCURRENCY) -> None:
         self.timeout = timeout
-        self._http = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers, follow_redirects=False)
+        self.concurrency = concurrency
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl = httpx.create_ssl_context()  # built once: every client below shares it
+        self._http = self._new_http()
+        # Fleet reads: one small client per reading thread. A single pool shared by hundreds of
+        # threads costs time quadratic in its connections (httpcore scans them all per request):
+        # 512 workers read at once took 60 s instead of 1.
+        self._local = threading.local()
+        self._thread_clients: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    def _new_http(self) -> httpx.Client:
+        return httpx.Client(timeout=httpx.Timeout(self.timeout), headers=self._headers, follow_redirects=False,
+                            verify=self._ssl)
+
+    def _session(self) -> httpx.Client:
+        """The calling reader thread's own client inside read_nodes, else the shared one."""
+        return getattr(self._local, "http", None) or self._http
 
     def close(self) -> None:
         self._http.close()
+        for c in self._thread_clients:
+            c.close()
 
     def __enter__(self) -> "TargetClient":
         return self
@@ -160,13 +182,24 @@ class TargetClient:
         """The underlying client (authorised, bounded timeouts) for gates that send requests."""
         return self._http
 
-    def get_json(self, base: str, path: str, *, missing_ok: bool = False) -> Any | None:
-        """GET base+path and parse JSON. 404 returns None when `missing_ok`; other failures raise."""
+    def get_json(self, base: str, path: str, *, missing_ok: bool = False,
+                 deadline: float | None = None) -> Any | None:
+        """GET base+path and parse JSON. 404 returns None when `missing_ok`; other failures raise.
+
+        `deadline` (time.monotonic()) shortens the request's timeout to what is left of it.
+        """
         url = base.rstrip("/") + path
+        timeout, why = self.timeout, "timeout"
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TransportError(url, "not sent: the node's read deadline had passed")
+            if left < timeout:
+                timeout, why = left, "the node's read deadline"
         try:
-            resp = self._http.get(url)
+            resp = self._session().get(url, timeout=timeout)
         except httpx.TimeoutException:
-            raise TransportError(url, f"no answer within {self.timeout:g}s (timeout)") from None
+            raise TransportError(url, f"no answer within {timeout:g}s ({why})") from None
         except httpx.HTTPError as exc:
             raise TransportError(url, f"unreachable: {type(exc).__name__}: {exc}") from None
         if resp.status_code == 404 and missing_ok:
@@ -185,35 +218,60 @@ class TargetClient:
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise TransportError(url, f"malformed JSON ({exc}): {resp.text[:120]!r}") from None
 
-    def read_node(self, spec: NodeSpec) -> NodeReading:
+    def read_node(self, spec: NodeSpec, deadline: float | None = None) -> NodeReading:
         """Read /server_info (or /get_server_info), /v1/models and /model_info of one worker."""
-        info = self.get_json(spec.url, "/server_info", missing_ok=True)
+
+        def get(path: str) -> Any | None:
+            return self.get_json(spec.url, path, missing_ok=True, deadline=deadline)
+
+        info = get("/server_info")
         info_path = "/server_info"
         if info is None:
-            info = self.get_json(spec.url, "/get_server_info", missing_ok=True)
+            info = get("/get_server_info")
             info_path = "/get_server_info"
         if info is None:
             raise TransportError(spec.url, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
         if not isinstance(info, dict):
             raise TransportError(spec.url + info_path, f"expected a JSON object, got {type(info).__name__}")
-        models = self.get_json(spec.url, "/v1/models", missing_ok=True)
-        model_info = self.get_json(spec.url, "/model_info", missing_ok=True)
+        models = get("/v1/models")
+        model_info = get("/model_info")
         if model_info is None:
-            model_info = self.get_json(spec.url, "/get_model_info", missing_ok=True)
+            model_info = get("/get_model_info")
         return parse_node(spec, info_path, info, models, model_info)
 
-    def read_nodes(self, specs: Sequence[NodeSpec]) -> list[NodeReading | TransportError]:
-        """Read every node concurrently; each slot holds its reading or the error that prevented it."""
+    def read_nodes(self, specs: Sequence[NodeSpec], *, read_deadline_s: float | None = None,
+                   on_done: Callable[[], None] | None = None) -> list[NodeReading | TransportError]:
+        """Read every node at once, `concurrency` at a time; each slot holds its reading or its error.
 
-        def one(spec: NodeSpec) -> NodeReading | TransportError:
-            try:
-                return self.read_node(spec)
-            except TransportError as exc:
-                return exc
-
+        Deadlines: each node's read ends within NODE_DEADLINE_REQUESTS x timeout of its start, and
+        every node's within `read_deadline_s` of this call (a node whose turn comes later is not read).
+        `on_done` is called (from a worker thread) as each node finishes.
+        """
         if not specs:
             return []
-        with ThreadPoolExecutor(max_workers=min(16, len(specs))) as pool:
+        end = time.monotonic() + read_deadline_s if read_deadline_s is not None else None
+
+        def one(spec: NodeSpec) -> NodeReading | TransportError:
+            if getattr(self._local, "http", None) is None:
+                self._local.http = self._new_http()
+                with self._lock:
+                    self._thread_clients.append(self._local.http)
+            start = time.monotonic()
+            deadline = start + NODE_DEADLINE_REQUESTS * self.timeout
+            try:
+                if end is not None:
+                    if start >= end:
+                        raise TransportError(spec.url, f"not read: the whole read's deadline ({read_deadline_s:g}s) "
+                                                       "passed before its turn (raise --read-deadline or --concurrency)")
+                    deadline = min(deadline, end)
+                return self.read_node(spec, deadline=deadline)
+            except TransportError as exc:
+                return exc
+            finally:
+                if on_done is not None:
+                    on_done()
+
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(specs))) as pool:
             return list(pool.map(one, specs))
 
 

@@ -66,3 +66,108 @@ def test_null_required_strings_are_problems() -> None:
     doc["version"] = None
     r = parse_node(SPEC, "/server_info", doc, P.v1_models(), None)
     assert r.version is None and r.problem("version") is not None
+
+
+# --- reading a fleet: the concurrency bound and the deadlines, against a real loopback server ------------
+
+class _FleetServer:
+    """One HTTP server standing in for many workers at `/w<N>`; counts requests in flight."""
+
+    def __init__(self, delay_s: float, missing: tuple[str, ...] = ()) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.in_flight = 0
+        self.max_in_flight = 0
+        lock = threading.Lock()
+        owner = self
+        info, model = P.server_info("0.5.22", pool=2_040_000), P.model_info("0.5.22")
+        docs = {"/server_info": info, "/get_server_info": info, "/v1/models": P.v1_models(),
+                "/model_info": model, "/get_model_info": model}
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                import json
+                import time
+
+                path = "/" + self.path.split("/", 2)[2]
+                with lock:
+                    owner.in_flight += 1
+                    owner.max_in_flight = max(owner.max_in_flight, owner.in_flight)
+                time.sleep(delay_s)
+                with lock:
+                    owner.in_flight -= 1
+                doc = None if path in missing else docs.get(path)
+                data = json.dumps(doc if doc is not None else {"detail": "Not Found"}).encode()
+                try:
+                    self.send_response(200 if doc is not None else 404)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.server.request_queue_size = 256
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def specs(self, n: int) -> list[NodeSpec]:
+        return [NodeSpec("prefill", f"{self.url}/w{i}", i) for i in range(n)]
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("concurrency,workers", [(4, 12), (64, 64)])
+def test_reads_run_at_once_up_to_the_bound(concurrency: int, workers: int) -> None:
+    from kvgate.target import TargetClient
+
+    srv = _FleetServer(delay_s=0.3)
+    done: list[int] = []
+    try:
+        with TargetClient(timeout=20, concurrency=concurrency) as client:
+            results = client.read_nodes(srv.specs(workers), on_done=lambda: done.append(1))
+    finally:
+        srv.stop()
+    assert all(not isinstance(r, Exception) for r in results)
+    assert len(done) == workers  # progress: one tick per worker
+    # The bound holds, and reads really overlap beyond the old fixed 16 when allowed.
+    assert srv.max_in_flight <= concurrency
+    assert srv.max_in_flight > (concurrency // 2 if concurrency < 16 else 16)
+
+
+def test_a_node_that_needs_too_long_hits_its_own_deadline() -> None:
+    import time
+
+    from kvgate.errors import TransportError
+    from kvgate.target import TargetClient
+
+    # Five sequential requests (both fallbacks taken) of 0.4 s each, every one far within the 5 s
+    # timeout: the node's read (2 s) is not within its 1 s deadline.
+    srv = _FleetServer(delay_s=0.4, missing=("/server_info", "/model_info"))
+    try:
+        with TargetClient(timeout=5) as client:
+            with pytest.raises(TransportError, match="deadline"):
+                client.read_node(srv.specs(1)[0], deadline=time.monotonic() + 1.0)
+    finally:
+        srv.stop()
+
+
+def test_the_whole_read_has_one_deadline() -> None:
+    from kvgate.errors import TransportError
+    from kvgate.target import TargetClient
+
+    srv = _FleetServer(delay_s=0.4)
+    try:
+        with TargetClient(timeout=5, concurrency=1) as client:
+            results = client.read_nodes(srv.specs(3), read_deadline_s=0.5)
+    finally:
+        srv.stop()
+    assert all(isinstance(r, TransportError) for r in results)
+    assert "whole read's deadline" in results[-1].problem  # its turn came after the deadline

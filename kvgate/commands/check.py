@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.defaults import SCAN_TIMEOUT_S
+from kvgate.defaults import DEFAULT_CONCURRENCY, NODE_DEADLINE_REQUESTS, SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not 
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
+DEFAULT_READ_DEADLINE = 120.0
 
 
 def _observer(quiet: bool) -> Observer | None:
@@ -34,7 +35,10 @@ def _observer(quiet: bool) -> Observer | None:
 def check(
     prefill_url: List[str] = typer.Option([], "--prefill-url", help="Prefill worker URL (repeatable)."),
     decode_url: List[str] = typer.Option([], "--decode-url", help="Decode worker URL (repeatable)."),
-    router_url: Optional[str] = typer.Option(None, "--router-url", help="Router URL; enables the probe gates."),
+    router_url: Optional[str] = typer.Option(
+        None, "--router-url",
+        help="Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates.",
+    ),
     profile: Optional[str] = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
     context_len: Optional[int] = typer.Option(
         None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
@@ -81,8 +85,26 @@ def check(
     trust_version: bool = typer.Option(
         False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."
     ),
+    probes: bool = typer.Option(
+        True, "--probes/--no-probes", help="Send the probe requests through the router (--no-probes: metadata only)."
+    ),
+    concurrency: int = typer.Option(
+        DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers whose metadata is read at once."
+    ),
+    read_deadline: Optional[float] = typer.Option(
+        None, "--read-deadline", min=0.1,
+        help=f"Seconds the whole metadata read may take (default {DEFAULT_READ_DEADLINE:g}); each worker's read "
+        f"also ends within {NODE_DEADLINE_REQUESTS}x --timeout.",
+    ),
+    baseline: Optional[Path] = typer.Option(
+        None, "--baseline", help="Fail on any change since this baseline file (capacity drift, workers added/removed)."
+    ),
+    write_baseline: Optional[Path] = typer.Option(
+        None, "--write-baseline", help="Record this run's fleet as the baseline file (after comparing with --baseline)."
+    ),
 ) -> None:
-    """Gate a live PD deployment: pool vs context, defenses, and (with --router-url) behavioural probes."""
+    """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
+    the router's whole worker list and behavioural probes."""
     from kvgate.check import run_check
     from kvgate.reporting import pair_outputs
     from kvgate.secrets import token_from_env
@@ -90,13 +112,13 @@ def check(
     pairs = pair_outputs(list(fmt), list(output))
     try:
         options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
-        probes = dict(options.probes)
+        probe_settings = dict(options.probes)
         if probe_deadline is not None:
-            probes["deadline_s"] = probe_deadline
+            probe_settings["deadline_s"] = probe_deadline
         if tenants is not None:
-            probes["tenants"] = tenants
+            probe_settings["tenants"] = tenants
         if keep_going:
-            probes["early_stop"] = False
+            probe_settings["early_stop"] = False
         defenses = dict(options.defenses)
         if deferred_release_env is not None:
             defenses["deferred_release_env"] = deferred_release_env
@@ -115,7 +137,11 @@ def check(
             if "*" not in code:
                 raise UsageError("--scan-timeout needs --python (per-source timeouts go in the profile's code:)")
             code["*"] = {**code["*"], "timeout": scan_timeout}
-        options = replace(options, probes=probes, defenses=defenses, code=code)
+        options = replace(options, probes=probe_settings, defenses=defenses, code=code, probes_enabled=probes,
+                          concurrency=concurrency,
+                          read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
+                          baseline=str(baseline) if baseline else None,
+                          write_baseline=str(write_baseline) if write_baseline else None)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
+from kvgate.discovery import RouterListing
 from kvgate.findings import Finding
 from kvgate.progress import NullObserver, Observer
-from kvgate.target import NodeReading, TargetClient
+from kvgate.target import DEFAULT_CONCURRENCY, NodeReading, NodeSpec, TargetClient
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ class CheckOptions:
     # Where each node's code is read (defenses gate): key "*" (flags), "prefill", "decode" or a node URL ->
     # {"site_packages": PATH} or {"python": COMMAND}; validated by kvgate.gates.defenses.code_sources.
     code: Mapping[str, Any] = field(default_factory=dict)
+    # Fleet: workers read at once, the whole read's deadline (s), and the probe gates on or off.
+    concurrency: int = DEFAULT_CONCURRENCY
+    read_deadline: float | None = None
+    probes_enabled: bool = True
+    # Drift: compare with this baseline file / write a new one after the run.
+    baseline: str | None = None
+    write_baseline: str | None = None
 
 
 @dataclass
@@ -49,6 +57,10 @@ class GateContext:
     observer: Observer = field(default_factory=NullObserver)
     prior: list[Finding] = field(default_factory=list)
     cost: dict[str, Any] = field(default_factory=dict)
+    # The router's worker list (None without --router-url, or when it could not be read).
+    listing: RouterListing | None = None
+    # Every worker the run tried to read (read or not), in order.
+    attempted: Sequence[NodeSpec] = ()
 
     def nodes(self, role: str) -> list[NodeReading]:
         return [r for r in self.readings if r.spec.role == role]

@@ -56,6 +56,13 @@ kv_checksum (flag reported only, STUB: no checksum is computed), router=False (w
 log_dir, extra_env (e.g. {"SGLANG_REQUEST_STATE_WAIT_TIMEOUT": "1"}), ready_deadline_s.
 Start-up takes ~2-3 s; `stop()` ~1 s.
 
+Fleets: `prefill_pool` / `decode_pool` take one value per worker too (a fleet with one short pool);
+`light=True` serves every worker's metadata and health from ONE process (`python -m kvgate.sim fleet`,
+kvgate/sim/fleet.py; generation is a STUB answering 501), so 64 or 512 workers are cheap;
+`metadata_delay_s` delays each metadata answer, `dp_size` makes light workers report DP ranks, and
+`router_args` adds `smg launch` flags (e.g. ["--dp-aware"], a short health-check interval). On a
+light worker, `POST /sim/health {"healthy": false}` turns its /health into 503.
+
 To pin one request to a chosen prefill/decode pair (the router's policy picks otherwise), send it
 the way the router does: `kvgate.sim.client.pd_generate(prefill_url, bootstrap_port, decode_url, body)`.
 

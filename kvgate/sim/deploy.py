@@ -7,12 +7,16 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+import httpx
 
 from kvgate.sim.releases import SUPPORTED
 from kvgate.sim.router import router_argv
@@ -26,7 +30,8 @@ class SimDeployment:
     Knobs (SGLang's names where SGLang has the setting):
       emulate: "0.5.19" .. "0.5.23"; prefill / decode: worker counts.
       fixed_by: None, "kvgate-backport" or "kvgate-backport-hardened" (0.5.19/0.5.20 + kvgate's series).
-      context_length: `--context-length` of every worker; prefill_pool / decode_pool: `--max-total-tokens`.
+      context_length: `--context-length` of every worker; prefill_pool / decode_pool: `--max-total-tokens`,
+        one value or one per worker of that role (a fleet with one short pool).
       page_size: `--page-size`; chunked_prefill_size: `--chunked-prefill-size`.
       waiting_timeout: SGLANG_DISAGGREGATION_WAITING_TIMEOUT (s) for decode (SGLang: 300).
       bootstrap_timeout: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (s) (SGLang: 300).
@@ -40,6 +45,11 @@ class SimDeployment:
       allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
       skip_tokenizer_init: `--skip-tokenizer-init` on every worker (answers carry output_ids, no text).
       router: False starts the workers only (router_url is then None).
+      router_args: extra `smg launch` arguments (e.g. a short health-check interval).
+      light: metadata-only workers, all served by ONE `python -m kvgate.sim fleet` process (fleet.py):
+        cheap enough for 64 or 512 workers; no generation (a STUB answering 501).
+      metadata_delay_s: (light only) seconds every metadata answer takes.
+      dp_size: (light only) DP ranks every worker reports (for smg's --dp-aware listing).
     """
 
     emulate: str = "0.5.20"
@@ -47,8 +57,8 @@ class SimDeployment:
     prefill: int = 1
     decode: int = 1
     context_length: int = 32768
-    prefill_pool: int = 65536
-    decode_pool: int = 65536
+    prefill_pool: int | Sequence[int] = 65536
+    decode_pool: int | Sequence[int] = 65536
     page_size: int = 16
     chunked_prefill_size: int = 8192
     waiting_timeout: float | None = None
@@ -64,6 +74,10 @@ class SimDeployment:
     allow_auto_truncate: bool = False
     skip_tokenizer_init: bool = False
     router: bool = True
+    router_args: Sequence[str] = ()
+    light: bool = False
+    metadata_delay_s: float = 0.0
+    dp_size: int = 1
     host: str = "127.0.0.1"
     log_dir: Path | None = None
     ready_deadline_s: float = 120.0
@@ -129,10 +143,9 @@ class SimDeployment:
             raise ValueError(f"emulate must be one of {SUPPORTED}")
         if self.prefill < 1 or self.decode < 1:
             raise ValueError("need at least one prefill and one decode worker")
-        tps_list = (list(self.prefill_tokens_per_s) if isinstance(self.prefill_tokens_per_s, Sequence)
-                    else [float(self.prefill_tokens_per_s)] * self.prefill)
-        if len(tps_list) != self.prefill:
-            raise ValueError("prefill_tokens_per_s: give one value or one per prefill worker")
+        tps_list = _per_worker(self.prefill_tokens_per_s, self.prefill, "prefill_tokens_per_s")
+        prefill_pools = _per_worker(self.prefill_pool, self.prefill, "prefill_pool")
+        decode_pools = _per_worker(self.decode_pool, self.decode, "decode_pool")
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-sim-"))
         self.log_dir = log_dir
         sup = Supervisor(log_dir=log_dir, grace_s=3.0,
@@ -140,38 +153,81 @@ class SimDeployment:
         self.supervisor = sup
         env = self._worker_env()
         workers: list[ManagedProcess] = []
+        light: list[dict[str, Any]] = []
+        ports = _DistinctPorts()
         try:
             prefill_pairs: list[tuple[str, int]] = []
             for i in range(self.prefill):
-                port, bport = free_port(), free_port()
+                port, bport = ports(), ports()
                 url = f"http://{self.host}:{port}"
-                workers.append(sup.start(f"prefill{i}", self._worker_argv("prefill", port, bport, self.prefill_pool,
-                                                                         tps_list[i]),
-                                         ready_url=url + "/health", env=env))
+                if self.light:
+                    light.append(self._light_worker("prefill", port, bport, int(prefill_pools[i])))
+                else:
+                    workers.append(sup.start(f"prefill{i}", self._worker_argv(
+                        "prefill", port, bport, int(prefill_pools[i]), tps_list[i]), ready_url=url + "/health", env=env))
                 self.prefill_urls.append(url)
                 self.bootstrap_ports.append(bport)
                 prefill_pairs.append((url, bport))
             for i in range(self.decode):
-                port = free_port()
+                port = ports()
                 url = f"http://{self.host}:{port}"
-                workers.append(sup.start(f"decode{i}", self._worker_argv("decode", port, self.bootstrap_ports[0],
-                                                                        self.decode_pool, 0.0),
-                                         ready_url=url + "/health", env=env))
+                if self.light:
+                    light.append(self._light_worker("decode", port, self.bootstrap_ports[0], int(decode_pools[i])))
+                else:
+                    workers.append(sup.start(f"decode{i}", self._worker_argv(
+                        "decode", port, self.bootstrap_ports[0], int(decode_pools[i]), 0.0),
+                        ready_url=url + "/health", env=env))
                 self.decode_urls.append(url)
+            if self.light:
+                spec = log_dir / "fleet.json"
+                spec.write_text(json.dumps({"metadata_delay_s": self.metadata_delay_s, "workers": light}))
+                fleet = sup.start("fleet", [sys.executable, "-m", "kvgate.sim", "fleet", "--spec", str(spec)], env=env)
+                urls = self.prefill_urls + self.decode_urls
+                sup.wait_ready([fleet], deadline_s=self.ready_deadline_s,
+                               check=lambda _p: all(http_ok(u + "/health") for u in urls))
             router_proc = None
             if self.router:
-                rport = free_port()
+                rport = ports()
                 self.router_url = f"http://{self.host}:{rport}"
                 router_proc = sup.start("router", router_argv(
                     prefill=prefill_pairs, decode=self.decode_urls, host=self.host, port=rport,
-                    prometheus_port=free_port()), ready_url=self.router_url + "/readiness")
+                    prometheus_port=ports(), extra=self.router_args), ready_url=self.router_url + "/readiness")
             sup.wait_ready(workers, deadline_s=self.ready_deadline_s)
             if router_proc is not None:
                 sup.wait_ready([router_proc], deadline_s=self.ready_deadline_s)
+                self._wait_router_lists_all()
         except BaseException:
             sup.stop()
             raise
         return self
+
+    def _light_worker(self, mode: str, port: int, bootstrap_port: int, pool: int) -> dict[str, Any]:
+        """The WorkerConfig fields of one metadata-only worker (fleet.py builds the config from them)."""
+        return {"mode": mode, "host": self.host, "port": port, "disaggregation_bootstrap_port": bootstrap_port,
+                "context_length": self.context_length, "max_total_tokens": pool, "page_size": self.page_size,
+                "chunked_prefill_size": self.chunked_prefill_size, "random_seed": self.seed,
+                "emulate": self.emulate, "fixed_by": self.fixed_by,
+                "disaggregation_enable_kv_checksum": self.kv_checksum,
+                "allow_auto_truncate": self.allow_auto_truncate, "dp_size": self.dp_size,
+                "launch_command": f"python -m kvgate.sim fleet (metadata-only {mode} worker on port {port})"}
+
+    def _wait_router_lists_all(self) -> None:
+        """smg's /readiness turns 200 with one healthy prefill and decode; wait until it knows every worker."""
+        want = len(self.prefill_urls) + len(self.decode_urls)
+        end = time.monotonic() + self.ready_deadline_s
+        seen = -1
+        while time.monotonic() < end:
+            try:
+                doc = httpx.get(f"{self.router_url}/workers", timeout=2.0).json()
+                # A DP worker is listed once per rank (smg --dp-aware): count workers, not entries.
+                seen = len({w.get("dp_base_url") or w.get("url") for w in doc.get("workers", [])
+                            if w.get("status") == "ready"})
+            except (httpx.HTTPError, ValueError, AttributeError):
+                seen = -1
+            if seen >= want:
+                return
+            time.sleep(0.2)
+        raise SupervisorError(f"the router lists {seen} ready workers of {want} after {self.ready_deadline_s:.0f}s")
 
     def stop(self) -> None:
         """Stop everything (idempotent)."""
@@ -209,3 +265,26 @@ class SimDeployment:
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
+
+class _DistinctPorts:
+    """free_port() may hand out a port twice once its probe socket is closed; a fleet of hundreds
+    draws enough ports for that to happen, so a deployment never uses one port twice."""
+
+    def __init__(self) -> None:
+        self.used: set[int] = set()
+
+    def __call__(self) -> int:
+        while True:
+            port = free_port()
+            if port not in self.used:
+                self.used.add(port)
+                return port
+
+
+def _per_worker(value: float | Sequence[float], count: int, name: str) -> list[float]:
+    """One value per worker: a scalar is repeated; a sequence must have exactly `count` items."""
+    if isinstance(value, Sequence):
+        if len(value) != count:
+            raise ValueError(f"{name}: give one value or one per worker ({count})")
+        return [float(v) for v in value]
+    return [float(value)] * count

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from kvgate.errors import UsageError
 
@@ -36,6 +37,7 @@ def router_argv(
     decode_policy: str = "round_robin",
     request_timeout_s: int = 1800,
     smg: str | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """`smg launch --pd-disaggregation --prefill URL BOOTSTRAP_PORT ... --decode URL ...`.
 
@@ -57,4 +59,4 @@ def router_argv(
         "--shutdown-grace-period-secs", "1", "--request-timeout-secs", str(request_timeout_s),
         "--log-level", "warn",
     ]
-    return argv
+    return argv + list(extra)

@@ -18,9 +18,8 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from kvgate.sim import tokenizer
-from kvgate.sim.engine import (Abort, BaseEngine, DecodeEngine, PrefillEngine, RequestError, SimReq,
-                               exportable_env_vars, env_bool, env_float)
+from kvgate.sim import surface, tokenizer
+from kvgate.sim.engine import Abort, BaseEngine, DecodeEngine, PrefillEngine, RequestError, SimReq, env_float
 
 try:  # optional fast JSON; the simulator works without it
     import orjson as _orjson  # type: ignore[import-not-found]
@@ -60,69 +59,20 @@ def build_app(engine: BaseEngine) -> FastAPI:
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
     model_name = cfg.served_model_name or cfg.model_path
 
-    def resolved_args() -> dict[str, Any]:
-        args: dict[str, Any] = {
-            "model_path": cfg.model_path, "tokenizer_path": cfg.model_path, "served_model_name": model_name,
-            "host": cfg.host, "port": cfg.port, "context_length": cfg.context_length,
-            "max_total_tokens": cfg.max_total_tokens, "max_running_requests": cfg.max_running_requests,
-            "page_size": cfg.page_size, "chunked_prefill_size": cfg.chunked_prefill_size,
-            "mem_fraction_static": cfg.mem_fraction_static if cfg.mem_fraction_static is not None else 0.88,
-            "tp_size": cfg.tp_size, "dp_size": 1, "pp_size": 1, "device": "cpu",
-            "random_seed": cfg.random_seed, "allow_auto_truncate": cfg.allow_auto_truncate,
-            "disaggregation_mode": cfg.mode, "disaggregation_transfer_backend": cfg.disaggregation_transfer_backend,
-            "disaggregation_bootstrap_port": cfg.disaggregation_bootstrap_port,
-            "disaggregation_ib_device": cfg.disaggregation_ib_device, "num_reserved_decode_tokens": 512,
-            "kv_canary": cfg.kv_canary, "kv_canary_real_data": cfg.kv_canary_real_data,
-            "kv_canary_sweep_interval": cfg.kv_canary_sweep_interval, "skip_server_warmup": True,
-        }
-        if release.version >= "0.5.21":
-            args["disaggregation_enable_kv_checksum"] = cfg.disaggregation_enable_kv_checksum
-        if release.version >= "0.5.23":
-            args["disaggregation_decode_allocation_policy"] = "early"
-            args["enable_pd_role_switch"] = False
-        return args
-
-    def server_info() -> dict[str, Any]:
-        args = resolved_args()
-        state: dict[str, Any] = {
-            **args, "world_size": 1, "last_gen_throughput": engine.last_gen_throughput,
-            "startup_time": engine.started, "effective_max_running_requests_per_dp": cfg.max_running_requests or 4096,
-            "memory_usage": {"weight": 0.0, "kvcache": engine.pool.capacity_tokens * 4 / 2**30,
-                             "startup_available": 0.0, "token_capacity": engine.max_total_num_tokens,
-                             "token_capacity_swa": None, "graph": {}},
-            **release.internal_state_extra(cfg.mode),
-        }
-        if env_bool("SGLANG_EXPOSE_OWN_ENV_VARS", False):
-            state["env_vars"] = exportable_env_vars()
-        return {
-            **args, "launch_command": cfg.launch_command,
-            "max_total_num_tokens": engine.max_total_num_tokens, "max_req_input_len": engine.max_req_input_len,
-            "status": "ready", "kvgate_simulator": True, **release.server_info_extra(cfg.mode),
-            "startup_time": engine.started, "internal_states": [state], "version": release.version,
-        }
-
-    def model_info() -> dict[str, Any]:
-        return {"model_path": cfg.model_path, "served_model_name": model_name, "tokenizer_path": cfg.model_path,
-                "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
-                "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
-                "has_image_understanding": False, "has_audio_understanding": False, "model_type": "byte-echo",
-                "architectures": ["KvgateSimByteEchoForCausalLM"], **release.model_info_extra(cfg.mode)}
-
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def _server_info() -> Response:
-        return _json(server_info())
+        return _json(surface.server_info(cfg, release, pool_tokens=engine.max_total_num_tokens,
+                                         started=engine.started, last_gen_throughput=engine.last_gen_throughput))
 
     @app.get("/model_info")
     @app.get("/get_model_info")
     async def _model_info() -> Response:
-        return _json(model_info())
+        return _json(surface.model_info(cfg, release))
 
     @app.get("/v1/models")
     async def _models() -> Response:
-        return _json({"object": "list", "data": [{
-            "id": model_name, "object": "model", "created": int(engine.started), "owned_by": "sglang",
-            "root": model_name, "parent": None, "max_model_len": cfg.effective_context}]})
+        return _json(surface.v1_models(cfg, engine.started))
 
     @app.get("/health")
     @app.get("/health_generate")

@@ -1,0 +1,154 @@
+"""Fleet baselines (checklist item 5: re-run the gate on every capacity change).
+
+`--write-baseline FILE` records, per worker, what its capacity and safety rest on; `--baseline FILE`
+compares a later run with it: any change, and any worker added or removed, fails until the baseline
+is renewed. The file is plain JSON (sorted keys, one field per line) so a review diff shows the change.
+
+    {"schema_version": 1, "kind": "kvgate-baseline", "written_at": "...", "router": URL | null,
+     "workers": {"http://10.0.0.7:30000": {"role": "prefill", "release": "0.5.22", "pool": 2040000, ...}}}
+
+Workers are keyed by their normalized URL, the only identity a router gives: a rollout that moves
+workers to new addresses shows as removed + added, and the baseline is renewed with it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kvgate.discovery import normalize_url
+from kvgate.errors import UsageError
+from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.target import NodeReading
+
+SCHEMA_VERSION = 1
+KIND = "kvgate-baseline"
+GATE = "baseline"
+DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+RENEW = "if the change is intended, gate it and renew the baseline: kvgate check ... --write-baseline FILE"
+
+
+def worker_record(reading: NodeReading, findings: Sequence[Finding]) -> dict[str, Any]:
+    """What one worker's capacity and safety rest on, as the run observed it."""
+    code = None
+    for f in findings:
+        if f.gate == "defenses" and f.check == "release" and f.node == reading.node:
+            code = {"verdict": f.outcome.value,
+                    **{e.field: e.value for e in f.evidence if e.field == "code" or e.expected == "present"}}
+    env = reading.env_vars
+    return {
+        "role": reading.role,
+        "release": reading.version,
+        "code": code,
+        "pool": reading.max_total_num_tokens,
+        "dp_pools": [rank.token_capacity for rank in reading.ranks],
+        "context": reading.context_length if reading.context_length is not None else reading.context_length_flag,
+        "max_req_input_len": reading.max_req_input_len,
+        "page_size": reading.page_size,
+        "tp_size": reading.tp_size,
+        "dp_size": reading.dp_size,
+        "transfer_backend": reading.transfer_backend,
+        "defenses": {"kv_checksum": reading.kv_checksum, "kv_canary": reading.kv_canary,
+                     "deferred_release_env": None if env is None else env.get(DEFERRED_ENV)},
+    }
+
+
+def record(readings: Sequence[NodeReading], findings: Sequence[Finding], router: str | None) -> dict[str, Any]:
+    """The baseline document of a run."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "router": router,
+        "workers": {normalize_url(r.spec.url): worker_record(r, findings) for r in readings},
+    }
+
+
+def save(doc: Mapping[str, Any], path: Path) -> None:
+    """Write atomically: sorted keys, indented, newline-terminated (diffable)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read and validate a baseline file; any problem is a usage error naming the file."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"baseline {path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"baseline {path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise UsageError(f"baseline {path}: not a kvgate baseline (expected \"kind\": \"{KIND}\")")
+    if doc.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(f"baseline {path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}; "
+                         "renew it with --write-baseline")
+    workers = doc.get("workers")
+    if not isinstance(workers, dict) or not all(isinstance(v, dict) for v in workers.values()):
+        raise UsageError(f"baseline {path}: 'workers' must map worker URLs to objects")
+    return doc
+
+
+def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], labels: Mapping[str, str],
+            unread: Sequence[str], source: str) -> list[Finding]:
+    """Findings for every field that changed, every worker added or removed, per worker.
+
+    `labels` maps normalized URLs to node labels; `unread` lists the URLs that could not be read
+    this time (their drift is unknown, not "removed").
+    """
+    old: Mapping[str, Any] = baseline["workers"]
+    new: Mapping[str, Any] = current["workers"]
+    unread_set = set(unread)
+    out: list[Finding] = []
+    for url in sorted(set(old) | set(new), key=lambda u: labels.get(u, u)):
+        node = labels.get(url, f"worker {url}")
+        if url not in new:
+            if url in unread_set:
+                out.append(inconclusive(GATE, "drift", node, f"not read this time: drift against {source} unknown"))
+            else:
+                out.append(failed(GATE, "removed", node, f"in the baseline {source} but no longer in the fleet",
+                                  Evidence(node, "worker", None, f"present (baseline {source})"), remedy=RENEW))
+            continue
+        if url not in old:
+            out.append(failed(GATE, "added", node, f"not in the baseline {source}: a new worker, never baselined",
+                              Evidence(node, "worker", url, f"absent (baseline {source})"), remedy=RENEW))
+            continue
+        changes = [(k, old[url].get(k), new[url].get(k)) for k in sorted(set(old[url]) | set(new[url]))
+                   if old[url].get(k) != new[url].get(k)]
+        for key, before, after in changes:
+            out.append(failed(GATE, "drift", node, f"{key} changed: {_show(before)} -> {_show(after)} "
+                              f"since the baseline {source}",
+                              Evidence(node, key, after, f"{_show(before)} (baseline)"), remedy=RENEW))
+        if not changes:
+            out.append(passed(GATE, "drift", node, f"matches the baseline {source}"))
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)
+
+
+def write(path: Path, readings: Sequence[NodeReading], findings: Sequence[Finding], router: str | None,
+          unread: Sequence[str]) -> Finding:
+    """--write-baseline: record the run, unless a worker could not be read (a partial baseline would
+    later call it "added"); the finding says what happened. A file that cannot be written fails."""
+    node = str(path)
+    if unread:
+        return inconclusive(GATE, "write", node, f"baseline not written: {len(unread)} worker(s) could not be read "
+                            f"({', '.join(sorted(unread)[:3])}{' ...' if len(unread) > 3 else ''})",
+                            remedy="re-run once every worker answers")
+    if not readings:
+        return inconclusive(GATE, "write", node, "baseline not written: no worker was read")
+    try:
+        save(record(readings, findings, router), path)
+    except OSError as exc:
+        return failed(GATE, "write", node, f"baseline not written: {exc}", remedy="check the path and permissions")
+    return passed(GATE, "write", node, f"baseline of {len(readings)} worker(s) written to {path}")

@@ -1,0 +1,145 @@
+"""Listing the workers a router routes to (fleet.md section 2).
+
+smg (1.9+) answers `GET /workers` with one entry per worker: `url` (with `@rank` under DP-aware
+routing, plus `dp_base_url` / `dp_rank` / `dp_size`), `worker_type`, `bootstrap_port`, `is_healthy`
+and `status`. Older sgl-router answers `GET /list_workers` with `{"urls": [...]}` only; the roles then
+come from each worker's own server_info. The router's own `/get_server_info` is never used for a
+worker: in PD mode it proxies the first prefill only.
+
+An unreachable router, or one that answers something that is not a worker list, raises
+TransportError (exit 4): a fleet that cannot be listed cannot be gated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from kvgate.errors import TransportError
+from kvgate.target import TargetClient
+
+#: smg's worker states (`crates/protocols/src/worker.rs`); only "ready" takes traffic normally.
+READY = "ready"
+ROUTER_STATES = ("pending", "ready", "not_ready", "failed", "draining")
+
+
+@dataclass(frozen=True)
+class RouterWorker:
+    """One worker as the router lists it. None means the router did not say."""
+
+    url: str
+    base_url: str
+    role: str | None
+    status: str | None
+    healthy: bool | None
+    bootstrap_port: int | None = None
+    dp_rank: int | None = None
+    dp_size: int | None = None
+
+    @property
+    def ready(self) -> bool | None:
+        """Whether the router would route to it now (None: the listing has no state)."""
+        if self.status is None and self.healthy is None:
+            return None
+        return self.status in (None, READY) and self.healthy is not False
+
+
+@dataclass(frozen=True)
+class RouterListing:
+    """Every worker a router lists, from which endpoint, in the router's order."""
+
+    router: str
+    endpoint: str
+    workers: tuple[RouterWorker, ...]
+
+    def by_base_url(self) -> dict[str, list[RouterWorker]]:
+        """Entries grouped by normalized worker URL (a DP worker is listed once per rank)."""
+        out: dict[str, list[RouterWorker]] = {}
+        for w in self.workers:
+            out.setdefault(normalize_url(w.base_url), []).append(w)
+        return out
+
+
+def normalize_url(url: str) -> str:
+    """Scheme and host lowercased, default port and trailing slash dropped: one spelling per worker."""
+    parts = urlsplit(url.strip().rstrip("/"))
+    host = (parts.hostname or "").lower()
+    default = {"http": 80, "https": 443}.get(parts.scheme.lower())
+    port = "" if parts.port in (None, default) else f":{parts.port}"
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{parts.scheme.lower()}://{host}{port}{parts.path}"
+
+
+def _split_rank(url: str) -> tuple[str, int | None]:
+    """smg's DP-aware URLs are `http://host:port@rank`."""
+    base, sep, rank = url.rpartition("@")
+    if sep and rank.isdigit() and "://" in base:
+        return base, int(rank)
+    return url, None
+
+
+def _opt_int(entry: dict[str, Any], key: str) -> int | None:
+    value = entry.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_workers(router: str, doc: Any) -> RouterListing:
+    """smg's `GET /workers` document; anything else raises TransportError naming what is wrong."""
+    where = router.rstrip("/") + "/workers"
+    workers = doc.get("workers") if isinstance(doc, dict) else None
+    if not isinstance(workers, list):
+        raise TransportError(where, f"not a worker list: expected {{\"workers\": [...]}}, got {_shape(doc)}")
+    out: list[RouterWorker] = []
+    for i, entry in enumerate(workers):
+        url = entry.get("url") if isinstance(entry, dict) else None
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise TransportError(where, f"workers[{i}]: no http(s) url in {_shape(entry)}")
+        base, rank = _split_rank(url)
+        dp_base = entry.get("dp_base_url")
+        role = entry.get("worker_type")
+        status = entry.get("status")
+        healthy = entry.get("is_healthy")
+        out.append(RouterWorker(
+            url=url, base_url=dp_base if isinstance(dp_base, str) else base,
+            role=role if isinstance(role, str) else None,
+            status=status if isinstance(status, str) else None,
+            healthy=healthy if isinstance(healthy, bool) else None,
+            bootstrap_port=_opt_int(entry, "bootstrap_port"),
+            dp_rank=_opt_int(entry, "dp_rank") if _opt_int(entry, "dp_rank") is not None else rank,
+            dp_size=_opt_int(entry, "dp_size"),
+        ))
+    return RouterListing(router=router, endpoint="/workers", workers=tuple(out))
+
+
+def parse_list_workers(router: str, doc: Any) -> RouterListing:
+    """The older `GET /list_workers` document: `{"urls": [...]}`, no roles, no states."""
+    where = router.rstrip("/") + "/list_workers"
+    urls = doc.get("urls") if isinstance(doc, dict) else None
+    if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                             for u in urls):
+        raise TransportError(where, f"not a worker list: expected {{\"urls\": [URL, ...]}}, got {_shape(doc)}")
+    workers = []
+    for url in urls:
+        base, rank = _split_rank(url)
+        workers.append(RouterWorker(url=url, base_url=base, role=None, status=None, healthy=None, dp_rank=rank))
+    return RouterListing(router=router, endpoint="/list_workers", workers=tuple(workers))
+
+
+def list_router_workers(client: TargetClient, router: str) -> RouterListing:
+    """`GET /workers`, else `GET /list_workers`; TransportError when neither gives a worker list."""
+    router = router.rstrip("/")
+    doc = client.get_json(router, "/workers", missing_ok=True)
+    if doc is not None:
+        return parse_workers(router, doc)
+    doc = client.get_json(router, "/list_workers", missing_ok=True)
+    if doc is not None:
+        return parse_list_workers(router, doc)
+    raise TransportError(router, "lists no workers: neither GET /workers (smg) nor GET /list_workers exists")
+
+
+def _shape(value: Any) -> str:
+    if isinstance(value, dict):
+        return "an object with keys " + (", ".join(sorted(map(str, value))[:8]) or "(none)")
+    return type(value).__name__

@@ -1,0 +1,193 @@
+"""The fleet gate: what the router says against what the workers say, and the workers against each other.
+
+- router-status: a worker the router lists as failed (or unhealthy) fails; pending, not_ready or
+  draining is inconclusive (it takes no traffic now, and nothing proves it will come back as read).
+- router-membership (worker URLs given and --router-url): a worker the router routes to that the gate
+  was not told about fails (traffic reaches an ungated worker); a given worker the router does not
+  list is inconclusive (gated, but takes no traffic through this router).
+- router-role: the router's role for a worker must be the role the worker reports.
+- context-consistency / page-size-consistency: every PD worker must agree on the effective context
+  and the page size (decode errors on a page-size mismatch, sglang PR #14474); the workers off the
+  most common value are named.
+- prefill-admission-consistency: a request can land on any prefill, so every prefill must admit the
+  same prompts (`max_req_input_len`); the prefills that admit less are named. Pools that differ but
+  all exceed the context admit the same prompts and pass (real pools differ by GPU memory left).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Callable, Sequence
+
+from kvgate.discovery import RouterListing, RouterWorker, normalize_url
+from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.base import GateContext
+from kvgate.target import DECODE, PREFILL, NodeReading
+
+GATE = "fleet"
+PD_ROLES = (PREFILL, DECODE)
+DEPLOYMENT = "deployment"
+
+
+def _state(entries: list[RouterWorker]) -> str:
+    return ", ".join(sorted({f"{e.status or '?'}{'' if e.healthy is not False else ' (unhealthy)'}" for e in entries}))
+
+
+def router_status(listing: RouterListing, labels: dict[str, str]) -> list[Finding]:
+    """One finding per worker the router lists that is not ready; one pass for the ready rest."""
+    out: list[Finding] = []
+    ready = 0
+    for url, entries in listing.by_base_url().items():
+        node = labels.get(url, f"worker {url}")
+        states = [e.ready for e in entries]
+        if None in states:
+            continue  # /list_workers: no state to judge
+        if all(states):
+            ready += 1
+            continue
+        ev = Evidence(node, f"router {listing.endpoint} status", _state(entries), "ready")
+        if any(e.status == "failed" or e.healthy is False for e in entries):
+            out.append(failed(GATE, "router-status", node, f"the router lists this worker as {_state(entries)}",
+                              ev, remedy="fix or replace the worker (its health check fails), or remove it from "
+                              "the router before promoting"))
+        else:
+            out.append(inconclusive(GATE, "router-status", node,
+                                    f"the router lists this worker as {_state(entries)}: it takes no traffic now",
+                                    ev, remedy="re-run the gate once the router lists it as ready"))
+    if ready:
+        out.append(passed(GATE, "router-status", DEPLOYMENT, f"{ready} worker(s) listed as ready by the router",
+                          Evidence(DEPLOYMENT, f"router {listing.endpoint}", ready, "ready")))
+    return out
+
+
+def router_membership(listing: RouterListing, given: Sequence[str], labels: dict[str, str]) -> list[Finding]:
+    """Given worker URLs versus the router's list (both normalized)."""
+    listed = listing.by_base_url()
+    given_set = {normalize_url(u) for u in given}
+    out: list[Finding] = []
+    for url in listed:
+        if url not in given_set:
+            node = f"worker {url}"
+            out.append(failed(GATE, "router-membership", node,
+                              f"the router routes to {url}, which the gate was not told about: it was not gated",
+                              Evidence(node, f"router {listing.endpoint}", url, "one of the given worker URLs"),
+                              remedy="gate every worker the router lists (run with --router-url alone), or pass "
+                              "the URLs exactly as the router lists them"))
+    for url in sorted(given_set - set(listed)):
+        node = labels.get(url, f"worker {url}")
+        out.append(inconclusive(GATE, "router-membership", node,
+                                f"the router does not list {url}: gated, but it takes no traffic through this router",
+                                Evidence(node, f"router {listing.endpoint}", None, "listed"),
+                                remedy="check the URL, or register the worker with the router"))
+    if not out:
+        out.append(passed(GATE, "router-membership", DEPLOYMENT,
+                          f"the router lists exactly the {len(given_set)} given worker(s)"))
+    return out
+
+
+def router_roles(listing: RouterListing | None, readings: Sequence[NodeReading]) -> list[Finding]:
+    """The router's role for each worker against the worker's own; a worker with no known PD role fails."""
+    listed = listing.by_base_url() if listing else {}
+    out: list[Finding] = []
+    for r in readings:
+        entries = listed.get(normalize_url(r.spec.url), [])
+        routed = sorted({e.role for e in entries if e.role})
+        if r.spec.role not in PD_ROLES:
+            out.append(failed(GATE, "router-role", r.node,
+                              f"no PD role: the router says {routed or 'nothing'} and the worker reports "
+                              f"{r.role!r}; it cannot be gated as prefill or decode",
+                              Evidence(r.node, "disaggregation_mode", r.role, "prefill or decode"),
+                              remedy="launch it with --disaggregation-mode prefill|decode, or remove it from the router"))
+            continue
+        if not routed or r.role == "unknown":
+            continue  # nothing to compare (pool-context reports an unknown role)
+        if routed != [r.role]:
+            out.append(failed(GATE, "router-role", r.node,
+                              f"the router routes it as {'/'.join(routed)} but it reports disaggregation_mode={r.role!r}",
+                              Evidence(r.node, "router worker_type", "/".join(routed), r.role),
+                              remedy=f"register it with the router as --{r.role} (or relaunch it as {routed[0]})"))
+        else:
+            out.append(passed(GATE, "router-role", r.node, f"router and worker agree: {r.role}",
+                              Evidence(r.node, "router worker_type", r.role, r.role)))
+    return out
+
+
+def _consistency(check: str, what: str, readings: Sequence[NodeReading],
+                 value: Callable[[NodeReading], int | None], remedy: str) -> list[Finding]:
+    """Every worker off the most common value fails (every worker, when there is no single most common)."""
+    known = [(r, v) for r in readings if (v := value(r)) is not None]
+    counts = Counter(v for _, v in known)
+    if len(counts) < 2:
+        if len(known) >= 2:
+            return [passed(GATE, check, DEPLOYMENT, f"{len(known)} workers agree on {what} {known[0][1]:,}")]
+        return []
+    (top, n), *rest = counts.most_common()
+    tie = bool(rest) and rest[0][1] == n
+    example = next(r for r, v in known if v == top)
+    out = []
+    for r, v in known:
+        if v == top and not tie:
+            continue
+        other = example if v != top else next(x for x, w in known if w != top)
+        ov = value(other)
+        out.append(failed(GATE, check, r.node, f"{what} {v:,} differs from {other.node} ({ov:,})",
+                          Evidence(r.node, what, v, f"== {ov:,} like {other.node}"),
+                          Evidence(DEPLOYMENT, f"{what} values", dict(sorted(counts.items())), "one value"),
+                          remedy=remedy))
+    return out
+
+
+def _context(r: NodeReading) -> int | None:
+    return r.context_length if r.context_length is not None else r.context_length_flag
+
+
+def prefill_admission(prefills: Sequence[NodeReading]) -> list[Finding]:
+    """Prefills behind one router must admit the same prompts; the ones that admit less are named."""
+    known = [r for r in prefills if r.max_req_input_len is not None]
+    if len(known) < 2:
+        return []
+    best = max(known, key=lambda r: r.max_req_input_len or 0)
+    top = best.max_req_input_len or 0
+    pools = sorted({r.max_total_num_tokens for r in known if r.max_total_num_tokens is not None})
+    out = []
+    for r in known:
+        limit = r.max_req_input_len or 0
+        if limit < top:
+            out.append(failed(
+                GATE, "prefill-admission-consistency", r.node,
+                f"admits prompts below {limit:,} tokens (pool {r.max_total_num_tokens or 0:,}) while {best.node} "
+                f"admits below {top:,}: a request the router sends here is rejected or takes the abort path",
+                Evidence(r.node, "max_req_input_len", limit, f"== {top:,} like {best.node}"),
+                Evidence(r.node, "max_total_num_tokens", r.max_total_num_tokens, f"like {best.node}: "
+                         f"{best.max_total_num_tokens or 0:,}"),
+                remedy="size every prefill's KV pool alike (--max-total-tokens / --mem-fraction-static), or take "
+                "the small one out of the router"))
+    if not out:
+        spread = "" if len(pools) < 2 else f" (pools {pools[0]:,} .. {pools[-1]:,}, all above the admission limit)"
+        out.append(passed(GATE, "prefill-admission-consistency", DEPLOYMENT,
+                          f"{len(known)} prefills admit the same prompts (max_req_input_len {top:,}){spread}"))
+    return out
+
+
+class FleetGate:
+    """Router cross-checks and fleet-wide consistency over every worker read."""
+
+    name = GATE
+
+    def run(self, ctx: GateContext) -> list[Finding]:
+        readings = list(ctx.readings)
+        labels = {normalize_url(s.url): s.label for s in ctx.attempted}
+        out: list[Finding] = []
+        if ctx.listing is not None:
+            out += router_status(ctx.listing, labels)
+            given = list(ctx.options.prefill_urls) + list(ctx.options.decode_urls)
+            if given:
+                out += router_membership(ctx.listing, given, labels)
+        out += router_roles(ctx.listing, readings)
+        pd = [r for r in readings if r.spec.role in PD_ROLES]
+        out += _consistency("context-consistency", "context", pd, _context,
+                            "give every prefill and decode the same --context-length")
+        out += _consistency("page-size-consistency", "page_size", pd, lambda r: r.page_size,
+                            "give every prefill and decode the same --page-size")
+        out += prefill_admission([r for r in pd if r.spec.role == PREFILL])
+        return out
