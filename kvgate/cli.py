@@ -49,6 +49,9 @@ app.add_typer(sim_app, name="sim")
 from kvgate.commands.fixes import fixes  # noqa: E402
 
 app.command("fixes")(fixes)
+from kvgate.commands.plan import plan  # noqa: E402
+
+app.command("plan")(plan)
 
 
 def main() -> None:

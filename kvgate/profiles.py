@@ -13,6 +13,7 @@ import yaml
 
 from kvgate.errors import ProfileError
 from kvgate.paths import profiles_dir
+from kvgate.plan.deployment import parse_deployment
 from kvgate.waivers import Waiver, parse_waivers
 
 SCHEMA = 1
@@ -32,10 +33,12 @@ class Profile:
     probes: Mapping[str, Any] = field(default_factory=dict)
     defenses: Mapping[str, Any] = field(default_factory=dict)
     waivers: tuple[Waiver, ...] = ()
+    # `kvgate plan`'s worker shape per role (kvgate.plan.deployment), merged and validated.
+    deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 _TOP_KEYS = {"schema", "name", "description", "context_length", "headroom", "timeout", "strict", "probes", "defenses",
-             "waivers"}
+             "waivers", "deployment"}
 
 
 def resolve(ref: str) -> Path:
@@ -106,4 +109,5 @@ def load(ref: str) -> Profile:
         probes=dict(doc.get("probes") or {}),
         defenses=dict(doc.get("defenses") or {}),
         waivers=parse_waivers(doc.get("waivers"), where),
+        deployment=parse_deployment(doc.get("deployment"), where),
     )
