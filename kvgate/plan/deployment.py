@@ -40,7 +40,7 @@ FIELDS: dict[str, tuple[type, float | None]] = {
 
 
 def _value(where: str, key: str, value: Any) -> Any:
-    kind, minimum = FIELDS[key]
+    kind, minimum = FIELDS[key.rsplit(".", 1)[-1]]
     if kind is bool:
         if not isinstance(value, bool):
             raise ProfileError(where, key, f"expected true or false, got {value!r}")

@@ -111,10 +111,11 @@ class WorkerPlan:
     pool: int  # max_total_num_tokens per (DP) rank, after the cap, page rounding and the PP minimum
     uncapped_pool: int
     steps: tuple[Step, ...]
+    startup_error: str | None = None  # set when SGLang would refuse to start with these settings
 
     @property
     def fits(self) -> bool:
-        return self.pool >= self.inputs.required
+        return self.startup_error is None and self.pool >= self.inputs.required
 
     @property
     def max_req_input_len(self) -> int:
@@ -132,7 +133,8 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
     else:
         weights, source = estimate_weights_gib(shape, gpus_sharing_weights)
     post = inp.gpu_memory_gib - weights
-    avail = sizing.available_bytes(inp.gpu_memory_gib, post, inp.mem_fraction_static)
+    rest = sizing.rest_gib(inp.gpu_memory_gib, post, inp.mem_fraction_static)
+    avail = sizing.available_bytes(rest)
     stages = []
     for start, end in sizing.pp_layer_ranges(shape.num_hidden_layers, inp.pp):
         cell = sizing.cell_size(shape, kv, inp.attn_tp, end - start, inp.release, inp.gpu_sm)
@@ -171,7 +173,23 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
     steps.append(Step("max_req_input_len", sizing.max_req_input_len(inp.context_length, pool),
                       f"min(context {inp.context_length:,} - 1, pool {pool:,} - 1) - 5"))
     steps.append(Step("required_pool", inp.required, f"ceil(context {inp.context_length:,} x headroom {inp.headroom:g})"))
-    return WorkerPlan(inp, kv, weights, source, post, avail, tuple(stages), pool, uncapped, tuple(steps))
+    error = _startup_error(inp, post, rest, pool)
+    if error:
+        steps.append(Step("starts", False, error))
+    return WorkerPlan(inp, kv, weights, source, post, avail, tuple(stages), pool, uncapped, tuple(steps), error)
+
+
+def _startup_error(inp: PlanInputs, post: float, rest: float, pool: int) -> str | None:
+    """What stops the worker before it serves: SGLang refuses to start rather than size an empty pool."""
+    if post <= 0:
+        return f"the weights alone ({inp.gpu_memory_gib - post:.3f} GiB) exceed the {inp.gpu_memory_gib} GiB free per GPU"
+    if rest <= 0:
+        minimum = 1 - post / inp.gpu_memory_gib
+        return ("SGLang refuses to start: loaded weights leave no GPU memory for the KV cache under "
+                f"--mem-fraction-static={inp.mem_fraction_static} (minimum viable 1 - available/pre = {minimum:.4f})")
+    if pool <= 0:
+        return "SGLang refuses to start: Not enough memory (max_total_num_tokens <= 0)"
+    return None
 
 
 # --- knobs: what each single setting would need to be -----------------------------------------
@@ -193,10 +211,16 @@ class Knob:
 
 
 def _pool(inp: PlanInputs) -> int:
+    """The pool of a variant; -1 when SGLang would refuse the variant or not start with it."""
     try:
-        return plan_worker(inp).pool
+        p = plan_worker(inp)
     except PlanError:
         return -1
+    return -1 if p.startup_error else p.pool
+
+
+def _gives(pool: int) -> str:
+    return "the worker would not start" if pool < 0 else f"{pool:,} tokens"
 
 
 def _scaled_weights(inp: PlanInputs, gpus_before: int, gpus_after: int) -> float | None:
@@ -233,7 +257,7 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
     else:
         top = _pool(replace(inp, mem_fraction_static=MAX_MEM_FRACTION))
         out.append(Knob("--mem-fraction-static", inp.mem_fraction_static, None, None,
-                        f"impossible: even {MAX_MEM_FRACTION} gives {max(top, 0):,} tokens"))
+                        f"impossible: even {MAX_MEM_FRACTION} gives {_gives(top)}"))
 
     # TP: more GPUs per worker at the same PP; KV heads (MHA) and weights spread further.
     gpus = inp.tp * inp.pp
@@ -241,8 +265,8 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
     cands = [replace(inp, tp=t, gpus_per_worker=inp.gpus_per_worker * t // inp.tp,
                      weights_gib=_scaled_weights(inp, gpus, t * inp.pp)) for t in tps]
     hit = _first(cands, lambda c: c.tp)
-    note = "weights assumed to split evenly" + (
-        "; MLA/DSA cells do not shrink with TP, only the weights do" if inp.shape.attention is not Attention.MHA else "")
+    note = (f"{inp.gpus_per_worker * hit[0] // inp.tp if hit else 0} GPUs per worker; weights assumed to split evenly" + (
+        "; MLA/DSA cells do not shrink with TP, only the weights do" if inp.shape.attention is not Attention.MHA else ""))
     out.append(Knob("--tp", inp.tp, hit[0] if hit else None, hit[1] if hit else None,
                     note if hit else f"impossible up to tp {TP_CANDIDATES[-1]} (heads must split evenly)"))
 
@@ -253,7 +277,7 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
         out.append(Knob("--kv-cache-dtype", plan.kv.name, "fp8_e4m3" if pool >= inp.required else None,
                         pool if pool >= inp.required else None,
                         "FP8 KV cache; check the attention backend supports it for this model"
-                        if pool >= inp.required else f"impossible: fp8_e4m3 gives {pool:,} tokens"))
+                        if pool >= inp.required else f"impossible: fp8_e4m3 gives {_gives(pool)}"))
     else:
         out.append(Knob("--kv-cache-dtype", plan.kv.name, None, None,
                         "impossible: already 1 byte per element (FP4 pools are not modelled)"))
@@ -262,9 +286,10 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
     ctx = int(plan.pool / inp.headroom)
     while ctx > 0 and math.ceil(ctx * inp.headroom) > plan.pool:
         ctx -= 1
-    out.append(Knob("--context-length", inp.context_length, ctx if ctx > 0 else None, plan.pool if ctx > 0 else None,
-                    "advertise this context instead (long prompts then get an explicit 400)"
-                    if ctx > 0 else "impossible: the pool holds nothing"))
+    usable = ctx > 0 and plan.startup_error is None
+    out.append(Knob("--context-length", inp.context_length, ctx if usable else None, plan.pool if usable else None,
+                    "advertise this context instead (longer prompts then get an explicit 400)"
+                    if usable else "impossible: the worker holds no pool to fit a context to"))
 
     # Page size: rounding loses less than one page, so only page size 1 can help, and only at the edge.
     if inp.page_size > 1:
@@ -272,7 +297,7 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
         out.append(Knob("--page-size", inp.page_size, 1 if pool >= inp.required else None,
                         pool if pool >= inp.required else None,
                         "the attention backend may force its own page size" if pool >= inp.required
-                        else f"impossible: page rounding costs under {inp.page_size} tokens; page 1 gives {pool:,}"))
+                        else f"impossible: page rounding costs under {inp.page_size} tokens; page 1 gives {_gives(pool)}"))
     else:
         out.append(Knob("--page-size", inp.page_size, None, None, "impossible: already 1 (no rounding loss)"))
 

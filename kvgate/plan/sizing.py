@@ -134,14 +134,19 @@ def cell_size(shape: ModelShape, kv: KvDtype, attn_tp: int, layers: int, release
                     f"{formula} + indexer {per_layer} B x layers {layers}")
 
 
-def available_bytes(pre_load_gib: float, post_load_gib: float, mem_fraction_static: float) -> int:
-    """KVCacheConfigurator._profile_available_bytes: free memory after the weights minus the slack.
+def rest_gib(pre_load_gib: float, post_load_gib: float, mem_fraction_static: float) -> float:
+    """KVCacheConfigurator._profile_available_bytes, in GiB: free memory after the weights minus the slack
+    `pre x (1 - mem_fraction_static)` left for activations and CUDA graphs (no multimodal reservation).
 
     The same float operations as the release, in the same order, so the int() truncation agrees.
     """
     slack_gb = pre_load_gib * (1 - mem_fraction_static)
-    rest_memory = post_load_gib - slack_gb - 0  # 0: no multimodal reservation
-    return int(rest_memory * GIB) if rest_memory > 0 else 0
+    return post_load_gib - slack_gb - 0
+
+
+def available_bytes(rest: float) -> int:
+    """The KV budget in bytes: `int(rest_memory * (1 << 30))` (SGLang raises instead when rest <= 0)."""
+    return int(rest * GIB) if rest > 0 else 0
 
 
 def tokens_from_bytes(budget: int, cell: int, page_size: int) -> int:

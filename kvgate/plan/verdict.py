@@ -42,9 +42,11 @@ def role_findings(role: str, plan: WorkerPlan) -> list[Finding]:
     ks = knobs(plan)
     evidence += [Evidence(node, f"knob {k.name}", k.needed if k.possible else "impossible", k.note) for k in ks]
     what = f"danger band {band}" if plan.pool < inp.context_length else f"below the headroom x{inp.headroom:g}"
-    return [failed(GATE, "pool", node,
-                   f"SGLang {inp.release} sizes {plan.pool:,} tokens < {inp.required:,} required for context "
-                   f"{inp.context_length:,}; {what}", *evidence, remedy=knob_remedy(ks))]
+    summary = (f"SGLang {inp.release} sizes {plan.pool:,} tokens < {inp.required:,} required for context "
+               f"{inp.context_length:,}; {what}")
+    if plan.startup_error:
+        summary = f"the worker would not start: {plan.startup_error}"
+    return [failed(GATE, "pool", node, summary, *evidence, remedy=knob_remedy(ks))]
 
 
 def plan_report(plans: dict[str, WorkerPlan], notes: tuple[str, ...] = ()) -> Report:
