@@ -65,6 +65,9 @@ def check(
     self_test: bool = typer.Option(
         False, "--self-test", help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router]."
     ),
+    model_config: Optional[Path] = typer.Option(
+        None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
+    ),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, and (with --router-url) behavioural probes."""
     pairs = pair_outputs(list(fmt), list(output))
@@ -83,11 +86,24 @@ def check(
         if model_arch is not None:
             defenses["model_arch"] = model_arch
         options = replace(options, probes=probes, defenses=defenses)
+        options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = fatal_report("check", exc, strict)
     finish(report, pairs)
+
+
+def _with_model_config(options: CheckOptions, flag: Path | None) -> CheckOptions:
+    """The model config from the flag, else the profile's deployment; loaded now so a bad one exits 2 early."""
+    from kvgate.plan.model import load_shape
+
+    path = str(flag) if flag is not None else next(
+        (d["model_config"] for d in options.deployment.values() if d.get("model_config")), None)
+    if path is None:
+        return options
+    load_shape(Path(path))
+    return replace(options, model_config=path)
 
 
 def _options(
@@ -116,4 +132,5 @@ def _options(
         probes=prof.probes,
         defenses=prof.defenses,
         waivers=prof.waivers,
+        deployment=prof.deployment,
     )

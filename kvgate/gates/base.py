@@ -32,6 +32,10 @@ class CheckOptions:
     defenses: Mapping[str, Any] = field(default_factory=dict)
     # Accepted findings with a reason and an expiry (kvgate.waivers.Waiver); from the profile.
     waivers: tuple[Any, ...] = ()
+    # `kvgate plan` inputs that explain a pool/context failure with knobs: the model's config.json and
+    # the profile's deployment section (per role).
+    model_config: str | None = None
+    deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -72,8 +72,10 @@ def size(spec: dict[str, Any]) -> dict[str, Any]:
     _, kv_dtype = kdt.configure_kv_cache_dtype(**{k: v for k, v in kw.items() if k in params})
 
     attn_tp = tp // dp
+    one_process = SimpleNamespace(world_size=1, cpu_group=None)  # 0.5.21+ read the world group from here
     parallel = dict(tp_size=tp, tp_rank=0, pp_size=pp, attn_tp_size=attn_tp, attn_tp_rank=0, attn_dp_size=dp,
-                    attn_dp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dcp_size=1, attn_dcp_rank=0, dp_size=dp)
+                    attn_dp_rank=0, attn_cp_size=1, attn_cp_rank=0, attn_dcp_size=1, attn_dcp_rank=0, dp_size=dp,
+                    world_group=one_process, launch_world_size=1)
     accepted = set(getattr(rc, "_PARALLEL_FIELDS", None) or rc._parallel_fields())
     stages = []
     for pp_rank in range(pp):
