@@ -24,8 +24,7 @@ def plan(
     gpus_per_worker: Optional[int] = typer.Option(None, "--gpus-per-worker", help="GPUs of one worker (default tp x pp)."),
     tp: Optional[int] = typer.Option(None, "--tp", help="--tp-size of the workers."),
     dp: Optional[int] = typer.Option(None, "--dp", help="--dp-size of the workers (default 1)."),
-    attention_dp: Optional[bool] = typer.Option(None, "--attention-dp/--no-attention-dp",
-                                                help="--enable-dp-attention: one pool per DP rank."),
+    attention_dp: bool = typer.Option(False, "--attention-dp", help="--enable-dp-attention: one pool per DP rank."),
     pp: Optional[int] = typer.Option(None, "--pp", help="--pp-size of the workers (default 1)."),
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="As given to the workers."),
     kv_cache_dtype: Optional[str] = typer.Option(
@@ -47,7 +46,7 @@ def plan(
     pairs = pair_outputs(list(fmt), list(output))
     flags = {
         "model_config": None if model_config is None else str(model_config), "gpu_memory_gib": gpu_memory_gib,
-        "gpus_per_worker": gpus_per_worker, "tp": tp, "dp": dp, "attention_dp": attention_dp, "pp": pp,
+        "gpus_per_worker": gpus_per_worker, "tp": tp, "dp": dp, "attention_dp": attention_dp or None, "pp": pp,
         "mem_fraction_static": mem_fraction_static, "kv_cache_dtype": kv_cache_dtype, "page_size": page_size,
         "weights_gib": weights_gib, "max_total_tokens": max_total_tokens, "release": release, "gpu_sm": gpu_sm,
         "context_length": context_length, "headroom": headroom,
