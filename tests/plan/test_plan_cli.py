@@ -216,3 +216,16 @@ def test_profile_errors_name_the_key(tmp_path: Path) -> None:
     prof.write_text("schema: 1\ndeployment:\n  decode:\n    bogus: 1\n")
     res = plan("--profile", str(prof))
     assert res.exit_code == ExitStatus.USAGE_ERROR and "deployment.decode.bogus" in res.stderr
+
+
+def test_the_readme_incident_plan_shows_what_the_command_prints() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("### Plan the pool before the GPUs are paid for", 1)[1].split("```console\n", 1)[1]
+    first = block.split("\n$ kvgate", 1)[0].replace("\\\n", " ").removeprefix("$ kvgate ").split()
+    res = runner.invoke(app, first)
+    assert res.exit_code == ExitStatus.GATE_FAILED, res.output
+    shown = readme.split("The incident's shape planned", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    numbers = {n for n in __import__("re").findall(r"\d[\d,]{4,}", shown)}
+    assert numbers, shown
+    for n in numbers:
+        assert n in res.stdout, f"README shows {n}, `kvgate plan` does not print it"
