@@ -28,7 +28,7 @@ def plan(
     pp: Optional[int] = typer.Option(None, "--pp", help="--pp-size of the workers (default 1)."),
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="As given to the workers."),
     kv_cache_dtype: Optional[str] = typer.Option(
-        None, "--kv-cache-dtype", help="auto (default), bfloat16, fp8_e4m3 or fp8_e5m2."),
+        None, "--kv-cache-dtype", help="auto (default), bfloat16 or fp8_e4m3."),
     page_size: Optional[int] = typer.Option(None, "--page-size", help="The page size server_info reports (default 1)."),
     context_length: Optional[int] = typer.Option(None, "--context-length", help="Advertised context the pool must hold."),
     headroom: Optional[float] = typer.Option(None, "--headroom", help="Required pool / context ratio (default 1.25)."),

@@ -29,31 +29,22 @@ class Attention(str, Enum):
     DSA = "dsa"  # MLA plus the DeepSeek sparse-attention indexer's keys (V3.2 family)
 
 
-# SGLang's "temporary special judge for MLA architecture" (ModelConfig.__init__), the ones kvgate plans.
-MLA_ARCHS = frozenset({
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "Glm4MoeLiteForCausalLM",
-    "GlmMoeDsaForCausalLM", "KimiK25ForConditionalGeneration",
-})
+# The architectures kvgate plans: each has a config in tests/plan/model_configs/ that the releases' own
+# sizing code is run on. MLA ones are in SGLang's "special judge for MLA architecture" (ModelConfig).
+MLA_ARCHS = frozenset({"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"})
 # `is_deepseek_dsa` (configs/model_config.py): one of these architectures AND `index_topk` set.
-DSA_ARCHS = frozenset({"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"})
+DSA_ARCHS = MLA_ARCHS
 # Plain GQA/MHA decoders whose whole KV is one `MHATokenToKVPool` (no sliding-window or linear layers).
-MHA_ARCHS = frozenset({
-    "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
-    "Qwen2MoeForCausalLM", "MixtralForCausalLM", "Glm4MoeForCausalLM",
-})
+MHA_ARCHS = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})
 # SGLang's `_get_and_verify_dtype` serves a float32 checkpoint in float16: every planned dtype is 2 bytes.
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2, "half": 2, "bf16": 2, "fp16": 2}
 
 # Keys whose presence means SGLang would not use the plain pool the planner models.
 _UNSUPPORTED_KEYS = {
-    "layer_types": "per-layer attention types (hybrid sliding-window or linear attention)",
     "compress_ratios": "DeepSeek V4 compressed attention",
     "sparse_attention_config": "MiniMax sparse attention",
     "linear_attn_config": "linear attention layers",
     "mamba_d_state": "Mamba state layers",
-    "indexer_types": "shared-top-k DSA indexer layers",
-    "index_topk_pattern": "shared-top-k DSA indexer layers",
-    "index_skip_topk_offset": "shared-top-k DSA indexer layers",
     "learnable_sink": "learnable DSA attention sinks",
 }
 
@@ -76,6 +67,8 @@ class ModelShape:
     index_head_dim: int = 0
     index_kpool: int = 1
     kv_cache_quant_fp8: bool = False  # the checkpoint's quantization_config asks for an FP8 KV cache
+    # DSA: per layer, whether it reuses the previous layer's top-k (SGLang's dsa_layer_skips_topk).
+    indexer_skips: tuple[bool, ...] = ()
     raw: Mapping[str, Any] | None = None  # the config, for the weight estimate
 
     @property
@@ -104,6 +97,10 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
     for key, what in _UNSUPPORTED_KEYS.items():
         if cfg.get(key):
             raise PlanError(f"{where}: '{key}' is set ({what}); kvgate plan does not model that pool")
+    kinds = cfg.get("layer_types") or []
+    if any(k not in ("full_attention", "attention") for k in kinds):
+        raise PlanError(f"{where}: 'layer_types' names {sorted(set(kinds))} (hybrid sliding-window or linear "
+                        "attention); kvgate plan does not model that pool")
     if cfg.get("sliding_window") not in (None, 0) and cfg.get("use_sliding_window", True):
         raise PlanError(f"{where}: 'sliding_window' is set (hybrid SWA pool); kvgate plan does not model that pool")
     if arch not in MLA_ARCHS and arch not in MHA_ARCHS:
@@ -138,6 +135,7 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
             qk_rope_head_dim=rope,
             index_head_dim=_int(cfg, "index_head_dim", where) if is_dsa else 0,
             index_kpool=_int(cfg, "index_kpool", where, 1) if is_dsa else 1,
+            indexer_skips=dsa_indexer_skips(cfg, layers) if is_dsa else (),
             **common,
         )
     head_dim = cfg.get("head_dim") or _int(cfg, "hidden_size", where) // heads
@@ -150,6 +148,36 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
         v_head_dim=int(v_head_dim),
         **common,
     )
+
+
+def dsa_indexer_skips(cfg: Mapping[str, Any], layers: int) -> tuple[bool, ...]:
+    """Per layer, whether SGLang's `dsa_layer_skips_topk` (configs/model_config.py, 0.5.20-0.5.23) says it
+    reuses the previous layer's top-k, on the config object transformers builds.
+
+    transformers' GlmMoeDsaConfig (5.12/5.19) fills `indexer_types` itself when the file has none: from
+    `index_topk_pattern`, else from `index_topk_freq` with `index_skip_topk_offset` defaulting to 2.
+    """
+    types = cfg.get("indexer_types")
+    if types is None and cfg.get("model_type") == "glm_moe_dsa":
+        pattern = cfg.get("index_topk_pattern")
+        if pattern is not None:
+            types = [{"F": "full", "S": "shared"}[c] for c in pattern] if isinstance(pattern, str) else list(pattern)
+        else:
+            freq, offset = max(cfg.get("index_topk_freq", 1) or 1, 1), cfg.get("index_skip_topk_offset", 2)
+            types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
+    if types is not None:
+        return tuple(0 <= i < len(types) and types[i] == "shared" for i in range(layers))
+    cli = cfg.get("cli_factor") or 1
+    if cli > 1:
+        return tuple(i % cli != 0 for i in range(layers))
+    pattern = cfg.get("index_topk_pattern")
+    if pattern is not None:
+        return tuple(i < len(pattern) and pattern[i] == "S" for i in range(layers))
+    freq = cfg.get("index_topk_freq") or 1
+    offset = cfg.get("index_skip_topk_offset")
+    if offset is not None:
+        return tuple(max(i - offset + 1, 0) % freq != 0 for i in range(layers))
+    return tuple(max(i - 1, 0) % freq != 0 for i in range(layers))
 
 
 def load_shape(path: Path) -> ModelShape:

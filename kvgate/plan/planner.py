@@ -137,7 +137,7 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
     avail = sizing.available_bytes(rest)
     stages = []
     for start, end in sizing.pp_layer_ranges(shape.num_hidden_layers, inp.pp):
-        cell = sizing.cell_size(shape, kv, inp.attn_tp, end - start, inp.release, inp.gpu_sm)
+        cell = sizing.cell_size(shape, kv, inp.attn_tp, (start, end), inp.release, inp.gpu_sm)
         stages.append(StagePlan((start, end), cell, sizing.tokens_from_bytes(avail, cell.total, inp.page_size)))
     uncapped = min(s.tokens for s in stages)
     pool = sizing.apply_cap(uncapped, inp.max_total_tokens, inp.page_size)

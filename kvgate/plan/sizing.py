@@ -20,8 +20,9 @@ from kvgate.plan.model import Attention, ModelShape, PlanError
 from kvgate.upstream import RELEASES
 
 # --kv-cache-dtype values the planner models, and the bytes of one element of each.
-KV_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1}
-KV_DTYPE_CHOICES = ("auto", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+# fp8_e5m2 is left out: SGLang refuses it on CPU, so no release's code could confirm its sizing here.
+KV_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "fp8_e4m3": 1}
+KV_DTYPE_CHOICES = ("auto", "bfloat16", "fp8_e4m3")
 # DSATokenToKVPool (mem_cache/memory_pool.py): FP8 blocks of 128 with a 4-byte scale, uint8 indexer
 # keys, rope always stored in bf16.
 DSA_QUANT_BLOCK = 128
@@ -49,13 +50,11 @@ def resolve_kv_dtype(shape: ModelShape, requested: str, gpu_sm: int) -> KvDtype:
     """
     if requested not in KV_DTYPE_CHOICES and requested != "bf16":
         raise PlanError(f"--kv-cache-dtype {requested}: kvgate plan models {', '.join(KV_DTYPE_CHOICES)} "
-                        "(FP4 and MXFP8 pools are not modelled)")
+                        "(FP4, MXFP8 and fp8_e5m2 pools are not modelled)")
     if shape.attention is Attention.DSA:
         if requested == "auto":
             name = "fp8_e4m3" if gpu_sm >= 100 else "bfloat16"
             return KvDtype(name, KV_DTYPE_BYTES[name], f"auto on a DSA model at SM{gpu_sm}")
-        if requested == "fp8_e5m2":
-            raise PlanError("--kv-cache-dtype fp8_e5m2: SGLang's DSA models take only bfloat16 or fp8_e4m3")
         name = "bfloat16" if requested == "bf16" else requested
         return KvDtype(name, KV_DTYPE_BYTES[name], "as given")
     if requested == "auto":
@@ -115,8 +114,21 @@ class CellSize:
     formula: str
 
 
-def cell_size(shape: ModelShape, kv: KvDtype, attn_tp: int, layers: int, release: str, gpu_sm: int) -> CellSize:
-    """DefaultPoolConfigurator._compute_cell_size (model_executor/pool_configurator.py)."""
+def indexer_layers(shape: ModelShape, start: int, end: int, release: str) -> int:
+    """Layers of the stage [start, end) that hold DSA indexer keys (_compute_dsa_indexer_cell_size).
+
+    Up to 0.5.21 `_should_elide_dsa_index_k` is false under PD (disaggregation mode prefill/decode), so
+    every layer holds them; from 0.5.22 (CUDA) layers that reuse the previous top-k hold none, PD too.
+    """
+    if Version(release) < Version("0.5.22"):
+        return end - start
+    return sum(not shape.indexer_skips[i] for i in range(start, end))
+
+
+def cell_size(shape: ModelShape, kv: KvDtype, attn_tp: int, layer_range: tuple[int, int], release: str,
+              gpu_sm: int) -> CellSize:
+    """DefaultPoolConfigurator._compute_cell_size (model_executor/pool_configurator.py) for the PD roles."""
+    layers = layer_range[1] - layer_range[0]
     if shape.attention is Attention.MHA:
         n = kv_heads_per_rank(shape, attn_tp)
         total = n * shape.kv_per_head_dim * layers * kv.bytes
@@ -127,11 +139,11 @@ def cell_size(shape: ModelShape, kv: KvDtype, attn_tp: int, layers: int, release
     formula = f"MLA dim {dim} x layers {layers} x {kv.bytes} B (not divided by TP)"
     if shape.attention is Attention.MLA:
         return CellSize(kv_part, kv_part, 0, formula)
-    # In PD (prefill or decode) SGLang keeps the indexer of every layer (_should_elide_dsa_index_k).
     per_layer = dsa_indexer_bytes_per_layer(shape, release)
-    indexer = per_layer * layers
+    n_index = indexer_layers(shape, *layer_range, release)
+    indexer = per_layer * n_index
     return CellSize(kv_part + indexer, kv_part, indexer,
-                    f"{formula} + indexer {per_layer} B x layers {layers}")
+                    f"{formula} + indexer {per_layer} B x {n_index} indexer layers")
 
 
 def rest_gib(pre_load_gib: float, post_load_gib: float, mem_fraction_static: float) -> float:

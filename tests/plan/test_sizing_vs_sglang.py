@@ -7,7 +7,8 @@ reports along the way (cell size per stage, KV budget bytes, pool, max_req_input
 for every case and every release.
 
 The model configs in model_configs/ are our own, written in the shapes of Llama-3-70B-style GQA,
-DeepSeek-V3-style MLA and DeepSeek-V3.2-style DSA (no weights; nothing is downloaded).
+Qwen3-style GQA (head_dim not hidden/heads), DeepSeek-V3-style MLA, DeepSeek-V3.2-style DSA and a
+GLM-5-style DSA with shared-top-k indexer layers (no weights; nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -83,6 +84,11 @@ CASES = (
          disaggregation_mode="decode"),
     Case("dsa-auto-blackwell", "deepseek-v32-dsa", 8, 0.85, 64, "auto", 163840, 178.0, 79.5, gpu_sm=100,
          disaggregation_mode="prefill"),
+    Case("gqa-explicit-head-dim", "qwen3-gqa", 4, 0.88, 16, "auto", 40960, 79.0, 16.2),
+    Case("glm-dsa-shared-topk-prefill", "glm-dsa", 8, 0.85, 64, "auto", 202752, 139.5, 71.0,
+         disaggregation_mode="prefill"),
+    Case("glm-dsa-fp8-decode-dp", "glm-dsa", 8, 0.9, 64, "fp8_e4m3", 202752, 139.5, 71.0, dp=8,
+         disaggregation_mode="decode"),
 )
 
 
@@ -146,6 +152,12 @@ def test_kvgate_matches_the_release_sizing_code(version: str, model_dirs: dict[s
 def test_the_cases_cover_every_supported_attention_and_knob() -> None:
     shapes = {load_shape(CONFIGS / f"{c.config}.json").attention.value for c in CASES}
     assert shapes == {"mha", "mla", "dsa"}
+    from kvgate.plan.model import MHA_ARCHS, MLA_ARCHS
+
+    planned = {load_shape(CONFIGS / f"{c.config}.json").architecture for c in CASES}
+    assert planned == MHA_ARCHS | MLA_ARCHS, "every architecture kvgate plans is run through the releases' code"
     assert any(c.pp > 1 for c in CASES) and any(c.dp > 1 for c in CASES) and any(c.max_total_tokens for c in CASES)
-    assert {c.kv_cache_dtype for c in CASES} >= {"auto", "fp8_e4m3", "bfloat16"}
+    from kvgate.plan.sizing import KV_DTYPE_CHOICES
+
+    assert {c.kv_cache_dtype for c in CASES} >= set(KV_DTYPE_CHOICES)
     assert {c.disaggregation_mode for c in CASES} >= {"prefill", "decode"}
