@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 from kvgate.errors import KvgateError
 from kvgate.plan.model import ModelShape
-from kvgate.plan.planner import DEFAULT_RELEASE, PlanInputs, knobs, plan_worker
+from kvgate.plan.knobs import knobs
+from kvgate.plan.planner import DEFAULT_RELEASE, PlanInputs, plan_worker
 from kvgate.plan.sizing import GIB
 from kvgate.plan.verdict import knob_remedy
 from kvgate.target import NodeReading, SizingSettings

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from kvgate.findings import Evidence, Finding, Report, failed, passed
-from kvgate.plan.planner import Knob, WorkerPlan, knobs
+from kvgate.plan.knobs import Knob, knobs
+from kvgate.plan.planner import WorkerPlan
 
 GATE = "plan"
 

@@ -16,7 +16,7 @@ from kvgate.exitcodes import ExitStatus
 from kvgate.formats import ReportFormat
 
 runner = CliRunner()
-CONFIGS = Path(__file__).resolve().parent / "model_configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "plan" / "model_configs"
 DSA = str(CONFIGS / "deepseek-v32-dsa.json")
 GQA = str(CONFIGS / "llama-gqa.json")
 
