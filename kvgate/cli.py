@@ -55,6 +55,10 @@ from kvgate.commands.schema import schema  # noqa: E402
 
 app.command("schema")(schema)
 
+from kvgate.commands.plan import plan  # noqa: E402
+
+app.command("plan")(plan)
+
 
 def main() -> None:
     """Console-script entry point."""

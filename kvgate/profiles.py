@@ -13,6 +13,7 @@ import yaml
 
 from kvgate.errors import ProfileError
 from kvgate.paths import profiles_dir
+from kvgate.plan.deployment import parse_deployment
 from kvgate.waivers import Waiver, parse_waivers
 
 SCHEMA = 1
@@ -33,10 +34,12 @@ class Profile:
     defenses: Mapping[str, Any] = field(default_factory=dict)
     waivers: tuple[Waiver, ...] = ()
     code: Mapping[str, Any] = field(default_factory=dict)
+    # `kvgate plan`'s worker shape per role (kvgate.plan.deployment), merged and validated.
+    deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 _TOP_KEYS = {"schema", "name", "description", "context_length", "headroom", "timeout", "strict", "probes", "defenses",
-             "waivers", "code"}
+             "waivers", "code", "deployment"}
 
 
 def resolve(ref: str) -> Path:
@@ -108,4 +111,5 @@ def load(ref: str) -> Profile:
         defenses=dict(doc.get("defenses") or {}),
         waivers=parse_waivers(doc.get("waivers"), where),
         code=dict(doc.get("code") or {}),
+        deployment=parse_deployment(doc.get("deployment"), where),
     )

@@ -429,3 +429,40 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         dp_attention=dp_attention,
         rank_entries=len(states) if isinstance(states, list) else 0,
     )
+
+
+@dataclass(frozen=True)
+class SizingSettings:
+    """The settings a worker's KV pool was sized with, as its server_info reports them (None: not reported).
+
+    Read only to explain a pool/context failure with `kvgate plan`'s knobs; no verdict rests on them.
+    """
+
+    pp_size: int | None
+    enable_dp_attention: bool | None
+    mem_fraction_static: float | None
+    kv_cache_dtype: str | None
+    max_total_tokens: int | None  # the operator's --max-total-tokens cap (usually null)
+    weight_gib: float | None  # internal_states[0].memory_usage.weight: weights per GPU, measured
+
+
+def sizing_settings(reading: NodeReading) -> SizingSettings:
+    """Extract SizingSettings from a reading's server_info (tolerant: a malformed field is None)."""
+    info = reading.server_info
+    r = _Reader()
+    frac = info.get("mem_fraction_static")
+    weight = None
+    states = info.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        mem = states[0].get("memory_usage")
+        if isinstance(mem, dict) and isinstance(mem.get("weight"), (int, float)) and not isinstance(mem["weight"], bool):
+            weight = float(mem["weight"])
+    return SizingSettings(
+        pp_size=r.int_field(info, "pp_size", "pp_size", required=False, minimum=1),
+        enable_dp_attention=r.bool_field(info, "enable_dp_attention", "enable_dp_attention"),
+        mem_fraction_static=float(frac) if isinstance(frac, (int, float)) and not isinstance(frac, bool) else None,
+        kv_cache_dtype=r.str_field(info, "kv_cache_dtype", "kv_cache_dtype", required=False),
+        max_total_tokens=r.int_field(info, "max_total_tokens", "max_total_tokens", required=False, nullable=True,
+                                     minimum=1),
+        weight_gib=weight,
+    )

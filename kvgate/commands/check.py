@@ -102,6 +102,9 @@ def check(
     write_baseline: Optional[Path] = typer.Option(
         None, "--write-baseline", help="Record this run's fleet as the baseline file (after comparing with --baseline)."
     ),
+    model_config: Optional[Path] = typer.Option(
+        None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
+    ),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""
@@ -142,11 +145,24 @@ def check(
                           read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
                           baseline=str(baseline) if baseline else None,
                           write_baseline=str(write_baseline) if write_baseline else None)
+        options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)
+
+
+def _with_model_config(options: CheckOptions, flag: Path | None) -> CheckOptions:
+    """The model config from the flag, else the profile's deployment; loaded now so a bad one exits 2 early."""
+    from kvgate.plan.model import load_shape
+
+    path = str(flag) if flag is not None else next(
+        (d["model_config"] for d in options.deployment.values() if d.get("model_config")), None)
+    if path is None:
+        return options
+    load_shape(Path(path))
+    return replace(options, model_config=path)
 
 
 def _options(
@@ -179,4 +195,5 @@ def _options(
         defenses=prof.defenses,
         waivers=prof.waivers,
         code=prof.code,
+        deployment=prof.deployment,
     )

@@ -45,6 +45,10 @@ class CheckOptions:
     # Drift: compare with this baseline file / write a new one after the run.
     baseline: str | None = None
     write_baseline: str | None = None
+    # `kvgate plan` inputs that explain a pool/context failure with knobs: the model's config.json and
+    # the profile's deployment section (per role).
+    model_config: str | None = None
+    deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

@@ -15,9 +15,11 @@ incident's danger band.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.target import NodeReading
 
@@ -217,6 +219,29 @@ def _rank_count(reading: NodeReading) -> Finding:
     return passed(GATE, "dp-ranks", node, f"all {entries} DP rank(s) reported (dp_size {reading.dp_size})", *ev)
 
 
+def with_plan_knobs(findings: list[Finding], reading: NodeReading, model_config: str, headroom: float,
+                    deployment: Mapping[str, Any]) -> list[Finding]:
+    """Failed headroom findings of `reading`, explained with `kvgate plan`'s knobs for this model."""
+    from kvgate.plan.explain import explain
+    from kvgate.plan.model import load_shape
+    from kvgate.target import sizing_settings
+
+    shape = load_shape(Path(model_config))
+    settings = sizing_settings(reading)
+    out = []
+    for f in findings:
+        if f.outcome is Outcome.FAILED and f.check.startswith("headroom"):
+            values = {e.field: e.value for e in f.evidence}
+            pool, context = f.evidence[0].value, values.get("context")
+            if isinstance(pool, int) and isinstance(context, int):
+                ex = explain(reading, settings, shape, context, headroom, pool, deployment)
+                notes = tuple(Evidence(reading.node, name, value, how) for name, value, how in ex.notes)
+                remedy = f"kvgate plan: {ex.remedy}" if ex.remedy else f.remedy
+                f = replace(f, evidence=f.evidence + notes, remedy=remedy)
+        out.append(f)
+    return out
+
+
 class PoolContextGate:
     """Gate 1 over every node the operator named."""
 
@@ -224,8 +249,13 @@ class PoolContextGate:
 
     def run(self, ctx: GateContext) -> list[Finding]:
         out: list[Finding] = []
+        opts = ctx.options
         for reading in ctx.readings:
             if reading.spec.role not in ("prefill", "decode"):
                 continue
-            out.extend(check_node(reading, reading.spec.role, ctx.options.context_len, ctx.options.headroom))
+            found = check_node(reading, reading.spec.role, opts.context_len, opts.headroom)
+            if opts.model_config:
+                found = with_plan_knobs(found, reading, opts.model_config, opts.headroom,
+                                        opts.deployment.get(reading.spec.role, {}))
+            out.extend(found)
         return out
