@@ -61,3 +61,26 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
         # From 0.5.20 on the prefill rejects the over-pool prompt: no probe sees it served.
         assert _one(report, "isolation.greedy_replay")["outcome"] != "failed", summary
         assert not [f for f in _failed(report, "probes") if f["summary"].startswith("served_over_limit")], summary
+
+
+def test_plan_predicts_the_pool_the_real_server_sized(real_pair: RealPair, tmp_path: Path) -> None:
+    """`kvgate plan` for the tiny model with the pair's --max-total-tokens gives what each real worker reports."""
+    from kvgate.cpuserver.model import tiny_model
+    from kvgate.target import NodeSpec, TargetClient
+
+    spec = real_pair.spec
+    with TargetClient(timeout=30.0) as client:
+        readings = {role: client.read_node(NodeSpec(role, url))
+                    for role, url in (("prefill", real_pair.prefill), ("decode", real_pair.decode))}
+    for role, reading in readings.items():
+        cap = spec.prefill_pool if role == "prefill" else spec.decode_pool
+        out = tmp_path / f"plan-{role}.json"
+        # Free memory is not what binds on a CPU pair with a cap: any figure whose budget exceeds the cap.
+        res = runner.invoke(app, ["plan", "--model-config", str(tiny_model() / "config.json"), "--tp", "1",
+                                  "--gpu-memory-gib", "64", "--weights-gib", "0.01", "--mem-fraction-static", "0.05",
+                                  "--max-total-tokens", str(cap), "--context-length", "8192",
+                                  "--release", spec.release, "-f", "json", "-o", str(out)])
+        assert out.is_file(), res.output
+        predicted = report_of(out)["target"]["prefill"]
+        assert predicted["max_total_num_tokens"] == reading.max_total_num_tokens, (role, predicted, reading)
+        assert predicted["max_req_input_len"] == reading.max_req_input_len, (role, predicted, reading)
