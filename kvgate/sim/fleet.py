@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.sim import surface
 from kvgate.sim.config import WorkerConfig
+from kvgate.sim.lifecycle import run_until_signalled
 from kvgate.sim.releases import Release0519, get_release
 
 METADATA_PATHS = ("/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models")
@@ -133,14 +133,4 @@ def main(argv: list[str]) -> None:
     with open(args.spec, encoding="utf-8") as fh:
         spec = json.load(fh)
 
-    async def runner() -> None:
-        task = asyncio.ensure_future(serve(spec))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-
-    asyncio.run(runner())
+    run_until_signalled(serve(spec))

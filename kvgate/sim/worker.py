@@ -9,12 +9,11 @@ SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, SGLANG_EXPOSE_OWN_ENV_VARS) are read fr
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import shlex
-import signal
 import sys
 
+from kvgate.sim.lifecycle import run_until_signalled
 from kvgate.sim.releases import SUPPORTED
 
 
@@ -115,14 +114,4 @@ def main(argv: list[str]) -> None:
         raise SystemExit(f"error: {exc}") from None
     engine = (PrefillEngine if cfg.mode == "prefill" else DecodeEngine)(cfg, release)
 
-    async def runner() -> None:
-        task = asyncio.ensure_future(serve(engine))
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-
-    asyncio.run(runner())
+    run_until_signalled(serve(engine))
