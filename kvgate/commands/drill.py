@@ -124,6 +124,8 @@ def drill(
                 prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
                 router_url=dep.router_url, timeout=30.0, strict=is_strict, strict_source=strict_source,
                 profile_name=f"drill {engine} {emulate}", probes=probes, code=dep.code_sources(),
+                # The simulator runs no sglang code: the release it emulates is all there is to judge.
+                defenses={"trust_version": True} if engine == "sim" else {},
             )
             report = replace(run_check(options, observer=observer), command="drill")
         if dep.log_dir is not None:

@@ -131,7 +131,10 @@ def fixes(
         # A correctness fix whose presence is unknown (or only weakly evidenced) is never a silent pass:
         # exit 3 on its own; --strict extends that to informational entries.
         unproven = a.unproven_correctness()
-        is_strict, strict_source = resolve_strict(strict)
+        # Here strictness is about informational entries only: a correctness fix that is unknown or only
+        # weakly evidenced blocks whatever the setting (never a silent pass); --strict adds the rest.
+        is_strict, strict_source = (resolve_strict(strict) if strict is not None
+                                    else (False, "default: correctness fixes block, informational entries do not"))
         if unproven and not is_strict:
             strict_source += "; overridden: a correctness fix is unproven, which blocks whatever the setting"
         report = Report(

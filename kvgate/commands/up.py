@@ -113,7 +113,9 @@ def up(
                                        profile_name=prof.name if prof else None,
                                        headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
                                        probes=prof.probes if prof else {},
-                                       defenses=prof.defenses if prof else {},
+                                       # The simulator runs no sglang code: its emulated release is the evidence.
+                                       defenses={**(prof.defenses if prof else {}),
+                                                 **({"trust_version": True} if engine == "sim" else {})},
                                        waivers=prof.waivers if prof else (), code=dep.code_sources())
                 report = run_check(options, observer=observer)
         except KvgateError as exc:

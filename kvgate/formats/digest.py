@@ -21,6 +21,7 @@ _VERDICT = {
     ExitStatus.USAGE_ERROR: "USAGE ERROR: the gate did not run",
     ExitStatus.INCONCLUSIVE: "INCONCLUSIVE under --strict: something could not be observed",
     ExitStatus.TRANSPORT_ERROR: "TARGET UNREACHABLE: the gate could not finish",
+    ExitStatus.INTERNAL_ERROR: "INTERNAL ERROR: kvgate itself broke, nothing was decided",
 }
 MAX_HEADLINES = 6
 MAX_LIST_ITEMS = 4
@@ -45,6 +46,7 @@ def _deciding(report: Report) -> list[Finding]:
     want = {
         ExitStatus.GATE_FAILED: {Outcome.FAILED},
         ExitStatus.TRANSPORT_ERROR: {Outcome.ERROR},
+        ExitStatus.INTERNAL_ERROR: {Outcome.ERROR},
         ExitStatus.INCONCLUSIVE: {Outcome.INCONCLUSIVE},
         ExitStatus.USAGE_ERROR: {Outcome.ERROR, Outcome.FAILED, Outcome.INCONCLUSIVE},
     }.get(status, set())

@@ -158,7 +158,7 @@ def test_every_format_is_written_before_the_exit(fmt: ReportFormat, tmp_path: Pa
         assert ET.fromstring(text).find(".//failure") is not None
     else:
         assert "plan" in text and "failed" in text.lower()
-    assert "gate failed (exit 1)" in res.stdout  # the verdict still reaches the job log
+    assert "GATE FAILED: do not promote (exit 1)" in res.stdout  # the verdict still reaches the job log
 
 
 @pytest.mark.parametrize("argv, needle", [
