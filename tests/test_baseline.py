@@ -24,7 +24,8 @@ def set_worker(srv: PayloadServer, mode: str, pool: int = POOL, **kw: Any) -> Pa
 
 
 def check(*args: str) -> Any:
-    return runner.invoke(app, ["check", "--quiet", "--format", "json", *args])
+    # Payload servers run no sglang code: their version string is the evidence (said explicitly).
+    return runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict", *args])
 
 
 def baseline_findings(res: Any) -> list[dict[str, Any]]:
@@ -48,7 +49,7 @@ def test_round_trip_then_a_pool_change_fails_naming_worker_and_both_values(
     assert rec["pool"] == POOL and rec["role"] == "prefill" and rec["release"] == "0.5.22"
     assert rec["context"] == 1_048_576 and rec["page_size"] == 64 and rec["tp_size"] == 8
     assert rec["transfer_backend"] == "mooncake" and rec["max_req_input_len"] == 1_048_570
-    assert rec["code"]["code"] == "version 0.5.22" and set(rec["defenses"]) == {
+    assert rec["code"]["code"] == "version string 0.5.22 only, code not read" and set(rec["defenses"]) == {
         "kv_checksum", "kv_canary", "deferred_release_env"}
 
     same = check(*nodes, "--baseline", str(base))

@@ -46,9 +46,14 @@ def _int(v: Any) -> bool:
 
 
 def well_formed_accept(body: Any) -> bool:
-    """Independent of contract.py: what an accepted /generate answer must hold (sglang-surface.md 2)."""
+    """Independent of contract.py: what an accepted /generate answer must hold (sglang-surface.md 2): an
+    output, as `text` or, under --skip-tokenizer-init (measured on the real servers), `output_ids` only."""
     body = body[0] if isinstance(body, list) and body else body
-    if not isinstance(body, dict) or not isinstance(body.get("text"), str) or "error" in body:
+    if not isinstance(body, dict) or "error" in body:
+        return False
+    ids = body.get("output_ids")
+    ids_ok = isinstance(ids, list) and all(type(i) is int for i in ids)
+    if not isinstance(body.get("text"), str) and not ids_ok:
         return False
     meta = body.get("meta_info")
     if not isinstance(meta, dict) or not _int(meta.get("prompt_tokens")) or meta["prompt_tokens"] != SENT:

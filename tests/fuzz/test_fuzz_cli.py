@@ -80,6 +80,7 @@ def _run(workers: dict[str, PayloadServer]) -> tuple[Any, dict[str, Any]]:
         out = Path(tmp) / "r.json"
         res = runner.invoke(app, ["check", "-q", "--prefill-url", workers["prefill"].url, "--decode-url",
                                   workers["decode"].url, "--deferred-release-env", "--timeout", str(TIMEOUT),
+                                  "--trust-version",  # payload servers run no sglang code
                                   "-f", "json", "-o", str(out)])
         assert out.is_file(), f"no report written: {res.output}"
         return res, json.loads(out.read_text())

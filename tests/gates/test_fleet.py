@@ -23,7 +23,7 @@ def worker(make: Callable[..., PayloadServer], mode: str, context: int = 1_048_5
 
 
 def fleet_failures(*args: str) -> tuple[int, list[tuple[str, str]]]:
-    res = runner.invoke(app, ["check", "--quiet", "--format", "json", *args])
+    res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict", *args])
     bad = [(f["check"], f["node"]) for f in json.loads(res.stdout)["findings"]
            if f["gate"] == "fleet" and f["outcome"] == "failed"]
     return res.exit_code, bad
@@ -62,7 +62,7 @@ def test_pools_that_differ_above_the_context_do_not_block(payload_server: Callab
     a = worker(payload_server, "prefill", pool=BIG)
     b = worker(payload_server, "prefill", pool=BIG - 4_096)
     d = worker(payload_server, "decode")
-    res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--prefill-url", a.url, "--prefill-url", b.url,
+    res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict", "--prefill-url", a.url, "--prefill-url", b.url,
                               "--decode-url", d.url])
     assert res.exit_code == ExitStatus.PASSED, res.output
     adm = [f for f in json.loads(res.stdout)["findings"] if f["check"] == "prefill-admission-consistency"]
