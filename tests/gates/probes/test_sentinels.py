@@ -90,12 +90,14 @@ def _tokenizer_server(offset: int, lossy: bool = False):
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
 
-def _readings(url: str, model_path: str = "org/model"):
+def _readings(url: str, model_path: str = "org/model", simulator: bool = False):
     from kvgate.target import NodeSpec, parse_node
     from tests.assets.sglang_payloads import model_info, server_info, v1_models
 
     info = server_info(context=4096, pool=8192)
     info["model_path"] = model_path
+    if simulator:
+        info["kvgate_simulator"] = True  # how the simulator says what it is (never a model path)
     return [parse_node(NodeSpec("prefill", url), "/server_info", info, v1_models(4096), model_info())]
 
 
@@ -127,7 +129,10 @@ def test_codec_refuses_a_tokenizer_that_does_not_round_trip() -> None:
         with httpx.Client() as http:
             codec, how = select_codec(http, _readings(url), ProbeSettings())
             assert codec is None and "does not give the sentinel back" in how  # canaries become inconclusive
-            codec, _ = select_codec(http, _readings(url, "kvgate-sim/byte-echo"), ProbeSettings())
+            codec, _ = select_codec(http, _readings(url, "kvgate-sim/byte-echo", simulator=True), ProbeSettings())
             assert codec is not None and codec.name == "bytes"  # the simulator's known tokenizer
+            # A real model that merely lives under a folder named kvgate is not the simulator.
+            codec, _ = select_codec(http, _readings(url, "/cache/kvgate/tiny-llama"), ProbeSettings())
+            assert codec is None
     finally:
         srv.shutdown()
