@@ -148,7 +148,8 @@ def _gates_from_profile(path: Path) -> None:
     from kvgate.commands.check import _options
 
     options = _options(["http://p:1"], ["http://d:1"], "http://r:1", str(path), None, None, None, False)
-    assert len(default_gates(options)) == 3  # pool-context, defenses, probes: every section validated
+    # pool-context, defenses, fleet, probes: every section validated
+    assert [g.name for g in default_gates(options)] == ["pool-context", "defenses", "fleet", "probes"]
 
 
 @pytest.mark.parametrize("path", sorted(PROFILES.glob("*.yaml")), ids=lambda p: p.name)

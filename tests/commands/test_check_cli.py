@@ -66,7 +66,7 @@ def test_doubled_pool_passes(payload_server: Callable[..., PayloadServer]) -> No
     assert res.exit_code == ExitStatus.PASSED, res.output
     assert res.stdout.startswith("kvgate check: PASSED (exit 0)")
     assert "2,040,000" not in res.stdout  # passed checks are one digest line by default
-    res = run("--prefill-url", p.url, "--decode-url", d.url, "--verbose", "--trust-version")
+    res = run("--prefill-url", p.url, "--decode-url", d.url, "--verbose", "--trust-version", "--deferred-release-env")
     assert "max_total_num_tokens = 2,040,000" in res.stdout and "PASSED (exit 0)" in res.stdout
 
 
