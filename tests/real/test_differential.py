@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from packaging.version import Version
 
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.contract import classify
@@ -95,5 +96,13 @@ def test_simulator_matches_the_real_server(real_pair: RealPair) -> None:
         sim_probes, sim_numbers = probe_set(sim.prefill_urls[0], sim.decode_urls[0])
         assert [(p.name, p.length) for p in sim_probes] == [(p.name, p.length) for p in probes]
         simulated = run_set(sim.router_url or "", probes, sim_numbers)
+    if spec.kind == "short" and Version(spec.release) >= Version("0.5.21"):
+        # KNOWN SIMULATOR GAP, asserted both ways so it cannot hide: the simulator's 0.5.21+ prefill tells
+        # the decode of a door reject (its model of #36612/#38935), so a streaming over-pool request gets
+        # the 400 at once; the real 0.5.21+ decode is never told and waits for the KV until its 300 s
+        # waiting timeout, so the streaming client hangs (measured on real 0.5.21 and 0.5.23, CPU).
+        for key in ("pool_limit/stream", "danger_band/stream"):
+            r, s = real.pop(key), simulated.pop(key)
+            assert r["verdict"] == "hang" and s["verdict"] == "ok_rejected", (spec.id, key, r, s)
     diffs = {k: {"real": real[k], "sim": simulated.get(k)} for k in real if real[k] != simulated.get(k)}
     assert not diffs, f"{spec.id}: the simulator differs from the real server: {diffs}"
