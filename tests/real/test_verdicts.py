@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from kvgate.cli import app
+from kvgate.paths import profiles_dir
 from tests.real.conftest import RealPair, report_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
@@ -24,29 +26,20 @@ runner = CliRunner()
 # A short pool on 0.5.20+ starves the real decode for 300 s (README, "What the real server showed"), so
 # every probe sent after the over-limit ones waits out its deadline: fewer sequential latency and abort
 # tries keep that pair's cost bounded. The verdict is decided before them (pool-context, contract).
-SHORT_PROFILE = """schema: 1
-name: cpu-tiny-short
-headroom: 1.25
-timeout: 30
-probes:
-  tenants: 8
-  max_new_tokens: 16
-  deadline_s: 20
-  latency_samples: 3
-  latency_long_tokens: 2048
-  abort_tokens: 3000
-  abort_budget: 1.5
-  abort_attempts: 1
-  abort_canaries: 4
-"""
+def _short_profile(path: Path) -> str:
+    """The bundled cpu-tiny profile with fewer sequential latency and abort tries (nothing else changed)."""
+    doc = yaml.safe_load((profiles_dir() / "cpu-tiny.yaml").read_text())
+    doc["name"] = "cpu-tiny-short"
+    doc["probes"].update({"tenants": 8, "latency_samples": 3, "abort_attempts": 1})
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
 
 
 def _check(pair: RealPair, tmp_path: Path) -> tuple[int, dict]:
     out = tmp_path / f"{pair.spec.id}.json"
     profile = "cpu-tiny"
     if pair.spec.kind == "short":
-        profile = str(tmp_path / "cpu-tiny-short.yaml")
-        Path(profile).write_text(SHORT_PROFILE)
+        profile = _short_profile(tmp_path / "cpu-tiny-short.yaml")
     res = runner.invoke(app, pair.check_args() + ["--profile", profile, "-f", "json", "-o", str(out), "-q"])
     assert out.is_file(), res.output
     return res.exit_code, report_of(out)
