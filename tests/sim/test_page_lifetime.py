@@ -1,12 +1,12 @@
 """Page lifetime (incident.md section 4, gate 4): a decode-side abort while prefill is still writing.
 
 Two prefills (one slow, one instant) and one decode. Request A (its sentinel on every page) computes
-1-second chunks on the slow prefill, and each chunk's KV write is in flight for 2 s (a transfer
+1-second chunks on the slow prefill, and each chunk's KV write is in flight for 4 s (a transfer
 bandwidth, as with RDMA: the write is posted and lands later). While A's first write is in flight,
-the test aborts A on the decode (SGLang's `/abort_request`). Request B, small (its one write lands
-well before A's), then goes to the fast prefill. With deferred release OFF the decode frees A's
-pages at once, B gets the lowest of them, and A's in-flight write lands in B's pages while B is
-decoding: B's text carries A's sentinel. With it ON the pages are held until the prefill's drain
+the test aborts A on the decode (SGLang's `/abort_request`). Request B, small (its one write takes
+0.25 s, so it lands well before A's even on a loaded CI machine), then goes to the fast prefill.
+With deferred release OFF the decode frees A's pages at once, B gets the lowest of them, and A's
+in-flight write lands in B's pages while B is decoding (6 s): B's text carries A's sentinel. With it ON the pages are held until the prefill's drain
 ACK, B gets other pages, and B's text stays its own.
 
 From 0.5.20 the simulator posts nothing more once the prefill learned of the abort (the room is
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 
 SENTINEL = "SECRET-OF-A-91d2"
 SIZE = 4096  # 256 pages of 16; four 1024-token chunks of 1 s each on the slow prefill
-B_SIZE = 256  # 16 pages: B's one write (0.5 s) lands long before A's in-flight one (2 s)
+B_SIZE = 64  # 4 pages: B's one write (0.25 s) lands long before A's in-flight one (4 s)
 
 
 def _a_prompt() -> str:
@@ -51,7 +51,7 @@ def _a_in_flight(prefill_url: str) -> bool:
 def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
     dep = deployment(emulate=emulate, prefill=2, decode=1, context_length=16384, prefill_pool=16384,
                      decode_pool=65536, page_size=16, chunked_prefill_size=1024,
-                     prefill_tokens_per_s=[1024, 0], transfer_tokens_per_s=512, decode_tokens_per_s=25,
+                     prefill_tokens_per_s=[1024, 0], transfer_tokens_per_s=256, decode_tokens_per_s=25,
                      deferred_release=deferred, router=False)
     slow, fast = dep.prefill_urls
     slow_port, fast_port = dep.bootstrap_ports
@@ -71,7 +71,7 @@ def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
         # the abort is handled asynchronously: let the decode retire A before B asks for pages
         assert wait_for(lambda: "req-A" not in state(decode)["transfers"], 30)
         b = pd_generate(fast, fast_port, decode, {
-            "text": _b_prompt(), "rid": "req-B", "sampling_params": {"max_new_tokens": 100}}, timeout=60)
+            "text": _b_prompt(), "rid": "req-B", "sampling_params": {"max_new_tokens": 150}}, timeout=60)
     finally:
         th.join(60)
     assert b.decode.status_code == 200, b.decode.text
