@@ -9,8 +9,9 @@ Order (cheapest that can fail first; incident.md sections 4-5):
 4. abort mid-transfer;
 5. canary round B: the longest accepted prompt as the plant (the one long prefill of the run), then
    the abort-path probes and fresh concurrent tenants again.
-A confirmed leak (a foreign sentinel) stops the run early unless `early_stop` is false; what was not
-run is reported inconclusive, never passed.
+A confirmed leak (a foreign sentinel), or a phase in which no request got any answer before its
+deadline (the deployment stopped answering), stops the run early unless `early_stop` is false; what
+was not run is reported inconclusive, never passed.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ class _Run:
         self.findings: list[Finding] = []
         self.observations: dict[str, list[tuple[Sent, Classified]]] = {}
         self.stopped_by: str | None = None
+        self.stalled_by: str | None = None
 
     # -- orchestration -----------------------------------------------------------------------
 
@@ -150,11 +152,13 @@ class _Run:
         ]
         skipped: list[str] = []
         for title, fn in phases:
-            if self.stopped_by and s.early_stop:
+            if (self.stopped_by or self.stalled_by) and s.early_stop:
                 skipped.append(title)
                 continue
             self.obs.log(f"probes: {title}")
+            first = len(self.sender.sent)
             fn()
+            self._note_stall(title, self.sender.sent[first:])
         self._contract_findings(probes)
         if "latency" not in skipped:
             served = [rec for name in ("pool_limit", "danger_band") for rec, _ in self.observations.get(name, [])
@@ -165,11 +169,21 @@ class _Run:
             self.findings.append(error(GATE, "transport", self.node, f"the router never answered: all {lost} probe "
                                        "requests failed at the transport level"))
         if skipped:
+            why = f"a confirmed leak ({self.stopped_by})" if self.stopped_by else \
+                f"the deployment stopped answering ({self.stalled_by})"
             self.findings.append(inconclusive(GATE, "skipped", self.node,
-                                              f"not run after a confirmed leak ({self.stopped_by}): "
-                                              + ", ".join(skipped) + " (run them with --keep-going, or the profile's probes.early_stop: false)"))
+                                              f"not run after {why}: " + ", ".join(skipped)
+                                              + " (run them with --keep-going, or the profile's probes.early_stop: false)"))
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
+
+    def _note_stall(self, title: str, sent: list[Sent]) -> None:
+        """A phase whose every request ran out its deadline unanswered: later phases would only wait out
+        theirs too (a decode holding a hung request's reservation queues everything behind it), so they
+        are reported as not run. The timeouts themselves are already failures of their own checks."""
+        if sent and all(rec.result.timed_out and not rec.result.generated for rec in sent):
+            self.stalled_by = self.stalled_by or (f"{title}: all {len(sent)} request(s) got no answer within "
+                                                  f"{self.settings.deadline_s:g} s")
 
     def _tenant_probe(self) -> Callable[[str], LengthProbe]:
         s, lim = self.settings, self.limits

@@ -6,7 +6,9 @@ and runs the probes through `kvgate.check.run_check`, the pipeline `kvgate check
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from kvgate.gates.base import CheckOptions, Gate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.gates.probes import ProbeGate, ProbeSettings
 from kvgate.gates.probes.sentinels import ANY_SENTINEL
+from kvgate.progress import NullObserver
 from kvgate.sim.deploy import SimDeployment
 
 pytestmark = pytest.mark.slow
@@ -72,6 +75,47 @@ def test_0520_hangs_within_the_probe_deadline(deployment: Any) -> None:
     assert {f.summary.split(":")[0] for f in failed_probes(report)} == {"hang"}
     for name in ("canary.round_a", "canary.round_b"):
         assert probe(report, name).outcome == Outcome.PASSED
+
+
+class _FreezeDecodeAt(NullObserver):
+    """Stops the decode process (SIGSTOP, as a wedged GPU worker would look) when a probe phase begins."""
+
+    def __init__(self, dep: SimDeployment, phase: str) -> None:
+        assert dep.supervisor is not None
+        self.decode = next(p for p in dep.supervisor.processes if p.name == "decode0")
+        self.phase = phase
+        self.frozen = False
+
+    def log(self, message: str) -> None:
+        if message == f"probes: {self.phase}" and not self.frozen:
+            os.kill(self.decode.pid, signal.SIGSTOP)
+            self.frozen = True
+
+    def thaw(self) -> None:
+        if self.frozen:
+            os.kill(self.decode.pid, signal.SIGCONT)
+
+
+def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) -> None:
+    dep = deployment(emulate="0.5.22", context_length=16_384, prefill_pool=32_768, decode_pool=32_768,
+                     page_size=16)
+    freeze = _FreezeDecodeAt(dep, "isolation (greedy replay)")
+    options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
+                           router_url=dep.router_url, timeout=30.0)
+    settings = ProbeSettings.from_mapping({"deadline_s": 3, "tenants": 4, "latency_samples": 4}, "test")
+    try:
+        report = run_check(options, gates=[ProbeGate(settings)], observer=freeze)
+    finally:
+        freeze.thaw()
+    assert freeze.frozen
+    assert probe(report, "tenants.round_a").outcome == Outcome.PASSED  # answered before the freeze
+    skipped = probe(report, "skipped")
+    assert skipped.outcome == Outcome.INCONCLUSIVE and "stopped answering" in skipped.summary, skipped.summary
+    assert "abort mid-transfer" in skipped.summary and "canary round B" in skipped.summary
+    # what was not sent is not reported as run, let alone passed
+    assert not [f for f in report.findings if f.gate == "probes" and f.check in ("abort.mid_transfer",
+                                                                               "canary.round_b")]
+    assert report.exit_status != ExitStatus.PASSED
 
 
 def test_0522_pool_below_context_rejects_cleanly_while_gate1_fails(deployment: Any) -> None:
