@@ -61,7 +61,7 @@ def check(
         None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
     ),
     tenants: Optional[int] = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round (default 32)."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak or a phase the deployment did not answer."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak or once the deployment stopped answering."),
     deferred_release_env: Optional[bool] = typer.Option(
         None, "--deferred-release-env/--no-deferred-release-env",
         help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not expose it.",

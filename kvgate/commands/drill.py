@@ -71,7 +71,7 @@ def drill(
         None, "--deferred-release/--no-deferred-release",
         help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's)."),
     tenants: Optional[int] = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak or a phase the deployment did not answer."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak or once the deployment stopped answering."),
     fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),

@@ -42,6 +42,11 @@ class Sender:
     sent: list[Sent] = field(default_factory=list)
     rids: dict[str, list[str]] = field(default_factory=dict)
     transport_failures: int = 0
+    #: after this many accepted-length requests in a row got no answer at all before their deadline,
+    #: send nothing more (0: never stop); `stalled` then says why
+    stall_after: int = 0
+    stalled: str | None = None
+    _unanswered: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def sentinel(self, owner: str) -> Sentinel:
@@ -58,6 +63,12 @@ class Sender:
         """Send one probe carrying a sentinel densely (every token belongs to a sentinel copy): a fresh
         one, or `sentinel` again (the same length then sends the very same ids)."""
         s = sentinel or self.sentinel(f"{probe.label} [{phase}]")
+        if self.stalled is not None:
+            rec = Sent(probe, phase, s, ProbeResult(probe.name, probe.length, probe.max_new_tokens, None, 0.0,
+                                                    stream=stream, not_sent=self.stalled))
+            with self._lock:
+                self.sent.append(rec)
+            return rec
         ids = plant_ids(self.codec, s, probe.length)
         rid = self.rid(probe, phase)
         with self._lock:
@@ -71,7 +82,21 @@ class Sender:
             self.sent.append(rec)
             if res.transport_error is not None:
                 self.transport_failures += 1
+            if probe.expect == ACCEPT and cancel_after_s is None:
+                self._note_answer(res)
         return rec
+
+    def _note_answer(self, res: ProbeResult) -> None:
+        """Count accepted-length requests left unanswered in a row (caller holds the lock). A decode that
+        holds a hung request's reservation, or a wedged worker, leaves every later request waiting out
+        its whole deadline: past `stall_after` of them nothing more is sent."""
+        if res.timed_out and not res.generated:
+            self._unanswered += 1
+        elif res.status is not None:
+            self._unanswered = 0
+        if self.stall_after and self._unanswered >= self.stall_after and self.stalled is None:
+            self.stalled = (f"{self._unanswered} accepted-length requests in a row got no answer within the "
+                            f"{self.client.deadline_s:g} s probe deadline")
 
     def pending_rids(self, phase: str) -> list[str]:
         """Request ids sent (or being sent) in `phase`."""

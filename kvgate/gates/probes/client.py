@@ -32,6 +32,7 @@ class ProbeResult:
     stream: bool = False
     deadline_s: float | None = None
     ttft_s: float | None = None  # streaming: time to the first data event
+    not_sent: str | None = None  # why the request was never sent (the deployment had stopped answering)
 
     @property
     def document(self) -> dict[str, Any] | None:

@@ -124,6 +124,8 @@ def _generated(res: ProbeResult) -> str:
 def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[int],
              reject_within_s: float) -> Classified:
     """Check one answer against the whole contract of its probe."""
+    if res.not_sent is not None:
+        return Classified(Verdict.NO_OBSERVATION, f"not sent: {res.not_sent}")
     if res.timed_out:
         limit = f"the {res.deadline_s:g} s probe deadline" if res.deadline_s else "the probe deadline"
         mode = "streaming" if res.stream else "non-streaming"

@@ -9,9 +9,9 @@ Order (cheapest that can fail first; incident.md sections 4-5):
 4. abort mid-transfer;
 5. canary round B: the longest accepted prompt as the plant (the one long prefill of the run), then
    the abort-path probes and fresh concurrent tenants again.
-A confirmed leak (a foreign sentinel), or a phase in which no request got any answer before its
-deadline (the deployment stopped answering), stops the run early unless `early_stop` is false; what
-was not run is reported inconclusive, never passed.
+A confirmed leak (a foreign sentinel), or a deployment that stopped answering (STALL_AFTER
+accepted-length requests in a row unanswered at their deadline), stops the run early unless
+`early_stop` is false; what was not run or not sent is reported inconclusive, never passed.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.target import DECODE
 
 GATE = "probes"
+#: Accepted-length requests left unanswered in a row before the run stops sending (see Sender.stall_after).
+STALL_AFTER = 3
 REMEDY_REJECT = ("upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
                  "raise the KV pool to at least the context")
 
@@ -78,7 +80,8 @@ class _Run:
         self.can_decode = codec is not None
         # Without a codec the contract probes still run: byte ids are valid in every real vocabulary.
         self.sender = Sender(GenerateClient(ctx.client.http, router, settings.deadline_s),
-                             codec or ByteCodec(settings.byte_offset), self.meter, self.obs)
+                             codec or ByteCodec(settings.byte_offset), self.meter, self.obs,
+                             stall_after=STALL_AFTER if settings.early_stop else 0)
         self.findings: list[Finding] = []
         self.observations: dict[str, list[tuple[Sent, Classified]]] = {}
         self.stopped_by: str | None = None
@@ -156,9 +159,9 @@ class _Run:
                 skipped.append(title)
                 continue
             self.obs.log(f"probes: {title}")
-            first = len(self.sender.sent)
             fn()
-            self._note_stall(title, self.sender.sent[first:])
+            if self.sender.stalled and not self.stalled_by:
+                self.stalled_by = f"{title}: {self.sender.stalled}"
         self._contract_findings(probes)
         if "latency" not in skipped:
             served = [rec for name in ("pool_limit", "danger_band") for rec, _ in self.observations.get(name, [])
@@ -176,14 +179,6 @@ class _Run:
                                               + " (run them with --keep-going, or the profile's probes.early_stop: false)"))
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
-
-    def _note_stall(self, title: str, sent: list[Sent]) -> None:
-        """A phase whose every request ran out its deadline unanswered: later phases would only wait out
-        theirs too (a decode holding a hung request's reservation queues everything behind it), so they
-        are reported as not run. The timeouts themselves are already failures of their own checks."""
-        if sent and all(rec.result.timed_out and not rec.result.generated for rec in sent):
-            self.stalled_by = self.stalled_by or (f"{title}: all {len(sent)} request(s) got no answer within "
-                                                  f"{self.settings.deadline_s:g} s")
 
     def _tenant_probe(self) -> Callable[[str], LengthProbe]:
         s, lim = self.settings, self.limits

@@ -28,8 +28,8 @@ class ProbeSettings:
     - latency_long_tokens: length of a "long" latency sample; None = latency_budget x context / samples.
     - latency_budget: share of one context-length prefill the long latency bucket may cost in total.
     - latency_alpha: significance level of the one-sided two-sample KS test.
-    - early_stop: stop after a confirmed leak (a foreign sentinel seen), or after a phase in which no
-      request got an answer before its deadline, instead of running every probe.
+    - early_stop: stop after a confirmed leak (a foreign sentinel seen), or once the deployment stopped
+      answering (accepted-length requests unanswered at their deadline), instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
     - abort_attempts: in-flight cancellations wanted, each at a different point of the expected transfer
       window (a try whose request answered first does not count; at most 2 x abort_attempts tries).
