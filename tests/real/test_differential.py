@@ -26,7 +26,11 @@ from tests.real.conftest import RealPair
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 REJECT_WITHIN_S = 10.0
+# An accepted prompt of up to 8k tokens on a loaded 2-core CI machine gets a minute; a rejection is
+# "prompt" within REJECT_WITHIN_S, so waiting twice that tells a hang from a late rejection at a
+# third of the cost (0.5.20+ with a short pool hang on every streaming over-limit probe, real and simulated).
 DEADLINE_S = 60.0
+REJECT_DEADLINE_S = 2 * REJECT_WITHIN_S
 
 
 def _frame(res: ProbeResult) -> str:
@@ -76,8 +80,10 @@ def probe_set(prefill: str, decode: str) -> tuple[list[LengthProbe], set[int]]:
 def run_set(router: str, probes: list[LengthProbe], numbers: set[int]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     with httpx.Client() as http:
-        client = GenerateClient(http, router, DEADLINE_S)
+        accepting = GenerateClient(http, router, DEADLINE_S)
+        rejecting = GenerateClient(http, router, REJECT_DEADLINE_S)
         for p in probes:
+            client = accepting if p.expect == ACCEPT else rejecting
             for stream in (False, True):
                 # Byte-range ids are valid in both vocabularies (the simulator's bytes, the tiny model's 1,024).
                 res = client.generate(p.name, [65 + (i % 26) for i in range(p.length)], p.max_new_tokens,
