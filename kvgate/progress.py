@@ -82,3 +82,10 @@ class RichObserver:
                     progress.advance(task, amount)
 
             yield _Handle()
+
+
+def terminal_observer(quiet: bool) -> Observer | None:
+    """What a command reports progress to: nothing when `quiet`, Rich bars on a TTY, plain lines otherwise."""
+    if quiet:
+        return None
+    return RichObserver() if sys.stderr.isatty() else LineObserver()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
@@ -16,19 +15,10 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
     from kvgate.gates.base import CheckOptions
-    from kvgate.progress import Observer
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_READ_DEADLINE = 120.0
-
-
-def _observer(quiet: bool) -> Observer | None:
-    from kvgate.progress import LineObserver, RichObserver
-
-    if quiet:
-        return None
-    return RichObserver() if sys.stderr.isatty() else LineObserver()
 
 
 @handle_errors
@@ -109,6 +99,7 @@ def check(
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""
     from kvgate.check import run_check
+    from kvgate.progress import terminal_observer
     from kvgate.reporting import pair_outputs
     from kvgate.secrets import token_from_env
 
@@ -147,7 +138,7 @@ def check(
                           write_baseline=str(write_baseline) if write_baseline else None)
         options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
-        report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
+        report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)

@@ -16,7 +16,6 @@ from typing import Any, List, Optional
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -82,6 +81,7 @@ def drill(
     from kvgate.check import run_check
     from kvgate.gates.base import CheckOptions
     from kvgate.paths import left_behind
+    from kvgate.progress import terminal_observer
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
@@ -90,7 +90,7 @@ def drill(
         probes["tenants"] = tenants
     if keep_going:
         probes["early_stop"] = False
-    observer = _observer(quiet)
+    observer = terminal_observer(quiet)
     is_strict, strict_source = resolve_strict(strict)
     try:
         if engine == "sim":

@@ -12,7 +12,6 @@ from typing import List, Optional
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -64,9 +63,10 @@ def up(
 
     from kvgate.check import run_check
     from kvgate.gates.base import CheckOptions
-    from kvgate.reporting import pair_outputs
     from kvgate.launch import PDDeployment, PDLaunchPlan
     from kvgate.profiles import load as load_profile
+    from kvgate.progress import terminal_observer
+    from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
     is_strict, strict_source = resolve_strict(strict)
@@ -88,7 +88,7 @@ def up(
     dep = PDDeployment(plan, log_dir=log_dir)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        observer = _observer(quiet)
+        observer = terminal_observer(quiet)
         if observer:
             observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
         if not gate:
