@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvgate import __version__
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
-from kvgate.backport.manifest import Patch, PatchFile, Series, sha256_bytes
+from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
 
 MARKER_DIR = ".kvgate-backport"  # inside the installed `sglang/` package

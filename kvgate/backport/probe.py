@@ -3,7 +3,8 @@
 `run_admission_probe(python, extra_pythonpath)` runs `_probe_payload.py` in that interpreter and turns
 what it observed into a `ProbeResult`. The verdict comes from observed effects only (transfer
 endpoints created, queue contents, metadata slots, what the client was sent); a missing attribute or
-import is an ERROR naming it, never a verdict.
+import is an ERROR naming it, never a verdict. `detect_by_behaviour` hands the results to the catalogue
+as method-4 detections (kvgate/catalogue/behaviour.py maps them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from kvgate.catalogue.behaviour import admission_detection, hardening_detection
+from kvgate.catalogue.model import Detection
 
 _HERE = Path(__file__).resolve().parent
 PAYLOAD = _HERE / "_probe_payload.py"
@@ -260,3 +264,17 @@ def run_all_probes(python: str, extra_pythonpath: Sequence[str | os.PathLike[str
                       hardening=_hardening(part("hardening"), took("hardening"), python),
                       result_retire=_result_retire(part("retire_results"), took("retire_results"), python),
                       duration_s=round(elapsed, 2))
+
+
+def detect_by_behaviour(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> list[Detection]:
+    """Method 4 of the catalogue: run the probes in `python` (with `extra_pythonpath` first on its path)
+    and map their results to detections (kvgate.catalogue.behaviour).
+
+    One interpreter runs every probe, so sglang and torch are imported once; `timeout` bounds it.
+    """
+    if os.sep in python:  # the probe runs in another working directory; keep venv symlinks unresolved
+        python = os.path.abspath(python)
+    suite = run_all_probes(python, extra_pythonpath, timeout=timeout)
+    return [admission_detection(suite.admission), hardening_detection(suite.hardening)]

@@ -12,7 +12,7 @@ import sys
 import yaml
 
 from kvgate.backport.diffapply import apply, parse
-from kvgate.backport.manifest import load_series, normalise_release, sha256_bytes
+from kvgate.catalogue.series import load_series, normalise_release, sha256_bytes
 from kvgate.upstream import unpacked_wheel
 
 

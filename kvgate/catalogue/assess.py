@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from kvgate.backport.manifest import Series
+from kvgate.catalogue.series import Series
 from kvgate.catalogue.backports import detect_backports, unknown_markers
 from kvgate.catalogue.codescan import CodeScan, all_series, scan_tree
 from kvgate.catalogue.combine import FixStatus, combine

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvgate.backport.manifest import MARKER_PREFIX, Series, available, load_series
+from kvgate.catalogue.series import MARKER_PREFIX, Series, available, load_series
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.model import Catalogue, Signature
 from kvgate.catalogue.signatures import SourceTree, glob_regex

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from kvgate.backport.manifest import Series
+from kvgate.catalogue.series import Series
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.codescan import (
     SCAN_TIMEOUT_S,

@@ -15,7 +15,7 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
     from kvgate.backport.engine import BackportResult, Target
-    from kvgate.backport.manifest import Series
+    from kvgate.catalogue.series import Series
 
 GATE = "backport"
 
@@ -42,7 +42,7 @@ def backport(
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
     from kvgate.backport.engine import apply_series, revert_series
-    from kvgate.backport.manifest import load_series
+    from kvgate.catalogue.series import load_series
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))

@@ -81,8 +81,8 @@ def fixes(
     3: an entry is unknown (unless --no-strict; a correctness fix unknown or only weakly evidenced
     blocks even then). 4: --url unreachable, or the --python command failed.
     """
+    from kvgate.backport.probe import detect_by_behaviour
     from kvgate.catalogue import assess_checkout, assess_code, assess_version, to_findings
-    from kvgate.catalogue.behaviour import detect_by_behaviour
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
     from kvgate.reporting import pair_outputs

@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport.manifest import MARKER_PREFIX, load_series
+from kvgate.catalogue.series import MARKER_PREFIX, load_series
 from kvgate.cli import app
 
 from .conftest import tree_digest

@@ -15,7 +15,7 @@ import pytest
 
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportRefused, Layout, Target, apply_series
-from kvgate.backport.manifest import load_series
+from kvgate.catalogue.series import load_series
 from kvgate.backport.probe import (
     ADMITTED,
     ERROR,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
-from kvgate.backport.manifest import MARKER_PREFIX, available, load_series, normalise_release
+from kvgate.catalogue.series import MARKER_PREFIX, available, load_series, normalise_release
 from kvgate.errors import UsageError
 
 SERIES = {

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from kvgate.backport import engine
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportFailed, Layout, Target, apply_series
-from kvgate.backport.manifest import MARKER_PREFIX, load_series
+from kvgate.catalogue.series import MARKER_PREFIX, load_series
 from kvgate.cli import app
 
 from .conftest import tree_digest

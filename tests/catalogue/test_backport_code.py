@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport.manifest import MARKER_PREFIX, load_series
+from kvgate.catalogue.series import MARKER_PREFIX, load_series
 from kvgate.catalogue import Presence, assess_code, load_catalogue
 from kvgate.catalogue.backports import check_backport
 from kvgate.catalogue.codescan import all_series

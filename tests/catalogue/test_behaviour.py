@@ -6,7 +6,7 @@ import pytest
 
 from kvgate.backport import probe
 from kvgate.catalogue import Presence, assess_installed
-from kvgate.catalogue.behaviour import admission_detection, detect_by_behaviour, hardening_detection
+from kvgate.catalogue.behaviour import admission_detection, hardening_detection
 from kvgate.catalogue.source import from_site_packages
 from tests.assets.real_sglang import cpu_env_or_skip
 
@@ -44,7 +44,7 @@ def test_hardening_mapping() -> None:
 def test_real_admission_code_on_cpu(release: str, door: Presence) -> None:
     env = cpu_env_or_skip(release)
     installed = from_site_packages(env.site_packages)
-    dets = detect_by_behaviour(env.python, env.pythonpath)
+    dets = probe.detect_by_behaviour(env.python, env.pythonpath)
     a = assess_installed(installed, behaviour=dets)
     s = a.status("pr-38935")
     assert s.presence is door and s.decided_by == "behaviour", [d.evidence for d in s.detections]

@@ -17,7 +17,7 @@ from typing import Any, Callable
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport.manifest import load_series
+from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from tests.assets import sglang_payloads as P

@@ -1,4 +1,8 @@
-"""A backport series as data: backports/v<release>/manifest.yaml plus its unified diffs."""
+"""A backport series as data: backports/v<release>/manifest.yaml plus its unified diffs.
+
+It lives in the catalogue because the catalogue recognises a backport by the code its series adds
+(kvgate/catalogue/backports.py); kvgate.backport, a layer above, applies and reverts the same series.
+"""
 
 from __future__ import annotations
 
