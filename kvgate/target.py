@@ -218,21 +218,28 @@ class TargetClient:
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise TransportError(url, f"malformed JSON ({exc}): {resp.text[:120]!r}") from None
 
+    def server_info(self, base: str, deadline: float | None = None) -> tuple[str, dict[str, Any]]:
+        """(path, document) of a worker's /server_info, else its older /get_server_info.
+
+        Neither there, or not a JSON object: a TransportError (not an SGLang worker, exit 4).
+        """
+        base = base.rstrip("/")
+        for path in ("/server_info", "/get_server_info"):
+            info = self.get_json(base, path, missing_ok=True, deadline=deadline)
+            if info is None:
+                continue
+            if not isinstance(info, dict):
+                raise TransportError(base + path, f"expected a JSON object, got {type(info).__name__}")
+            return path, info
+        raise TransportError(base, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
+
     def read_node(self, spec: NodeSpec, deadline: float | None = None) -> NodeReading:
         """Read /server_info (or /get_server_info), /v1/models and /model_info of one worker."""
 
         def get(path: str) -> Any | None:
             return self.get_json(spec.url, path, missing_ok=True, deadline=deadline)
 
-        info = get("/server_info")
-        info_path = "/server_info"
-        if info is None:
-            info = get("/get_server_info")
-            info_path = "/get_server_info"
-        if info is None:
-            raise TransportError(spec.url, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
-        if not isinstance(info, dict):
-            raise TransportError(spec.url + info_path, f"expected a JSON object, got {type(info).__name__}")
+        info_path, info = self.server_info(spec.url, deadline=deadline)
         models = get("/v1/models")
         model_info = get("/model_info")
         if model_info is None:

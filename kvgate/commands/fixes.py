@@ -11,7 +11,7 @@ import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.defaults import SCAN_TIMEOUT_S
-from kvgate.errors import KvgateError, TransportError, UsageError
+from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
 
@@ -20,20 +20,12 @@ if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
-    """`version` and transfer backend from /server_info (fallback /get_server_info); transport failures exit 4."""
-    from kvgate.target import TargetClient  # the shared client: same timeouts, auth and error mapping
+    """`version` and transfer backend from the worker's server_info (TargetClient.server_info reads it:
+    the same fallback, timeouts, auth and error mapping as `check`); transport failures exit 4."""
+    from kvgate.target import TargetClient
 
-    base = url.rstrip("/")
     with TargetClient(timeout=timeout, token=token) as client:
-        path = "/server_info"
-        info = client.get_json(base, path, missing_ok=True)
-        if info is None:
-            path = "/get_server_info"
-            info = client.get_json(base, path, missing_ok=True)
-    if info is None:
-        raise TransportError(base, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
-    if not isinstance(info, dict):
-        raise TransportError(base + path, f"expected a JSON object, got {type(info).__name__}")
+        path, info = client.server_info(url)
     version = info.get("version") if isinstance(info.get("version"), str) else None
     backend = info.get("disaggregation_transfer_backend")
     return version, backend if isinstance(backend, str) else None, path
