@@ -12,7 +12,6 @@ import datetime as _dt
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -461,16 +460,7 @@ def applied_patches(target: Target, series: Series) -> tuple[Patch, ...]:
 
 
 def site_packages_of(python: str) -> Path:
-    """The site-packages directory the interpreter imports sglang from (without importing sglang)."""
-    code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
-            "print(json.dumps(list(s.submodule_search_locations) if s else []))")
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--python {python}: cannot run it ({exc})") from exc
-    if proc.returncode != 0:
-        raise UsageError(f"--python {python}: failed: {proc.stderr.strip().splitlines()[-1:]}")
-    locations = json.loads(proc.stdout.strip() or "[]")
-    if not locations:
-        raise UsageError(f"--python {python}: that interpreter has no sglang installed")
-    return Path(locations[0]).parent
+    """The site-packages directory interpreter `python` imports sglang from (without importing sglang)."""
+    from kvgate.catalogue.codescan import locate_package
+
+    return locate_package(python).parent

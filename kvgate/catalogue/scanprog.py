@@ -151,8 +151,26 @@ def emit(request_json):
     sys.stdout.flush()
 
 
+def locate():
+    """Entry point of the locate program: where this interpreter's sglang is, one JSON line, no scan."""
+    package_dir, found_by = find_package()
+    out = {"kvgate_scan": SCAN_SCHEMA, "package_dir": package_dir, "found_by": found_by}
+    if package_dir is None:
+        out["error"] = found_by
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _source():
+    with open(__file__, encoding="utf-8") as fh:
+        return fh.read()
+
+
 def program_text(request):
     """This module's source plus the call that answers `request`: what `--python CMD` gets on stdin."""
-    with open(__file__, encoding="utf-8") as fh:
-        source = fh.read()
-    return source + "\nemit(" + repr(json.dumps(request, sort_keys=True)) + ")\n"
+    return _source() + "\nemit(" + repr(json.dumps(request, sort_keys=True)) + ")\n"
+
+
+def locate_text():
+    """This module's source plus the call that only locates the package (`kvgate backport --python`)."""
+    return _source() + "\nlocate()\n"
