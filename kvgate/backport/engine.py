@@ -307,6 +307,18 @@ def _refuse_dirty(repo, target: Target) -> None:  # type: ignore[no-untyped-def]
         raise BackportRefused(f"{target.root}: working tree has uncommitted changes ({shown}); commit or stash them")
 
 
+def _commit_actor(repo):  # type: ignore[no-untyped-def]
+    """Who kvgate's commits are by: the repository's configured identity (None lets git use it), else
+    `kvgate <kvgate@localhost>` so a checkout without user.email can still take the series."""
+    import git
+
+    try:
+        repo.config_reader().get_value("user", "email")
+    except Exception:  # noqa: BLE001 - any unreadable or missing identity: fall back
+        return git.Actor("kvgate", "kvgate@localhost")
+    return None
+
+
 def _commit_message(series: Series, patch: Patch) -> str:
     stands = ", ".join(patch.stands_in_for) or "none"
     return (f"kvgate backport {series.name}: {patch.title}\n\n{patch.fixes}\n\n"
@@ -315,8 +327,6 @@ def _commit_message(series: Series, patch: Patch) -> str:
 
 def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
                current: dict[str, bytes | None]) -> BackportResult:
-    import git
-
     repo = _repo(target.root)
     steps = _render(target, series, patches, k, current)
     branch = branch_name(series)
@@ -332,12 +342,7 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
         created.checkout()
     outcomes = [PatchOutcome(p.id, p.title, "already applied", tuple(p_.path for p_ in p.files)) for p in patches[:k]]
     try:
-        actor = None
-        try:
-            reader = repo.config_reader()
-            reader.get_value("user", "email")
-        except Exception:
-            actor = git.Actor("kvgate", "kvgate@localhost")
+        actor = _commit_actor(repo)
         for patch, changed in steps:
             _write_all([(target.root / path, data) for path, data in changed.items()])
             repo.index.add(list(changed))
@@ -361,8 +366,6 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
 
 def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> BackportResult:
     """Add one commit that restores every touched file to its pre-series bytes (history is kept)."""
-    import git
-
     repo = _repo(target.root)
     _refuse_dirty(repo, target)
     ours = []
@@ -387,11 +390,7 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
     _write_all(restores)
     repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
     ids = [pid for pid, _ in reversed(ours)]
-    actor = None
-    try:
-        repo.config_reader().get_value("user", "email")
-    except Exception:
-        actor = git.Actor("kvgate", "kvgate@localhost")
+    actor = _commit_actor(repo)
     commit = repo.index.commit(f"Revert kvgate backport {series.name}\n\nRestores the sglang "
                                f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
                                author=actor, committer=actor)
