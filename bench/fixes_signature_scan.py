@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from kvgate.catalogue import load_catalogue
-from kvgate.catalogue.series import MARKER_PREFIX
+from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.catalogue.codescan import all_series, scan_site_packages
 from kvgate.upstream import unpacked_wheel
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from kvgate.catalogue.series import MARKER_PREFIX, Series, available, load_series
+from kvgate.catalogue.series import Series, available, load_series
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.model import Catalogue, Signature
 from kvgate.catalogue.signatures import SourceTree, glob_regex
@@ -266,7 +266,7 @@ def scan_tree(tree: SourceTree, where: str, package_dir: Path, version: str | No
         facts = scanprog.file_facts(data, pats)
         files[rel] = None if facts is None else FileFacts(facts["sha256"], facts["hits"], tuple(facts["markers"]))
     sigs = [s for f in cat.fixes for s in f.signatures if s.is_glob]
-    marker_sig = Signature(file="**/*.py", substring=MARKER_PREFIX)
+    marker_sig = Signature(file="**/*.py", substring=scanprog.MARKER_PREFIX)
     found = tree.search_globs(list(dict.fromkeys(sigs + [marker_sig])))
     markers: dict[str, list[str]] = {}
     for rel in found.get(marker_sig, ()):

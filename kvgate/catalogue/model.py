@@ -128,7 +128,6 @@ class Catalogue:
     fixes: tuple[Fix, ...]
     verified_releases: tuple[Version, ...]
     recommended_minimum: Version
-    backport_marker: str
     _by_id: dict[str, Fix] = field(default_factory=dict, compare=False, repr=False)
 
     def get(self, fix_id: str) -> Fix:
@@ -227,7 +226,6 @@ def parse_catalogue(doc: dict[str, Any]) -> Catalogue:
         fixes=tuple(fixes),
         verified_releases=verified,
         recommended_minimum=Version(str(_req(doc, "recommended_minimum", "top level"))),
-        backport_marker=str(_req(doc, "backport_marker", "top level")),
         _by_id=by_id,
     )
 

@@ -21,7 +21,11 @@ import sys
 
 SCAN_SCHEMA = 1
 VERSION_RX = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
-_MARKER_RX = re.compile(rb"^[ \t]*# kvgate-backport: ([A-Za-z0-9_.-]+)[ \t]*\r?$", re.MULTILINE)
+# The label line every kvgate backport patch adds to each file it changes: MARKER_PREFIX + patch id.
+# Its one home (this module is sent as a program, so it cannot import it from anywhere else).
+MARKER_PREFIX = "# kvgate-backport: "
+_MARKER_BYTES = MARKER_PREFIX.encode("ascii")
+_MARKER_RX = re.compile(rb"^[ \t]*" + re.escape(_MARKER_BYTES) + rb"([A-Za-z0-9_.-]+)[ \t]*\r?$", re.MULTILINE)
 _MAX_LIST = 64  # files listed per glob or marker id; the answer stays small whatever the tree
 
 
@@ -135,7 +139,7 @@ def scan(request, root=None):
             for gid, match in wanted:
                 if match(data) and len(found[gid]) < _MAX_LIST:
                     found[gid].append(rel)
-            if name.endswith(".py") and b"kvgate-backport" in data:
+            if name.endswith(".py") and _MARKER_BYTES in data:
                 for pid in markers_in(data):
                     files = markers.setdefault(pid, [])
                     if len(files) < _MAX_LIST:

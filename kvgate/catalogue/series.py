@@ -13,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.errors import UsageError
 from kvgate.paths import backports_dir
 
-MARKER_PREFIX = "# kvgate-backport: "
 _RELEASE = re.compile(r"^v?(\d+\.\d+\.\d+)$")
 
 

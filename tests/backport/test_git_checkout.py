@@ -10,7 +10,8 @@ from typing import Callable
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.catalogue.series import MARKER_PREFIX, load_series
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 
 from .conftest import tree_digest

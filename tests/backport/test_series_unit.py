@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
-from kvgate.catalogue.series import MARKER_PREFIX, available, load_series, normalise_release
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import available, load_series, normalise_release
 from kvgate.errors import UsageError
 
 SERIES = {

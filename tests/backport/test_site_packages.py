@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from kvgate.backport import engine
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportFailed, Layout, Target, apply_series
-from kvgate.catalogue.series import MARKER_PREFIX, load_series
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 
 from .conftest import tree_digest
