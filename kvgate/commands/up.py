@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import signal
-import time
 from pathlib import Path
-from types import FrameType
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -15,13 +12,9 @@ from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, fin
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
-
-class _Stop(Exception):
-    """SIGTERM unwinds into the teardown."""
-
-
-def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-    raise _Stop()
+if TYPE_CHECKING:  # the launcher and the pipeline load when the command runs, not for --help
+    from kvgate.gates.base import CheckOptions
+    from kvgate.launch import PDDeployment
 
 
 @handle_errors
@@ -62,14 +55,12 @@ def up(
     import sys
 
     from kvgate.check import run_check
-    from kvgate.gates.base import CheckOptions
     from kvgate.launch import PDDeployment, PDLaunchPlan
-    from kvgate.profiles import load as load_profile
     from kvgate.progress import terminal_observer
     from kvgate.reporting import pair_outputs
+    from kvgate.supervisor import stop_on_sigterm
 
     pairs = pair_outputs(list(fmt), list(output))
-    is_strict, strict_source = resolve_strict(strict)
     plan = PDLaunchPlan(
         model_path=model_path, prefill=prefill, decode=decode, tp_size=tp_size, context_length=context_length,
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
@@ -86,43 +77,46 @@ def up(
     if model_path is None and release is None and engine == "sglang":
         raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
     dep = PDDeployment(plan, log_dir=log_dir)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        observer = terminal_observer(quiet)
-        if observer:
-            observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
-        if not gate:
-            dep.start()
-            info = dep.info()
-            typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
-            typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
-            typer.echo("Press Ctrl-C to stop.", err=True)
-            while True:
-                time.sleep(0.5)
-                assert dep.supervisor is not None
-                dead = [p.name for p in dep.supervisor.processes if not p.alive()]
-                if dead:
-                    raise KvgateError(f"{', '.join(dead)} exited unexpectedly; see {dep.log_dir}")
+    with stop_on_sigterm():
         try:
-            with dep:
-                prof = load_profile(profile) if profile else None
-                is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)
-                options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                                       router_url=dep.router_url, strict=is_strict,
-                                       strict_source=strict_source, timeout=30.0, context_len=context_length,
-                                       profile_name=prof.name if prof else None,
-                                       headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
-                                       probes=prof.probes if prof else {},
-                                       # The simulator runs no sglang code: its emulated release is the evidence.
-                                       defenses={**(prof.defenses if prof else {}),
-                                                 **({"trust_version": True} if engine == "sim" else {})},
-                                       waivers=prof.waivers if prof else (), code=dep.code_sources())
-                report = run_check(options, observer=observer)
-        except KvgateError as exc:
-            report = fatal_report("up --gate", exc)
-        finish(report, pairs, verbose)
-    except (KeyboardInterrupt, _Stop):
-        typer.echo("kvgate up: stopping", err=True)
-    finally:
-        dep.stop()
-        signal.signal(signal.SIGTERM, previous)
+            observer = terminal_observer(quiet)
+            if observer:
+                observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
+            if not gate:
+                dep.start()
+                info = dep.info()
+                typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
+                typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
+                typer.echo("Press Ctrl-C to stop.", err=True)
+                assert dep.supervisor is not None
+                dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (exit 2)
+            try:
+                with dep:
+                    options = _gate_options(dep, profile, strict, context_length, engine)
+                    report = run_check(options, observer=observer)
+            except KvgateError as exc:
+                report = fatal_report("up --gate", exc)
+            finish(report, pairs, verbose)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
+            typer.echo("kvgate up: stopping", err=True)
+        finally:
+            dep.stop()
+
+
+def _gate_options(dep: PDDeployment, profile: str | None, strict: bool | None, context_length: int | None,
+                  engine: str) -> CheckOptions:
+    """What `up --gate` checks on the deployment it started: its URLs, the profile, the flags."""
+    from kvgate.gates.base import CheckOptions
+    from kvgate.profiles import load as load_profile
+
+    prof = load_profile(profile) if profile else None
+    is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)
+    return CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
+                        router_url=dep.router_url, strict=is_strict, strict_source=strict_source, timeout=30.0,
+                        context_len=context_length, profile_name=prof.name if prof else None,
+                        headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
+                        probes=prof.probes if prof else {},
+                        # The simulator runs no sglang code: its emulated release is the evidence.
+                        defenses={**(prof.defenses if prof else {}),
+                                  **({"trust_version": True} if engine == "sim" else {})},
+                        waivers=prof.waivers if prof else (), code=dep.code_sources())
