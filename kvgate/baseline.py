@@ -22,11 +22,11 @@ from kvgate.discovery import normalize_url
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.target import NodeReading
+from kvgate.upstream import DEFERRED_ENV
 
 SCHEMA_VERSION = 1
 KIND = "kvgate-baseline"
 GATE = "baseline"
-DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 RENEW = "if the change is intended, gate it and renew the baseline: kvgate check ... --write-baseline FILE"
 
 

@@ -41,9 +41,11 @@ def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: i
         )
     from kvgate.launch import PDDeployment, PDLaunchPlan
 
+    from kvgate.upstream import DEFERRED_ENV
+
     env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1"}
     if deferred_release is not None:
-        env["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] = "1" if deferred_release else "0"
+        env[DEFERRED_ENV] = "1" if deferred_release else "0"
     return PDDeployment(PDLaunchPlan(
         model_path=None, prefill=prefill, decode=decode, context_length=context,
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool, page_size=page_size,

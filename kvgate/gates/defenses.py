@@ -35,12 +35,11 @@ from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, CodeScan, command_argv, sc
 from kvgate.catalogue.version import ReleaseString
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, error, failed, inconclusive, info, passed
+from kvgate.upstream import DEFERRED_ENV, DEFERRED_RELEASE_DEFAULT
 
 GATE = "defenses"
-DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
-
-# Deferred-release default per release (srt/environ.py, upstream-fixes.md section 4).
-_DEFERRED_DEFAULT = {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True}
+# The first release whose default is on (for remedies).
+_DEFERRED_ON_FROM = min((r for r, on in DEFERRED_RELEASE_DEFAULT.items() if on), key=Version)
 # Backends whose manager sends ABORT_ACK / declares supports_deferred_decode_kv_release
 # (mooncake, nixl; ascend inherits mooncake; mori from 0.5.22).
 _DEFERRED_BACKENDS = ("mooncake", "nixl", "ascend")
@@ -191,7 +190,7 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
     rel = _release(n)
     backend = _backend(n)
     ev = [Evidence(n.node, "transfer_backend", n.transfer_backend, "mooncake|nixl|ascend (mori from 0.5.22)")]
-    default = _DEFERRED_DEFAULT.get(str(rel.version)) if rel is not None and rel.is_final else None
+    default = DEFERRED_RELEASE_DEFAULT.get(str(rel.version)) if rel is not None and rel.is_final else None
     on: bool | None
     if n.env_vars is not None and DEFERRED_ENV in n.env_vars:
         on = _env_bool(n.env_vars[DEFERRED_ENV])
@@ -215,7 +214,7 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
     if on is False:
         return failed(GATE, "deferred-release", n.node, "deferred decode KV release is OFF: pages can be freed "
                       "while an aborted transfer may still write them", *ev,
-                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker (default on from 0.5.21)")
+                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker (default on from {_DEFERRED_ON_FROM})")
     if backend is None:
         return inconclusive(GATE, "deferred-release", n.node, "deferred release on, but the transfer backend is "
                             "unknown: cannot tell whether it supports it", *ev)
