@@ -16,7 +16,7 @@ from kvgate.catalogue.model import Detection, Presence
 
 
 def admission_detection(result: Any) -> Detection:
-    """Map a kvgate.backport.probe.ProbeResult to a detection of #38935."""
+    """Map a kvgate.backport.probe.DoorProbeReport to a detection of #38935."""
     where = f"{result.python}" + (f", sglang {result.version}" if result.version else "")
     ev = [f"admission probe ({where}, {result.duration_s}s): {result.status}"]
     for c in result.cases:
@@ -35,7 +35,7 @@ def admission_detection(result: Any) -> Detection:
 
 
 def hardening_detection(result: Any) -> Detection:
-    """Map a kvgate.backport.probe.HardeningProbeResult to a detection of #38704 (handoff coverage)."""
+    """Map a kvgate.backport.probe.HandoffProbeReport to a detection of #38704 (handoff coverage)."""
     ev = [f"handoff-coverage probe ({result.python}, {result.duration_s}s): {result.status}"]
     ev += [f"{c.name}: {c.outcome} (expected {c.expect})" for c in result.cases]
     if result.status == "VERIFIED":

@@ -23,7 +23,7 @@ from kvgate.backport.probe import (
     RETIRED,
     UNVERIFIED,
     VERIFIED,
-    ProbeResult,
+    DoorProbeReport,
     run_admission_probe,
     run_all_probes,
     run_hardening_probe,
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.wheels]
 REJECT = "Input length (8 tokens) exceeds the maximum allowed length (4 tokens)."
 
 
-def _by(result: ProbeResult, name: str, door: str):  # type: ignore[no-untyped-def]
+def _by(result: DoorProbeReport, name: str, door: str):  # type: ignore[no-untyped-def]
     return next(c for c in result.cases if c.name == name and c.door == door)
 
 

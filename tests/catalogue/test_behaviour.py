@@ -17,7 +17,7 @@ def _result(status: str, controls_ok: bool = True, **kw):  # type: ignore[no-unt
                 client_error={"status_code": 400}, error=None, missing=None, duration_s=1.0,
                 torchvision_stub=True, python="/py")
     base.update(kw)
-    return probe.ProbeResult(**base)
+    return probe.DoorProbeReport(**base)
 
 
 def test_admission_mapping() -> None:
@@ -31,8 +31,8 @@ def test_admission_mapping() -> None:
 
 
 def test_hardening_mapping() -> None:
-    mk = lambda s: probe.HardeningProbeResult(status=s, version="0.5.20", cases=(), client_error=None,  # noqa: E731
-                                              error=None, missing=None, duration_s=1.0, python="/py")
+    mk = lambda s: probe.HandoffProbeReport(status=s, version="0.5.20", cases=(), client_error=None,  # noqa: E731
+                                            error=None, missing=None, duration_s=1.0, python="/py")
     assert hardening_detection(mk("VERIFIED")).presence is Presence.PRESENT
     assert hardening_detection(mk("UNVERIFIED")).presence is Presence.ABSENT
     assert hardening_detection(mk("ERROR")).presence is Presence.UNKNOWN
