@@ -7,7 +7,7 @@ import time
 from contextlib import contextmanager
 from typing import ContextManager, Iterator, Protocol, TextIO
 
-from kvgate.secrets import redact
+from kvgate.redact import redact
 
 
 class Observer(Protocol):

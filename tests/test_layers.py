@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, the
     # release wheels, the process supervisor, progress observers, the check-ID pages.
     ("foundation", ("kvgate", "kvgate.exitcodes", "kvgate.errors", "kvgate.defaults", "kvgate.paths",
-                    "kvgate.secrets", "kvgate.extras", "kvgate.upstream", "kvgate.supervisor", "kvgate.progress",
+                    "kvgate.redact", "kvgate.extras", "kvgate.upstream", "kvgate.supervisor", "kvgate.progress",
                     "kvgate.checkdocs")),
     # What the workers and the router say about themselves.
     ("target", ("kvgate.target", "kvgate.discovery")),

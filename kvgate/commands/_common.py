@@ -13,7 +13,7 @@ from kvgate.errors import InternalError, KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.secrets import redact
+from kvgate.redact import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
 

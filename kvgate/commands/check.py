@@ -101,7 +101,7 @@ def check(
     from kvgate.check import run_check
     from kvgate.progress import terminal_observer
     from kvgate.reporting import pair_outputs
-    from kvgate.secrets import token_from_env
+    from kvgate.redact import token_from_env
 
     pairs = pair_outputs(list(fmt), list(output))
     try:

@@ -78,7 +78,7 @@ def fixes(
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
     from kvgate.reporting import pair_outputs
-    from kvgate.secrets import token_from_env
+    from kvgate.redact import token_from_env
 
     pairs = pair_outputs(list(formats), list(outputs))
     try:

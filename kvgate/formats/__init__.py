@@ -29,7 +29,7 @@ class ReportFormat(str, Enum):
 
 _FORMATTERS: dict[ReportFormat, str] = {
     ReportFormat.TABLE: "kvgate.formats.table.TableFormatter",
-    ReportFormat.JSON: "kvgate.formats.json.JsonFormatter",
+    ReportFormat.JSON: "kvgate.formats.json_report.JsonFormatter",
     ReportFormat.JUNIT: "kvgate.formats.junit.JunitFormatter",
     ReportFormat.MARKDOWN: "kvgate.formats.markdown.MarkdownFormatter",
 }
