@@ -20,6 +20,7 @@ from kvgate import __version__
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
 from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
+from kvgate.exitcodes import ExitStatus
 
 MARKER_DIR = ".kvgate-backport"  # inside the installed `sglang/` package
 MARKER_FILE = "applied.json"
@@ -30,7 +31,12 @@ class BackportRefused(UsageError):
 
 
 class BackportFailed(KvgateError):
-    """Applying broke half way; the target was restored (exit 2: nothing was changed)."""
+    """Writing the target broke half way (disk full, permissions, a git error); it was restored.
+
+    Exit 4, not 2: the flags were right, the target could not be written. Retry once the cause is fixed.
+    """
+
+    exit_status = ExitStatus.TRANSPORT_ERROR
 
 
 class Layout(str, Enum):

@@ -40,7 +40,14 @@ def backport(
     output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
+    """Apply kvgate's backport series to an sglang checkout or installation, atomically.
+
+    Exit 0: done (or, with --check, it would apply; with --verify, applied and the probes agree).
+    1: --verify found a patch missing or sglang's own code misbehaving. 2: usage error, or a target
+    that is not what the series expects (nothing changed). 3: --verify's probes could not run.
+    4: writing the target failed (disk full, permissions: it was restored, nothing changed), or the
+    --python interpreter could not be run.
+    """
     from kvgate.backport.engine import apply_series, revert_series
     from kvgate.catalogue.series import load_series
     from kvgate.reporting import pair_outputs
