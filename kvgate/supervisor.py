@@ -75,7 +75,6 @@ class ManagedProcess:
     argv: list[str]
     log_path: Path
     ready_url: str | None = None
-    env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
     stopped: bool = False
 
@@ -129,8 +128,7 @@ class Supervisor:
         full_env = dict(os.environ)
         if env:
             full_env.update(env)
-        proc = ManagedProcess(name=name, argv=list(argv), log_path=log_path, ready_url=ready_url,
-                              env=dict(env) if env else None)
+        proc = ManagedProcess(name=name, argv=list(argv), log_path=log_path, ready_url=ready_url)
         with open(log_path, "ab") as log:
             try:
                 proc.popen = subprocess.Popen(  # noqa: S603 - argv is built by kvgate, never a shell string
