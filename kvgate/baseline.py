@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from kvgate.discovery import normalize_url
 from kvgate.errors import UsageError

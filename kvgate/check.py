@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kvgate import baseline
 from kvgate.discovery import RouterListing, list_router_workers
@@ -79,7 +80,7 @@ def discovered_specs(listing: RouterListing) -> list[NodeSpec]:
 def _resolve_roles(specs: list[NodeSpec], results: list[NodeReading | TransportError]) -> None:
     """Workers listed without a role take the one they report (in place); the rest stay unresolved."""
     index = Counter(s.role for s in specs)
-    for i, (spec, result) in enumerate(zip(specs, results)):
+    for i, (spec, result) in enumerate(zip(specs, results, strict=True)):
         if spec.role == UNRESOLVED and isinstance(result, NodeReading) and result.role in PD_ROLES:
             specs[i] = NodeSpec(result.role, spec.url, index[result.role])
             index[result.role] += 1
@@ -157,7 +158,7 @@ def run_check(
                 results = client.read_nodes(specs, read_deadline_s=options.read_deadline, on_done=step.advance)
             ctx.cost["metadata_read_s"] = round(time.monotonic() - read_started, 3)
             _resolve_roles(specs, results)
-            for spec, result in zip(specs, results):
+            for spec, result in zip(specs, results, strict=True):
                 if isinstance(result, TransportError):
                     findings.append(error("target", "reachable", spec.label, str(result),
                                           Evidence(spec.label, "url", result.url, "reachable SGLang worker")))
@@ -179,7 +180,7 @@ def run_check(
                     findings.append(Finding(gate.name, "internal", "kvgate", Outcome.ERROR,
                                             f"gate crashed: {type(exc).__name__}: {exc}"))
             if options.write_baseline:
-                unread = [s.url for s, r in zip(specs, results) if isinstance(r, TransportError)]
+                unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
                 findings.append(baseline.write(Path(options.write_baseline), readings, findings,
                                                options.router_url, unread))
     if control and any(f.outcome is not Outcome.PASSED for f in control):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
-from typing import ContextManager, Iterator, Protocol, TextIO
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol, TextIO
 
 from kvgate.redact import redact
 
@@ -16,7 +17,7 @@ class Observer(Protocol):
     def log(self, message: str) -> None:
         """One line of progress."""
 
-    def step(self, description: str, total: float | None = None) -> ContextManager["StepHandle"]:
+    def step(self, description: str, total: float | None = None) -> AbstractContextManager[StepHandle]:
         """A long step; the handle's `advance(n)` reports progress."""
 
 

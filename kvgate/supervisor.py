@@ -210,7 +210,7 @@ class Supervisor:
         """The pids of every started process."""
         return [p.pid for p in self.processes if p.popen is not None]
 
-    def __enter__(self) -> "Supervisor":
+    def __enter__(self) -> Supervisor:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

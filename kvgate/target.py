@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -171,7 +172,7 @@ class TargetClient:
         for c in self._thread_clients:
             c.close()
 
-    def __enter__(self) -> "TargetClient":
+    def __enter__(self) -> TargetClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -269,7 +270,7 @@ class TargetClient:
                 if end is not None:
                     if start >= end:
                         raise TransportError(spec.url, f"not read: the whole read's deadline ({read_deadline_s:g}s) "
-                                                       "passed before its turn (raise --read-deadline or --concurrency)")
+                                             "passed before its turn (raise --read-deadline or --concurrency)")
                     deadline = min(deadline, end)
                 return self.read_node(spec, deadline=deadline)
             except TransportError as exc:
@@ -462,8 +463,9 @@ def sizing_settings(reading: NodeReading) -> SizingSettings:
     states = info.get("internal_states")
     if isinstance(states, list) and states and isinstance(states[0], dict):
         mem = states[0].get("memory_usage")
-        if isinstance(mem, dict) and isinstance(mem.get("weight"), (int, float)) and not isinstance(mem["weight"], bool):
-            weight = float(mem["weight"])
+        w = mem.get("weight") if isinstance(mem, dict) else None
+        if isinstance(w, (int, float)) and not isinstance(w, bool):
+            weight = float(w)
     return SizingSettings(
         pp_size=r.int_field(info, "pp_size", "pp_size", required=False, minimum=1),
         enable_dp_attention=r.bool_field(info, "enable_dp_attention", "enable_dp_attention"),

@@ -13,10 +13,10 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import Iterator, Mapping
 
 from kvgate.errors import KvgateError, TransportError
 from kvgate.paths import cache_dir

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -79,7 +80,7 @@ class PayloadServer:
     url: str = ""
     _server: ThreadingHTTPServer | None = None
 
-    def start(self) -> "PayloadServer":
+    def start(self) -> PayloadServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -47,7 +47,8 @@ def test_teardown_kills_the_whole_group_including_sigterm_ignoring_grandchildren
 
 def test_wait_ready_polls_http_until_the_service_answers(tmp_path: Path) -> None:
     port = free_port()
-    script = f"import time, http.server; time.sleep(0.5); http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')"
+    script = ("import time, http.server; time.sleep(0.5); "
+              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
     with Supervisor(log_dir=tmp_path) as sup:
         proc = sup.start("web", [sys.executable, "-c", script], ready_url=f"http://127.0.0.1:{port}/",
                          cwd=tmp_path)

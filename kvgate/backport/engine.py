@@ -15,12 +15,16 @@ import shutil
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvgate import __version__
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
 from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
+
+if TYPE_CHECKING:  # GitPython loads only for a --repo target
+    import git
 
 MARKER_DIR = ".kvgate-backport"  # inside the installed `sglang/` package
 MARKER_FILE = "applied.json"
@@ -195,11 +199,11 @@ def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
                               path.stat().st_mode if path.exists() else None))
             os.replace(tmp, path)
     except BaseException:
-        for path, data, mode in reversed(originals):
-            if data is None:
+        for path, saved, mode in reversed(originals):
+            if saved is None:
                 path.unlink(missing_ok=True)
             else:
-                path.write_bytes(data)
+                path.write_bytes(saved)
                 if mode is not None:
                     os.chmod(path, mode)
         for tmp, _ in temps:
@@ -279,7 +283,7 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
         raise BackportRefused(f"{target.root}: the recorded backport is for {marker.get('base_release')}, "
                               f"not {series.base_release}")
     restores: list[tuple[Path, bytes]] = []
-    for path, info in marker["files"].items():
+    for info in marker["files"].values():
         live = target.root / info["site_path"]
         backup = target.marker_dir / "backup" / info["site_path"]
         if not live.is_file() or sha256_bytes(live.read_bytes()) != info.get("sha256_patched"):
@@ -297,7 +301,7 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
 
 
 # -- git ------------------------------------------------------------------------------------------------
-def _repo(root: Path):  # type: ignore[no-untyped-def]
+def _repo(root: Path) -> git.Repo:
     import git
 
     try:
@@ -306,14 +310,15 @@ def _repo(root: Path):  # type: ignore[no-untyped-def]
         raise UsageError(f"--repo {root}: not a git repository") from exc
 
 
-def _refuse_dirty(repo, target: Target) -> None:  # type: ignore[no-untyped-def]
+def _refuse_dirty(repo: git.Repo, target: Target) -> None:
     if repo.is_dirty(index=True, working_tree=True, untracked_files=False):
-        changed = sorted({d.a_path for d in repo.index.diff(None)} | {d.a_path for d in repo.index.diff("HEAD")})
+        diffs = [*repo.index.diff(None), *repo.index.diff("HEAD")]
+        changed = sorted({p for d in diffs for p in (d.a_path or d.b_path,) if p})
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         raise BackportRefused(f"{target.root}: working tree has uncommitted changes ({shown}); commit or stash them")
 
 
-def _commit_actor(repo):  # type: ignore[no-untyped-def]
+def _commit_actor(repo: git.Repo) -> git.Actor | None:
     """Who kvgate's commits are by: the repository's configured identity (None lets git use it), else
     `kvgate <kvgate@localhost>` so a checkout without user.email can still take the series."""
     import git
@@ -359,7 +364,7 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
         if original_ref is not None:
             repo.head.reference = original_ref
         else:
-            repo.head.reference = original_head  # type: ignore[assignment]
+            repo.head.reference = original_head
         repo.head.reset(original_head, index=True, working_tree=True)
         if created is not None:
             repo.delete_head(created, force=True)
@@ -376,9 +381,10 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
     _refuse_dirty(repo, target)
     ours = []
     for commit in repo.iter_commits("HEAD"):
-        trailer = [ln for ln in commit.message.splitlines() if ln.startswith("Kvgate-Patch: ")]
+        message = commit.message if isinstance(commit.message, str) else commit.message.decode("utf-8", "replace")
+        trailer = [ln for ln in message.splitlines() if ln.startswith("Kvgate-Patch: ")]
         series_ln = f"Kvgate-Series: {series.name}"
-        if not trailer or series_ln not in commit.message:
+        if not trailer or series_ln not in message:
             break
         ours.append((trailer[0].split(": ", 1)[1], commit))
     if not ours:

@@ -13,9 +13,10 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from kvgate.catalogue.behaviour import admission_detection, hardening_detection
 from kvgate.catalogue.model import Detection

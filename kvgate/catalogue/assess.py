@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from kvgate.catalogue.backports import detect_backports, unknown_markers
 from kvgate.catalogue.codescan import CodeScan, all_series, scan_tree
@@ -195,7 +195,8 @@ def status_evidence(node: str, s: FixStatus, required: bool) -> list[Evidence]:
     ]
     if not fix.is_backport:
         ev.append(Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"))
-    ev += [Evidence(node, f"by_{d.method}", f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
+    ev += [Evidence(node, f"by_{d.method}",
+                    f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
            for d in s.detections]
     if fix.uncertain:
         ev.append(Evidence(node, "uncertain", "; ".join(fix.uncertain)))

@@ -15,13 +15,14 @@ import shlex
 import signal
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from kvgate.catalogue.series import Series, available, load_series
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.model import Catalogue, Signature
+from kvgate.catalogue.series import Series, available, load_series
 from kvgate.catalogue.signatures import SourceTree, glob_regex
 from kvgate.defaults import SCAN_TIMEOUT_S  # one home: kvgate/defaults.py (re-exported here)
 from kvgate.errors import TransportError, UsageError
@@ -50,7 +51,8 @@ def build_request(cat: Catalogue, series: tuple[Series, ...]) -> dict[str, Any]:
     for fix in cat.fixes:
         for sig in fix.signatures:
             if sig.is_glob:
-                globs.append({"id": glob_id(sig), "path_regex": glob_regex(sig.file).pattern, "pattern": pattern_of(sig)})
+                globs.append({"id": glob_id(sig), "path_regex": glob_regex(sig.file).pattern,
+                              "pattern": pattern_of(sig)})
             else:
                 files.setdefault(sig.file, []).append(pattern_of(sig))
     for s in series:

@@ -122,8 +122,8 @@ def scan(request, root=None):
     out["version"], out["version_file"] = declared_version(package_dir)
     out["files"] = {rel: file_facts(_read(package_dir, rel), pats) for rel, pats in sorted(request["files"].items())}
     globs = [(g["id"], re.compile(g["path_regex"]), pattern_matcher(g["pattern"])) for g in request.get("globs", [])]
-    found = {gid: [] for gid, _, _ in globs}
-    markers = {}
+    found = {gid: [] for gid, _, _ in globs}  # type: dict[str, list[str]]
+    markers = {}  # type: dict[str, list[str]]
     for dirpath, dirnames, filenames in os.walk(package_dir):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         rel_dir = os.path.relpath(dirpath, package_dir).replace(os.sep, "/")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -23,10 +23,10 @@ GATE = "backport"
 @handle_errors
 def backport(
     to: str = typer.Option(..., "--to", help="Release whose series to use, e.g. v0.5.20."),
-    repo: Optional[Path] = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
-    site_packages: Optional[Path] = typer.Option(
+    repo: Path | None = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
+    site_packages: Path | None = typer.Option(
         None, "--site-packages", help="A site-packages directory holding the installed sglang/."),
-    python: Optional[str] = typer.Option(
+    python: str | None = typer.Option(
         None, "--python", help="An interpreter whose installed sglang to patch (or, with --site-packages, "
         "to run --verify's probe in)."),
     with_hardening: bool = typer.Option(
@@ -36,8 +36,8 @@ def backport(
         False, "--verify", help="Check the series is applied and run sglang's real admission code against it."),
     revert: bool = typer.Option(False, "--revert", help="Undo the series (byte-for-byte restore)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically.
@@ -70,7 +70,7 @@ def backport(
     finish(report, pairs, verbose)
 
 
-def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:
+def _target(repo: Path | None, site: Path | None, python: str | None) -> tuple[Target, str | None, list[str]]:
     """The target to patch, and the interpreter + PYTHONPATH that import it (None: a CPU env will)."""
     from kvgate.backport.engine import Layout, Target, site_packages_of
 

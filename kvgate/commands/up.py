@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -19,37 +19,38 @@ if TYPE_CHECKING:  # the launcher and the pipeline load when the command runs, n
 
 @handle_errors
 def up(
-    model_path: Optional[str] = typer.Option(
+    model_path: str | None = typer.Option(
         None, "--model-path", help="Model for every worker (SGLang --model-path; --device cpu: kvgate's tiny model)."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
     tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
-    context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="SGLang --context-length."),
-    prefill_pool: Optional[int] = typer.Option(None, "--prefill-pool", min=1, help="Prefill --max-total-tokens."),
-    decode_pool: Optional[int] = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
-    transfer_backend: str = typer.Option("mooncake", "--transfer-backend", help="mooncake, nixl, ascend, mori, mooncake_tcp."),
-    ib_device: Optional[str] = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
+    context_length: int | None = typer.Option(None, "--context-length", min=1, help="SGLang --context-length."),
+    prefill_pool: int | None = typer.Option(None, "--prefill-pool", min=1, help="Prefill --max-total-tokens."),
+    decode_pool: int | None = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
+    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
+    page_size: int | None = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
+    transfer_backend: str = typer.Option("mooncake", "--transfer-backend",
+                                         help="mooncake, nixl, ascend, mori, mooncake_tcp."),
+    ib_device: str | None = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
+    python: str | None = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
     engine: str = typer.Option("sglang", "--engine", help="sglang (real workers) or sim (the simulator)."),
     device: str = typer.Option("gpu", "--device", help="gpu, or cpu: the real server on this CPU (needs --release)."),
-    release: Optional[str] = typer.Option(None, "--release",
+    release: str | None = typer.Option(None, "--release",
                                           help="With --device cpu: the SGLang release to run (0.5.19-0.5.23)."),
     skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
                                              help="Workers take input_ids and answer output_ids only."),
-    emulate: Optional[str] = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
+    emulate: str | None = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
     ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
     gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
-    profile: Optional[str] = typer.Option(None, "--profile",
+    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
+    profile: str | None = typer.Option(None, "--profile",
                                           help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    worker_arg: List[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
+    worker_arg: list[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
 ) -> None:
     """Start prefill and decode workers and the real router; print the URLs, or gate them with --gate."""
     import sys

@@ -22,9 +22,9 @@ class ReportFormat(str, Enum):
     JUNIT = "junit"
     MARKDOWN = "markdown"
 
-    def formatter(self) -> "Formatter":
+    def formatter(self) -> Formatter:
         module, cls = _FORMATTERS[self].rsplit(".", 1)
-        return getattr(import_module(module), cls)()  # type: ignore[no-any-return]
+        return getattr(import_module(module), cls)()
 
 
 _FORMATTERS: dict[ReportFormat, str] = {

@@ -23,9 +23,10 @@ caller requires them; on but ineffective is inconclusive (failed when required);
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from packaging.version import Version
 
@@ -203,18 +204,22 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
         ev.append(Evidence(n.node, f"{DEFERRED_ENV} (operator/profile)", operator_env, "true"))
     elif n.env_vars is not None and default is not None:
         on = default
-        ev.append(Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default, "true"))
+        ev.append(Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default,
+                           "true"))
     else:
         ev.append(Evidence(n.node, f"{DEFERRED_ENV}", "not readable",
                            f"exposed env (SGLANG_EXPOSE_OWN_ENV_VARS=1) or operator input; release default {default}"))
         return inconclusive(GATE, "deferred-release", n.node,
-                            "deferred decode KV release: the effective env is unknown (no CLI flag, not in server_info)",
+                            "deferred decode KV release: the effective env is unknown (no CLI flag, not in "
+                            "server_info)",
                             *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
-                            "--deferred-release-env / --no-deferred-release-env (profile: defenses.deferred_release_env)")
+                            "--deferred-release-env / --no-deferred-release-env "
+                            "(profile: defenses.deferred_release_env)")
     if on is False:
         return failed(GATE, "deferred-release", n.node, "deferred decode KV release is OFF: pages can be freed "
                       "while an aborted transfer may still write them", *ev,
-                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker (default on from {_DEFERRED_ON_FROM})")
+                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker "
+                      f"(default on from {_DEFERRED_ON_FROM})")
     if backend is None:
         return inconclusive(GATE, "deferred-release", n.node, "deferred release on, but the transfer backend is "
                             "unknown: cannot tell whether it supports it", *ev)
@@ -226,7 +231,8 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
         return failed(GATE, "deferred-release", n.node, f"deferred release is on but backend {backend} "
                       f"{'in ' + n.version if n.version else ''} does not support it: no drain ACK protects the pages",
                       *ev, remedy="use mooncake, nixl or ascend (mori from sglang 0.5.22)")
-    return passed(GATE, "deferred-release", n.node, f"deferred decode KV release on, backend {backend} supports it", *ev)
+    return passed(GATE, "deferred-release", n.node, f"deferred decode KV release on, backend {backend} supports it",
+                  *ev)
 
 
 # --- KV checksum ----------------------------------------------------------------------------
@@ -261,14 +267,14 @@ def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
         else:
             flags.append(n.kv_checksum)
     if None in flags:
-        unknown = [n.node for n, f in zip(pd, flags) if f is None]
+        unknown = [n.node for n, f in zip(pd, flags, strict=True) if f is None]
         return inconclusive(GATE, "kv-checksum", node, f"KV checksum flag not reported by {', '.join(unknown)}", *ev)
     if not any(flags):
         if required:
             return failed(GATE, "kv-checksum", node, "KV checksum is off (required by the profile)", *ev, remedy=remedy)
         return info(GATE, "kv-checksum", node, "KV checksum off: optional detection, not counted as a defense", *ev)
     if not all(flags):
-        off = [n.node for n, f in zip(pd, flags) if not f]
+        off = [n.node for n, f in zip(pd, flags, strict=True) if not f]
         return _not_counted("kv-checksum", node, f"KV checksum on for some nodes only (off: {', '.join(off)}): it "
                             "counts only when on for BOTH prefill and decode, so it is no defense", required, *ev,
                             remedy=remedy)
@@ -481,5 +487,5 @@ class DefensesGate:
         return run_defenses_gate(nodes, **self.kwargs)
 
 
-__all__ = ["CodeSource", "DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "code_sources", "source_for", "GATE", "MLA_DSA_ARCHITECTURES", "defense_options",
-           "inputs_from_reading", "run_defenses_gate"]
+__all__ = ["CodeSource", "DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "code_sources", "source_for", "GATE",
+           "MLA_DSA_ARCHITECTURES", "defense_options", "inputs_from_reading", "run_defenses_gate"]

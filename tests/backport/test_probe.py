@@ -8,14 +8,13 @@ retire it; no release checks handoff coverage, the hardening patch does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportRefused, Layout, Target, apply_series
-from kvgate.catalogue.series import load_series
 from kvgate.backport.probe import (
     ADMITTED,
     ERROR,
@@ -29,6 +28,7 @@ from kvgate.backport.probe import (
     run_hardening_probe,
     run_result_retire_probe,
 )
+from kvgate.catalogue.series import load_series
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheels]
 REJECT = "Input length (8 tokens) exceeds the maximum allowed length (4 tokens)."

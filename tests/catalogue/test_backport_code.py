@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.catalogue.scanprog import MARKER_PREFIX
-from kvgate.catalogue.series import load_series
 from kvgate.catalogue import Presence, assess_code
 from kvgate.catalogue.backports import check_backport
 from kvgate.catalogue.codescan import all_series
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import load_series
 from kvgate.catalogue.source import from_site_packages
 from kvgate.cli import app
-
 from tests.catalogue.helpers import add_marker, copy_signature_tree
 
 pytestmark = pytest.mark.wheels

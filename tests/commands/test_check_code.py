@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
