@@ -126,3 +126,16 @@ def test_the_checker_sees_late_imports() -> None:
     """The check itself: a late import inside a function is found like a top-level one."""
     deps = imports_of("kvgate.commands.fixes", MODULES["kvgate.commands.fixes"])
     assert "kvgate.catalogue" in deps and "kvgate.backport.probe" in deps
+
+
+def test_architecture_md_names_every_layer_and_only_files_that_exist() -> None:
+    """ARCHITECTURE.md describes this table and this tree: every layer is in it, every file it names exists."""
+    import re
+
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = {m.group(1) for m in re.finditer(r"^\| (\w+) \|", text, flags=re.M)}
+    assert {name for name, _ in LAYERS} <= rows, f"layers missing from ARCHITECTURE.md: {set(dict(LAYERS)) - rows}"
+    named = {t for t in re.findall(r"`([^`\s]+)`", text)
+             if ("/" in t or t.endswith(".py")) and not re.search(r"[<>*]|^(srt/|python/|/)", t)}
+    missing = [t for t in sorted(named) if not (ROOT / t).exists() and not (PACKAGE / t).exists()]
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
