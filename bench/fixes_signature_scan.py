@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from kvgate.catalogue import load_catalogue
-from kvgate.backport.manifest import MARKER_PREFIX
 from kvgate.catalogue.codescan import all_series, scan_site_packages
+from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.upstream import unpacked_wheel
 
 

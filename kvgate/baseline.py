@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from kvgate.discovery import normalize_url
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.target import NodeReading
+from kvgate.upstream import DEFERRED_ENV
 
 SCHEMA_VERSION = 1
 KIND = "kvgate-baseline"
 GATE = "baseline"
-DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 RENEW = "if the change is intended, gate it and renew the baseline: kvgate check ... --write-baseline FILE"
 
 

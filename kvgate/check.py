@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from kvgate import baseline
 from kvgate.discovery import RouterListing, list_router_workers
@@ -17,6 +18,9 @@ from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
+
+if TYPE_CHECKING:  # each gate's module loads when the run needs it
+    from kvgate.gates.probes import ProbeSettings
 
 #: Role of a worker the router lists without one (`/list_workers`), until its own server_info says.
 UNRESOLVED = "worker"
@@ -76,7 +80,7 @@ def discovered_specs(listing: RouterListing) -> list[NodeSpec]:
 def _resolve_roles(specs: list[NodeSpec], results: list[NodeReading | TransportError]) -> None:
     """Workers listed without a role take the one they report (in place); the rest stay unresolved."""
     index = Counter(s.role for s in specs)
-    for i, (spec, result) in enumerate(zip(specs, results)):
+    for i, (spec, result) in enumerate(zip(specs, results, strict=True)):
         if spec.role == UNRESOLVED and isinstance(result, NodeReading) and result.role in PD_ROLES:
             specs[i] = NodeSpec(result.role, spec.url, index[result.role])
             index[result.role] += 1
@@ -154,7 +158,7 @@ def run_check(
                 results = client.read_nodes(specs, read_deadline_s=options.read_deadline, on_done=step.advance)
             ctx.cost["metadata_read_s"] = round(time.monotonic() - read_started, 3)
             _resolve_roles(specs, results)
-            for spec, result in zip(specs, results):
+            for spec, result in zip(specs, results, strict=True):
                 if isinstance(result, TransportError):
                     findings.append(error("target", "reachable", spec.label, str(result),
                                           Evidence(spec.label, "url", result.url, "reachable SGLang worker")))
@@ -176,7 +180,7 @@ def run_check(
                     findings.append(Finding(gate.name, "internal", "kvgate", Outcome.ERROR,
                                             f"gate crashed: {type(exc).__name__}: {exc}"))
             if options.write_baseline:
-                unread = [s.url for s, r in zip(specs, results) if isinstance(r, TransportError)]
+                unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
                 findings.append(baseline.write(Path(options.write_baseline), readings, findings,
                                                options.router_url, unread))
     if control and any(f.outcome is not Outcome.PASSED for f in control):
@@ -212,9 +216,33 @@ def _list_workers(client: TargetClient, router: str, findings: list[Finding]) ->
     return listing
 
 
+def run_self_test(settings: ProbeSettings, observer: Observer | None = None) -> list[Finding]:
+    """The positive control: the probe gate against a simulated leaky 0.5.19 deployment it starts.
+
+    Composed here, by the pipeline that runs the gates; the gate's own module
+    (kvgate.gates.probes.selftest) gives the shape and the verdict: PASSED only if the probes saw the leak.
+    """
+    from kvgate.gates.probes import ProbeGate, selftest
+    from kvgate.sim.deploy import SimDeployment
+
+    observer = observer or NullObserver()
+    t0 = time.monotonic()
+    try:
+        with observer.step("self-test: starting the simulated 0.5.19 deployment"):
+            dep = SimDeployment(**selftest.SELFTEST_SHAPE).start()
+    except Exception as exc:  # noqa: BLE001 - any start failure means nothing was controlled
+        return selftest.not_started(exc)
+    try:
+        options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
+                               router_url=dep.router_url, timeout=30.0)
+        report = run_check(options, observer=observer, gates=[ProbeGate(selftest.control_settings(settings))])
+    finally:
+        dep.stop()
+    return selftest.judge(report.findings, round(time.monotonic() - t0, 2))
+
+
 def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:
     from kvgate.gates.probes import ProbeSettings
-    from kvgate.gates.probes.selftest import run_self_test
 
     settings = ProbeSettings.from_mapping(options.probes, options.profile_name or "probe settings")
     return run_self_test(settings, observer)
@@ -239,4 +267,4 @@ def _distrust_probes(findings: list[Finding], control: list[Finding]) -> list[Fi
     return out
 
 
-__all__ = ["run_check", "node_specs", "default_gates", "CheckOptions"]
+__all__ = ["run_check", "run_self_test", "node_specs", "default_gates", "CheckOptions"]

@@ -12,6 +12,8 @@ class ExitStatus(IntEnum):
     GATE_FAILED = 1
     USAGE_ERROR = 2
     INCONCLUSIVE = 3
+    # The target could not be reached or read (a worker, the router, a --python command), or, for
+    # `kvgate backport`, written (disk full, permissions): the run broke on the target's side.
     TRANSPORT_ERROR = 4
     # kvgate itself broke (a bug, not the target): the report says what raised; never a pass.
     INTERNAL_ERROR = 5

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
 
 from kvgate.errors import UsageError
 from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port
@@ -68,7 +68,7 @@ class PDLaunchPlan:
             raise UsageError("--release picks kvgate's CPU environment of a release: only with --engine sglang "
                              "--device cpu")
 
-    def resolved(self) -> "PDLaunchPlan":
+    def resolved(self) -> PDLaunchPlan:
         """The plan with what `release` implies filled in: the CPU environment's interpreter and process
         environment, and kvgate's tiny model when no model was given (built on first use, cached)."""
         if self.release is None:
@@ -162,7 +162,7 @@ class PDDeployment:
     decode_urls: list[str] = field(default_factory=list, init=False)
     supervisor: Supervisor | None = field(default=None, init=False)
 
-    def start(self) -> "PDDeployment":
+    def start(self) -> PDDeployment:
         from kvgate.sim.router import router_argv  # builds the real smg command line; imports nothing heavy
 
         self.plan.validate()
@@ -245,7 +245,7 @@ class PDDeployment:
         return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,
                 "logs": str(self.log_dir)}
 
-    def __enter__(self) -> "PDDeployment":
+    def __enter__(self) -> PDDeployment:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

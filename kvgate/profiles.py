@@ -5,9 +5,10 @@ Every error names the file, the key and what was expected (exit 2).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -103,7 +104,8 @@ def load(ref: str) -> Profile:
         name=name,
         path=where,
         description=desc,
-        context_length=None if doc.get("context_length") is None else _int(where, "context_length", doc["context_length"], 1),
+        context_length=(None if doc.get("context_length") is None
+                        else _int(where, "context_length", doc["context_length"], 1)),
         headroom=None if doc.get("headroom") is None else _float(where, "headroom", doc["headroom"], 1.0),
         timeout=None if doc.get("timeout") is None else _float(where, "timeout", doc["timeout"], 0.1),
         strict=strict,

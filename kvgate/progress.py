@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
-from typing import ContextManager, Iterator, Protocol, TextIO
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Protocol, TextIO
 
-from kvgate.secrets import redact
+from kvgate.redact import redact
 
 
 class Observer(Protocol):
@@ -16,7 +17,7 @@ class Observer(Protocol):
     def log(self, message: str) -> None:
         """One line of progress."""
 
-    def step(self, description: str, total: float | None = None) -> ContextManager["StepHandle"]:
+    def step(self, description: str, total: float | None = None) -> AbstractContextManager[StepHandle]:
         """A long step; the handle's `advance(n)` reports progress."""
 
 
@@ -82,3 +83,10 @@ class RichObserver:
                     progress.advance(task, amount)
 
             yield _Handle()
+
+
+def terminal_observer(quiet: bool) -> Observer | None:
+    """What a command reports progress to: nothing when `quiet`, Rich bars on a TTY, plain lines otherwise."""
+    if quiet:
+        return None
+    return RichObserver() if sys.stderr.isatty() else LineObserver()

@@ -9,7 +9,7 @@ from typing import TextIO
 from kvgate.errors import UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.secrets import redact
+from kvgate.redact import redact
 
 
 def pair_outputs(formats: list[ReportFormat], outputs: list[Path]) -> list[tuple[ReportFormat, Path | None]]:

@@ -16,16 +16,39 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Callable, Mapping, Sequence
+from types import FrameType, TracebackType
 
 from kvgate.errors import KvgateError
 
 
 class SupervisorError(KvgateError):
     """A supervised process failed to start, exited early, or never became ready."""
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM arrived while a long-running command held its deployment up: unwind into the teardown.
+
+    A KeyboardInterrupt, so Ctrl-C and SIGTERM take one path and no `except Exception` swallows it.
+    """
+
+
+def _raise_stopped(signum: int, frame: FrameType | None) -> None:
+    raise Stopped()
+
+
+@contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """The one SIGTERM handler of long-running commands: inside the block SIGTERM raises `Stopped`
+    (in the main thread), so `finally` tears the deployment down; the previous handler comes back after."""
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -52,7 +75,6 @@ class ManagedProcess:
     argv: list[str]
     log_path: Path
     ready_url: str | None = None
-    env: dict[str, str] | None = None
     popen: subprocess.Popen[bytes] | None = None
     stopped: bool = False
 
@@ -106,8 +128,7 @@ class Supervisor:
         full_env = dict(os.environ)
         if env:
             full_env.update(env)
-        proc = ManagedProcess(name=name, argv=list(argv), log_path=log_path, ready_url=ready_url,
-                              env=dict(env) if env else None)
+        proc = ManagedProcess(name=name, argv=list(argv), log_path=log_path, ready_url=ready_url)
         with open(log_path, "ab") as log:
             try:
                 proc.popen = subprocess.Popen(  # noqa: S603 - argv is built by kvgate, never a shell string
@@ -177,11 +198,19 @@ class Supervisor:
                 continue
             proc.stopped = True
 
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Block while every process runs; raise SupervisorError naming the first ones to exit."""
+        while True:
+            time.sleep(poll_s)
+            dead = [p.name for p in self.processes if not p.alive()]
+            if dead:
+                raise SupervisorError(f"{', '.join(dead)} exited unexpectedly; see {self.log_dir}")
+
     def pids(self) -> list[int]:
         """The pids of every started process."""
         return [p.pid for p in self.processes if p.popen is not None]
 
-    def __enter__(self) -> "Supervisor":
+    def __enter__(self) -> Supervisor:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -171,7 +172,7 @@ class TargetClient:
         for c in self._thread_clients:
             c.close()
 
-    def __enter__(self) -> "TargetClient":
+    def __enter__(self) -> TargetClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -218,21 +219,28 @@ class TargetClient:
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise TransportError(url, f"malformed JSON ({exc}): {resp.text[:120]!r}") from None
 
+    def server_info(self, base: str, deadline: float | None = None) -> tuple[str, dict[str, Any]]:
+        """(path, document) of a worker's /server_info, else its older /get_server_info.
+
+        Neither there, or not a JSON object: a TransportError (not an SGLang worker, exit 4).
+        """
+        base = base.rstrip("/")
+        for path in ("/server_info", "/get_server_info"):
+            info = self.get_json(base, path, missing_ok=True, deadline=deadline)
+            if info is None:
+                continue
+            if not isinstance(info, dict):
+                raise TransportError(base + path, f"expected a JSON object, got {type(info).__name__}")
+            return path, info
+        raise TransportError(base, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
+
     def read_node(self, spec: NodeSpec, deadline: float | None = None) -> NodeReading:
         """Read /server_info (or /get_server_info), /v1/models and /model_info of one worker."""
 
         def get(path: str) -> Any | None:
             return self.get_json(spec.url, path, missing_ok=True, deadline=deadline)
 
-        info = get("/server_info")
-        info_path = "/server_info"
-        if info is None:
-            info = get("/get_server_info")
-            info_path = "/get_server_info"
-        if info is None:
-            raise TransportError(spec.url, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
-        if not isinstance(info, dict):
-            raise TransportError(spec.url + info_path, f"expected a JSON object, got {type(info).__name__}")
+        info_path, info = self.server_info(spec.url, deadline=deadline)
         models = get("/v1/models")
         model_info = get("/model_info")
         if model_info is None:
@@ -262,7 +270,7 @@ class TargetClient:
                 if end is not None:
                     if start >= end:
                         raise TransportError(spec.url, f"not read: the whole read's deadline ({read_deadline_s:g}s) "
-                                                       "passed before its turn (raise --read-deadline or --concurrency)")
+                                             "passed before its turn (raise --read-deadline or --concurrency)")
                     deadline = min(deadline, end)
                 return self.read_node(spec, deadline=deadline)
             except TransportError as exc:
@@ -455,8 +463,9 @@ def sizing_settings(reading: NodeReading) -> SizingSettings:
     states = info.get("internal_states")
     if isinstance(states, list) and states and isinstance(states[0], dict):
         mem = states[0].get("memory_usage")
-        if isinstance(mem, dict) and isinstance(mem.get("weight"), (int, float)) and not isinstance(mem["weight"], bool):
-            weight = float(mem["weight"])
+        w = mem.get("weight") if isinstance(mem, dict) else None
+        if isinstance(w, (int, float)) and not isinstance(w, bool):
+            weight = float(w)
     return SizingSettings(
         pp_size=r.int_field(info, "pp_size", "pp_size", required=False, minimum=1),
         enable_dp_attention=r.bool_field(info, "enable_dp_attention", "enable_dp_attention"),

@@ -1,7 +1,9 @@
-"""The real sglang releases from the package index, downloaded once and cached.
+"""The real sglang releases from the package index, downloaded once and cached, and the few facts
+about them that more than one layer needs.
 
 They are ground truth for the fix catalogue, the backports and the simulator's citations: nothing
-here imitates sglang's source, it fetches it.
+here imitates sglang's source, it fetches it (tests/test_upstream.py checks the facts below against
+the wheels).
 """
 
 from __future__ import annotations
@@ -11,14 +13,21 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from types import MappingProxyType
 
 from kvgate.errors import KvgateError, TransportError
 from kvgate.paths import cache_dir
 
 RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+#: Deferred decode-side KV release: the variable (no CLI flag, not in server_info) and its default in
+#: each release's srt/environ.py: `EnvBool(False)` until #41023 turned it on in 0.5.21.
+DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
+DEFERRED_RELEASE_DEFAULT: Mapping[str, bool] = MappingProxyType(
+    {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True})
 
 
 # What pip prints when it never got an answer from the index (connection, DNS, proxy, TLS, timeout).

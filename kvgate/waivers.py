@@ -11,9 +11,10 @@ id, never by a wildcard.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
-from typing import Any, Sequence
+from typing import Any
 
 from kvgate.errors import ProfileError
 from kvgate.findings import Finding, Outcome

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ def _validator() -> Any:
         import jsonschema
     except ImportError:  # tests/formats/test_schema.py fails loudly instead; keep the rest running
         return None
-    from kvgate.formats.json import schema_text
+    from kvgate.formats.json_report import schema_text
 
     cls = jsonschema.Draft202012Validator
     return cls(json.loads(schema_text()), format_checker=cls.FORMAT_CHECKER)
@@ -34,7 +35,7 @@ def _every_report_is_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Validate every JSON report against the schema and every emitted check ID against docs/checks.md."""
     import kvgate.reporting
     from kvgate.checkdocs import doc_for
-    from kvgate.formats.json import JsonFormatter
+    from kvgate.formats.json_report import JsonFormatter
 
     validator = _validator()
     render, emit = JsonFormatter.render, kvgate.reporting.emit
@@ -79,7 +80,7 @@ class PayloadServer:
     url: str = ""
     _server: ThreadingHTTPServer | None = None
 
-    def start(self) -> "PayloadServer":
+    def start(self) -> PayloadServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):

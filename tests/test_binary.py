@@ -8,8 +8,9 @@ import resource
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -96,7 +97,7 @@ def test_binary_gates_a_simulated_deployment(binary: Path, bare_env: dict[str, s
     doc = json.loads(report.read_text())
     import jsonschema
 
-    from kvgate.formats.json import schema_text
+    from kvgate.formats.json_report import schema_text
 
     jsonschema.validate(doc, json.loads(schema_text()))  # the binary writes the published schema too
     failed = [f["id"] for f in doc["findings"] if f["outcome"] == "failed"]

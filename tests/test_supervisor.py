@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from kvgate.supervisor import Supervisor, SupervisorError, free_port, pid_alive
+from kvgate.supervisor import Stopped, Supervisor, SupervisorError, free_port, pid_alive, stop_on_sigterm
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +47,8 @@ def test_teardown_kills_the_whole_group_including_sigterm_ignoring_grandchildren
 
 def test_wait_ready_polls_http_until_the_service_answers(tmp_path: Path) -> None:
     port = free_port()
-    script = f"import time, http.server; time.sleep(0.5); http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')"
+    script = ("import time, http.server; time.sleep(0.5); "
+              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
     with Supervisor(log_dir=tmp_path) as sup:
         proc = sup.start("web", [sys.executable, "-c", script], ready_url=f"http://127.0.0.1:{port}/",
                          cwd=tmp_path)
@@ -93,3 +96,21 @@ def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pid_alive(child)
+
+
+def test_watch_names_the_process_that_exited(tmp_path: Path) -> None:
+    with Supervisor(log_dir=tmp_path, grace_s=0.5) as sup:
+        sup.start("steady", [sys.executable, "-c", "import time; time.sleep(60)"])
+        sup.start("quitter", [sys.executable, "-c", "raise SystemExit(1)"])
+        with pytest.raises(SupervisorError, match=r"^quitter exited unexpectedly"):
+            sup.watch(poll_s=0.05)
+
+
+def test_sigterm_unwinds_like_ctrl_c_and_the_previous_handler_comes_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as caught:  # Stopped is one: one path for Ctrl-C and SIGTERM
+        with stop_on_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here, long before this ends
+    assert isinstance(caught.value, Stopped)
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -178,7 +178,7 @@ class _PageSize:
         self.page_size = page_size
         self.size_swa = 0
 
-    def get_kvcache(self) -> "_PlainKVPool":
+    def get_kvcache(self) -> _PlainKVPool:
         # 0.5.22+: the decode door asks the allocator for its pool (a DSv4 pool forces a re-bootstrap).
         return _PlainKVPool()
 
@@ -396,7 +396,6 @@ def retire_results(w: World) -> dict[str, Any]:
     import types
 
     import torch
-
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     cases = []
@@ -413,7 +412,8 @@ def retire_results(w: World) -> dict[str, Any]:
         if aborted:
             w.reject(req)
         sends: list[Any] = []
-        sched.send_kv_chunk = lambda r, last_chunk=False, end_idx=None: sends.append((r.rid, last_chunk))
+        sched.send_kv_chunk = lambda r, last_chunk=False, end_idx=None: sends.append(  # noqa: B023 - called in this case only
+            (r.rid, last_chunk))
         sched.req_to_metadata_buffer_idx_allocator = q.req_to_metadata_buffer_idx_allocator
         sched.batch_result_processor = Recorder("batch_result_processor", log)
         sched.metrics_reporter = Recorder("metrics_reporter", log)

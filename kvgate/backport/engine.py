@@ -12,15 +12,19 @@ import datetime as _dt
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvgate import __version__
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
-from kvgate.backport.manifest import Patch, PatchFile, Series, sha256_bytes
+from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
+from kvgate.exitcodes import ExitStatus
+
+if TYPE_CHECKING:  # GitPython loads only for a --repo target
+    import git
 
 MARKER_DIR = ".kvgate-backport"  # inside the installed `sglang/` package
 MARKER_FILE = "applied.json"
@@ -31,7 +35,12 @@ class BackportRefused(UsageError):
 
 
 class BackportFailed(KvgateError):
-    """Applying broke half way; the target was restored (exit 2: nothing was changed)."""
+    """Writing the target broke half way (disk full, permissions, a git error); it was restored.
+
+    Exit 4, not 2: the flags were right, the target could not be written. Retry once the cause is fixed.
+    """
+
+    exit_status = ExitStatus.TRANSPORT_ERROR
 
 
 class Layout(str, Enum):
@@ -190,11 +199,11 @@ def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
                               path.stat().st_mode if path.exists() else None))
             os.replace(tmp, path)
     except BaseException:
-        for path, data, mode in reversed(originals):
-            if data is None:
+        for path, saved, mode in reversed(originals):
+            if saved is None:
                 path.unlink(missing_ok=True)
             else:
-                path.write_bytes(data)
+                path.write_bytes(saved)
                 if mode is not None:
                     os.chmod(path, mode)
         for tmp, _ in temps:
@@ -274,7 +283,7 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
         raise BackportRefused(f"{target.root}: the recorded backport is for {marker.get('base_release')}, "
                               f"not {series.base_release}")
     restores: list[tuple[Path, bytes]] = []
-    for path, info in marker["files"].items():
+    for info in marker["files"].values():
         live = target.root / info["site_path"]
         backup = target.marker_dir / "backup" / info["site_path"]
         if not live.is_file() or sha256_bytes(live.read_bytes()) != info.get("sha256_patched"):
@@ -292,7 +301,7 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
 
 
 # -- git ------------------------------------------------------------------------------------------------
-def _repo(root: Path):  # type: ignore[no-untyped-def]
+def _repo(root: Path) -> git.Repo:
     import git
 
     try:
@@ -301,11 +310,24 @@ def _repo(root: Path):  # type: ignore[no-untyped-def]
         raise UsageError(f"--repo {root}: not a git repository") from exc
 
 
-def _refuse_dirty(repo, target: Target) -> None:  # type: ignore[no-untyped-def]
+def _refuse_dirty(repo: git.Repo, target: Target) -> None:
     if repo.is_dirty(index=True, working_tree=True, untracked_files=False):
-        changed = sorted({d.a_path for d in repo.index.diff(None)} | {d.a_path for d in repo.index.diff("HEAD")})
+        diffs = [*repo.index.diff(None), *repo.index.diff("HEAD")]
+        changed = sorted({p for d in diffs for p in (d.a_path or d.b_path,) if p})
         shown = ", ".join(changed[:5]) + (" …" if len(changed) > 5 else "")
         raise BackportRefused(f"{target.root}: working tree has uncommitted changes ({shown}); commit or stash them")
+
+
+def _commit_actor(repo: git.Repo) -> git.Actor | None:
+    """Who kvgate's commits are by: the repository's configured identity (None lets git use it), else
+    `kvgate <kvgate@localhost>` so a checkout without user.email can still take the series."""
+    import git
+
+    try:
+        repo.config_reader().get_value("user", "email")
+    except Exception:  # noqa: BLE001 - any unreadable or missing identity: fall back
+        return git.Actor("kvgate", "kvgate@localhost")
+    return None
 
 
 def _commit_message(series: Series, patch: Patch) -> str:
@@ -316,8 +338,6 @@ def _commit_message(series: Series, patch: Patch) -> str:
 
 def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
                current: dict[str, bytes | None]) -> BackportResult:
-    import git
-
     repo = _repo(target.root)
     steps = _render(target, series, patches, k, current)
     branch = branch_name(series)
@@ -333,12 +353,7 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
         created.checkout()
     outcomes = [PatchOutcome(p.id, p.title, "already applied", tuple(p_.path for p_ in p.files)) for p in patches[:k]]
     try:
-        actor = None
-        try:
-            reader = repo.config_reader()
-            reader.get_value("user", "email")
-        except Exception:
-            actor = git.Actor("kvgate", "kvgate@localhost")
+        actor = _commit_actor(repo)
         for patch, changed in steps:
             _write_all([(target.root / path, data) for path, data in changed.items()])
             repo.index.add(list(changed))
@@ -349,7 +364,7 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
         if original_ref is not None:
             repo.head.reference = original_ref
         else:
-            repo.head.reference = original_head  # type: ignore[assignment]
+            repo.head.reference = original_head
         repo.head.reset(original_head, index=True, working_tree=True)
         if created is not None:
             repo.delete_head(created, force=True)
@@ -362,15 +377,14 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
 
 def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> BackportResult:
     """Add one commit that restores every touched file to its pre-series bytes (history is kept)."""
-    import git
-
     repo = _repo(target.root)
     _refuse_dirty(repo, target)
     ours = []
     for commit in repo.iter_commits("HEAD"):
-        trailer = [ln for ln in commit.message.splitlines() if ln.startswith("Kvgate-Patch: ")]
+        message = commit.message if isinstance(commit.message, str) else commit.message.decode("utf-8", "replace")
+        trailer = [ln for ln in message.splitlines() if ln.startswith("Kvgate-Patch: ")]
         series_ln = f"Kvgate-Series: {series.name}"
-        if not trailer or series_ln not in commit.message:
+        if not trailer or series_ln not in message:
             break
         ours.append((trailer[0].split(": ", 1)[1], commit))
     if not ours:
@@ -388,11 +402,7 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
     _write_all(restores)
     repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
     ids = [pid for pid, _ in reversed(ours)]
-    actor = None
-    try:
-        repo.config_reader().get_value("user", "email")
-    except Exception:
-        actor = git.Actor("kvgate", "kvgate@localhost")
+    actor = _commit_actor(repo)
     commit = repo.index.commit(f"Revert kvgate backport {series.name}\n\nRestores the sglang "
                                f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
                                author=actor, committer=actor)
@@ -461,16 +471,7 @@ def applied_patches(target: Target, series: Series) -> tuple[Patch, ...]:
 
 
 def site_packages_of(python: str) -> Path:
-    """The site-packages directory the interpreter imports sglang from (without importing sglang)."""
-    code = ("import importlib.util, json; s = importlib.util.find_spec('sglang'); "
-            "print(json.dumps(list(s.submodule_search_locations) if s else []))")
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UsageError(f"--python {python}: cannot run it ({exc})") from exc
-    if proc.returncode != 0:
-        raise UsageError(f"--python {python}: failed: {proc.stderr.strip().splitlines()[-1:]}")
-    locations = json.loads(proc.stdout.strip() or "[]")
-    if not locations:
-        raise UsageError(f"--python {python}: that interpreter has no sglang installed")
-    return Path(locations[0]).parent
+    """The site-packages directory interpreter `python` imports sglang from (without importing sglang)."""
+    from kvgate.catalogue.codescan import locate_package
+
+    return locate_package(python).parent

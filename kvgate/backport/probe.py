@@ -1,9 +1,10 @@
 """Execute sglang's real PD admission doors (and decode commit path) in the interpreter that has it.
 
 `run_admission_probe(python, extra_pythonpath)` runs `_probe_payload.py` in that interpreter and turns
-what it observed into a `ProbeResult`. The verdict comes from observed effects only (transfer
+what it observed into a `DoorProbeReport`. The verdict comes from observed effects only (transfer
 endpoints created, queue contents, metadata slots, what the client was sent); a missing attribute or
-import is an ERROR naming it, never a verdict.
+import is an ERROR naming it, never a verdict. `detect_by_behaviour` hands the results to the catalogue
+as method-4 detections (kvgate/catalogue/behaviour.py maps them).
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+
+from kvgate.catalogue.behaviour import admission_detection, hardening_detection
+from kvgate.catalogue.model import Detection
 
 _HERE = Path(__file__).resolve().parent
 PAYLOAD = _HERE / "_probe_payload.py"
@@ -45,8 +50,8 @@ class ProbeCase:
 
 
 @dataclass(frozen=True)
-class ProbeResult:
-    """What the admission probe saw.
+class DoorProbeReport:
+    """What the admission probe saw at sglang's real PD doors.
 
     status: RETIRED (a rejected request is retired at both doors), ADMITTED (both doors admit it),
     PARTIAL (one door each way) or ERROR (the probe could not run; `error` / `missing` say why).
@@ -73,7 +78,7 @@ class ProbeResult:
 
 
 @dataclass(frozen=True)
-class HardeningProbeResult:
+class HandoffProbeReport:
     """What the decode-commit probe saw: VERIFIED (a short handoff is aborted, a full one committed),
     UNVERIFIED (a short handoff is committed), or ERROR."""
 
@@ -126,19 +131,19 @@ def _cases(raw: dict[str, Any]) -> tuple[ProbeCase, ...]:
 
 
 def run_admission_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                        timeout: float = 300.0) -> ProbeResult:
+                        timeout: float = 300.0) -> DoorProbeReport:
     """Push a rejected, a valid and re-entering requests through the real PD doors of the sglang that
     `python` imports (with `extra_pythonpath` first on its path)."""
     raw, elapsed = _run_payload("admission", python, extra_pythonpath, timeout)
     return _admission(raw, elapsed, python)
 
 
-def _admission(raw: dict[str, Any], elapsed: float, python: str) -> ProbeResult:
+def _admission(raw: dict[str, Any], elapsed: float, python: str) -> DoorProbeReport:
     if raw.get("status") != "ok":
-        return ProbeResult(status=ERROR, version=raw.get("version"), sglang_path=raw.get("sglang_path"), cases=(),
-                           controls_ok=False, client_error=None, error=raw.get("error"), missing=raw.get("missing"),
-                           duration_s=round(elapsed, 2), torchvision_stub=bool(raw.get("torchvision_stub")),
-                           python=python)
+        return DoorProbeReport(status=ERROR, version=raw.get("version"), sglang_path=raw.get("sglang_path"),
+                               cases=(), controls_ok=False, client_error=None, error=raw.get("error"),
+                               missing=raw.get("missing"), duration_s=round(elapsed, 2),
+                               torchvision_stub=bool(raw.get("torchvision_stub")), python=python)
     cases = _cases(raw)
     rejected = [c for c in cases if c.name == "rejected"]
     outcomes = {c.outcome for c in rejected}
@@ -152,7 +157,7 @@ def _admission(raw: dict[str, Any], elapsed: float, python: str) -> ProbeResult:
         status = ERROR
     controls = [c for c in cases if c.name != "rejected"]
     client_error = next((c.observed.get("client_error") for c in rejected if c.observed.get("client_error")), None)
-    return ProbeResult(
+    return DoorProbeReport(
         status=status, version=raw.get("version"), sglang_path=raw.get("sglang_path"), cases=cases,
         controls_ok=bool(controls) and all(c.ok for c in controls), client_error=client_error,
         error=None if status != ERROR else "a rejected request was neither admitted nor answered",
@@ -162,18 +167,18 @@ def _admission(raw: dict[str, Any], elapsed: float, python: str) -> ProbeResult:
 
 
 def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                        timeout: float = 300.0) -> HardeningProbeResult:
+                        timeout: float = 300.0) -> HandoffProbeReport:
     """Publish a short (1-token) and a full handoff with the real `MetadataBuffers.set_buf` and commit
     each through the real `DecodeTransferQueue._commit_transfer_to_req`."""
     raw, elapsed = _run_payload("hardening", python, extra_pythonpath, timeout)
     return _hardening(raw, elapsed, python)
 
 
-def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HardeningProbeResult:
+def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HandoffProbeReport:
     if raw.get("status") != "ok":
-        return HardeningProbeResult(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
-                                    error=raw.get("error"), missing=raw.get("missing"),
-                                    duration_s=round(elapsed, 2), python=python)
+        return HandoffProbeReport(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
+                                  error=raw.get("error"), missing=raw.get("missing"),
+                                  duration_s=round(elapsed, 2), python=python)
     cases = _cases(raw)
     short = next(c for c in cases if c.name == "short_handoff")
     full = next(c for c in cases if c.name == "full_handoff")
@@ -183,16 +188,16 @@ def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HardeningPro
         status = UNVERIFIED
     else:
         status = ERROR
-    return HardeningProbeResult(status=status, version=raw.get("version"), cases=cases,
-                                client_error=short.observed.get("client_error"),
-                                error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} "
-                                f"full={full.outcome}", missing=None, duration_s=round(elapsed, 2), python=python)
+    return HandoffProbeReport(status=status, version=raw.get("version"), cases=cases,
+                              client_error=short.observed.get("client_error"),
+                              error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} "
+                              f"full={full.outcome}", missing=None, duration_s=round(elapsed, 2), python=python)
 
 HANDED_OFF = "HANDED_OFF"
 
 
 @dataclass(frozen=True)
-class ResultRetireProbeResult:
+class RetireProbeReport:
     """What the post-forward probe saw in the real `process_batch_result_disagg_prefill`: RETIRED (an
     aborted request's final result is released and answered, no KV chunk sent; a valid one is handed
     off), HANDED_OFF (the aborted result's KV is sent anyway: the #30233 short handoff), or ERROR."""
@@ -208,17 +213,17 @@ class ResultRetireProbeResult:
 
 
 def run_result_retire_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                            timeout: float = 300.0) -> ResultRetireProbeResult:
+                            timeout: float = 300.0) -> RetireProbeReport:
     """Feed an aborted and a valid final prefill result through the real post-forward path."""
     raw, elapsed = _run_payload("retire_results", python, extra_pythonpath, timeout)
     return _result_retire(raw, elapsed, python)
 
 
-def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> ResultRetireProbeResult:
+def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> RetireProbeReport:
     if raw.get("status") != "ok":
-        return ResultRetireProbeResult(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
-                                       error=raw.get("error"), missing=raw.get("missing"),
-                                       duration_s=round(elapsed, 2), python=python)
+        return RetireProbeReport(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
+                                 error=raw.get("error"), missing=raw.get("missing"),
+                                 duration_s=round(elapsed, 2), python=python)
     cases = _cases(raw)
     aborted = next(c for c in cases if c.name == "aborted_final_result")
     valid = next(c for c in cases if c.name == "valid_final_result")
@@ -226,18 +231,18 @@ def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> ResultRe
         status, error = ERROR, f"unexpected outcomes: aborted={aborted.outcome} valid={valid.outcome}"
     else:
         status, error = aborted.outcome, None
-    return ResultRetireProbeResult(status=status, version=raw.get("version"), cases=cases,
-                                   client_error=aborted.observed.get("client_error"), error=error, missing=None,
-                                   duration_s=round(elapsed, 2), python=python)
+    return RetireProbeReport(status=status, version=raw.get("version"), cases=cases,
+                             client_error=aborted.observed.get("client_error"), error=error, missing=None,
+                             duration_s=round(elapsed, 2), python=python)
 
 
 @dataclass(frozen=True)
 class ProbeSuite:
     """Every probe, run on one import of sglang (one subprocess): what `--verify` and tests use."""
 
-    admission: ProbeResult
-    hardening: HardeningProbeResult
-    result_retire: ResultRetireProbeResult
+    admission: DoorProbeReport
+    hardening: HandoffProbeReport
+    result_retire: RetireProbeReport
     duration_s: float
 
 
@@ -260,3 +265,17 @@ def run_all_probes(python: str, extra_pythonpath: Sequence[str | os.PathLike[str
                       hardening=_hardening(part("hardening"), took("hardening"), python),
                       result_retire=_result_retire(part("retire_results"), took("retire_results"), python),
                       duration_s=round(elapsed, 2))
+
+
+def detect_by_behaviour(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> list[Detection]:
+    """Method 4 of the catalogue: run the probes in `python` (with `extra_pythonpath` first on its path)
+    and map their results to detections (kvgate.catalogue.behaviour).
+
+    One interpreter runs every probe, so sglang and torch are imported once; `timeout` bounds it.
+    """
+    if os.sep in python:  # the probe runs in another working directory; keep venv symlinks unresolved
+        python = os.path.abspath(python)
+    suite = run_all_probes(python, extra_pythonpath, timeout=timeout)
+    return [admission_detection(suite.admission), hardening_detection(suite.hardening)]

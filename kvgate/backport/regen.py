@@ -2,29 +2,46 @@
 
 `python -m kvgate.backport.regen v0.5.20 [--write]` applies the series' diffs in order to the files of
 the unpacked sglang wheel and prints (or writes) each patch's `files` list: which files it changes,
-their sha256 before and after. Run it after editing a patch; everything else in the manifest (each file's `code`) is kept.
+their sha256 before and after. Run it after editing a patch; everything else in the manifest (each
+file's `code`) is kept.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import TypedDict
 
 import yaml
 
 from kvgate.backport.diffapply import apply, parse
-from kvgate.backport.manifest import load_series, normalise_release, sha256_bytes
+from kvgate.catalogue.series import load_series, normalise_release, sha256_bytes
 from kvgate.upstream import unpacked_wheel
 
 
-def recompute(release: str) -> list[dict[str, object]]:
+class FileHashes(TypedDict):
+    """One file a patch changes, with its sha256 before and after the patch."""
+
+    path: str
+    sha256_before: str
+    sha256_after: str
+
+
+class PatchHashes(TypedDict):
+    """One patch of the series and the files it changes."""
+
+    id: str
+    files: list[FileHashes]
+
+
+def recompute(release: str) -> list[PatchHashes]:
     """Per patch, in order: {"id", "files": [{"path", "sha256_before", "sha256_after"}]} from the wheel."""
     release = normalise_release(release)
     series = load_series(release)
     root = unpacked_wheel(release)
     state: dict[str, bytes] = {}
-    out: list[dict[str, object]] = []
+    out: list[PatchHashes] = []
     for patch in series.patches:
-        files = []
+        files: list[FileHashes] = []
         for d in parse(patch.diff_text()):
             site_rel = d.path[len("python/"):] if d.path.startswith("python/") else d.path
             before = state.get(d.path) or (root / site_rel).read_bytes()

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
-from kvgate.backport.manifest import Series
 from kvgate.catalogue.backports import detect_backports, unknown_markers
 from kvgate.catalogue.codescan import CodeScan, all_series, scan_tree
 from kvgate.catalogue.combine import FixStatus, combine
 from kvgate.catalogue.git import detect_by_git
 from kvgate.catalogue.model import Catalogue, Detection, Presence, load_catalogue
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import Series
 from kvgate.catalogue.source import detect_by_source
 from kvgate.catalogue.version import detect_by_version, parse_release
 from kvgate.errors import UsageError
@@ -125,7 +126,7 @@ def assess_code(
     dets = list(detect_by_source(cat, scan).values()) + detect_backports(cat, scan, "source", series)
     dets += list(behaviour) + _version_detections(cat, scan.version, notes)
     for pid, files in unknown_markers(cat, scan).items():
-        notes.append(f"marker '{cat.backport_marker}{pid}' in {', '.join(files[:3])}: no kvgate backport has that "
+        notes.append(f"marker '{MARKER_PREFIX}{pid}' in {', '.join(files[:3])}: no kvgate backport has that "
                      "id; a label, not evidence")
     return assess(dets, target=str(scan.package_dir), release=scan.version, backend=backend,
                   notes=notes, catalogue=cat)
@@ -194,7 +195,8 @@ def status_evidence(node: str, s: FixStatus, required: bool) -> list[Evidence]:
     ]
     if not fix.is_backport:
         ev.append(Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"))
-    ev += [Evidence(node, f"by_{d.method}", f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
+    ev += [Evidence(node, f"by_{d.method}",
+                    f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
            for d in s.detections]
     if fix.uncertain:
         ev.append(Evidence(node, "uncertain", "; ".join(fix.uncertain)))

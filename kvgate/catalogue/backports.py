@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvgate.backport.manifest import Patch, Series
 from kvgate.catalogue.codescan import CodeScan, code_pattern
 from kvgate.catalogue.model import Catalogue, Detection, Presence
+from kvgate.catalogue.series import Patch, Series
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,22 @@
 """Detection by behaviour (method 4): the installed sglang's real PD code executed on CPU.
 
-The probes belong to the backport work (kvgate/backport/probe.py); this module only turns their
-results into detections. Admission probe -> #38935 (a rejected request is retired at both doors while
-valid and re-entering requests are kept). Hardening probe -> #38704's transferred-length check
+The probes belong to the backport work: kvgate/backport/probe.py, a layer above, runs them and maps
+their results with these functions (`detect_by_behaviour`); this module only turns results into
+detections. Admission probe -> #38935 (a rejected request is retired at both doors while valid and
+re-entering requests are kept). Hardening probe -> #38704's transferred-length check
 (checklist item 3: a one-token handoff into a longer reservation is aborted, a full one committed).
 A probe that could not run is "unknown", never a verdict.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Sequence
+from typing import Any
 
 from kvgate.catalogue.model import Detection, Presence
 
 
 def admission_detection(result: Any) -> Detection:
-    """Map a kvgate.backport.probe.ProbeResult to a detection of #38935."""
+    """Map a kvgate.backport.probe.DoorProbeReport to a detection of #38935."""
     where = f"{result.python}" + (f", sglang {result.version}" if result.version else "")
     ev = [f"admission probe ({where}, {result.duration_s}s): {result.status}"]
     for c in result.cases:
@@ -35,7 +35,7 @@ def admission_detection(result: Any) -> Detection:
 
 
 def hardening_detection(result: Any) -> Detection:
-    """Map a kvgate.backport.probe.HardeningProbeResult to a detection of #38704 (handoff coverage)."""
+    """Map a kvgate.backport.probe.HandoffProbeReport to a detection of #38704 (handoff coverage)."""
     ev = [f"handoff-coverage probe ({result.python}, {result.duration_s}s): {result.status}"]
     ev += [f"{c.name}: {c.outcome} (expected {c.expect})" for c in result.cases]
     if result.status == "VERIFIED":
@@ -44,18 +44,3 @@ def hardening_detection(result: Any) -> Detection:
         return Detection("pr-38704", "behaviour", Presence.ABSENT, tuple(ev))
     ev.append(f"probe error: {result.error}" + (f" (missing {result.missing})" if result.missing else ""))
     return Detection("pr-38704", "behaviour", Presence.UNKNOWN, tuple(ev))
-
-
-def detect_by_behaviour(
-    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
-) -> list[Detection]:
-    """Run the probes in `python` (with `extra_pythonpath` first on its path) and map their results.
-
-    One interpreter runs every probe, so sglang and torch are imported once; `timeout` bounds it.
-    """
-    from kvgate.backport.probe import run_all_probes
-
-    if os.sep in python:  # the probe runs in another working directory; keep venv symlinks unresolved
-        python = os.path.abspath(python)
-    suite = run_all_probes(python, extra_pythonpath, timeout=timeout)
-    return [admission_detection(suite.admission), hardening_detection(suite.hardening)]

@@ -15,13 +15,14 @@ import shlex
 import signal
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from kvgate.backport.manifest import MARKER_PREFIX, Series, available, load_series
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.model import Catalogue, Signature
+from kvgate.catalogue.series import Series, available, load_series
 from kvgate.catalogue.signatures import SourceTree, glob_regex
 from kvgate.defaults import SCAN_TIMEOUT_S  # one home: kvgate/defaults.py (re-exported here)
 from kvgate.errors import TransportError, UsageError
@@ -50,7 +51,8 @@ def build_request(cat: Catalogue, series: tuple[Series, ...]) -> dict[str, Any]:
     for fix in cat.fixes:
         for sig in fix.signatures:
             if sig.is_glob:
-                globs.append({"id": glob_id(sig), "path_regex": glob_regex(sig.file).pattern, "pattern": pattern_of(sig)})
+                globs.append({"id": glob_id(sig), "path_regex": glob_regex(sig.file).pattern,
+                              "pattern": pattern_of(sig)})
             else:
                 files.setdefault(sig.file, []).append(pattern_of(sig))
     for s in series:
@@ -202,13 +204,11 @@ def command_argv(command: str) -> list[str]:
     return argv
 
 
-def scan_command(command: str, cat: Catalogue, series: tuple[Series, ...] | None = None, *,
-                 timeout: float = SCAN_TIMEOUT_S, limit: int = SCAN_OUTPUT_LIMIT) -> CodeScan:
-    """Run the scan program through `command` (its stdin); a command that fails, hangs or answers
-    garbage is a TransportError naming it (exit 4)."""
-    argv = command_argv(command)
-    where = f"--python {command!r}"
-    program = scanprog.program_text(build_request(cat, series if series is not None else all_series()))
+def _ask(argv: list[str], where: str, program: str, timeout: float, limit: int) -> Any:
+    """Run `program` on the stdin of `argv` and return the JSON document it answers with.
+
+    A command that cannot start, fails, hangs or answers garbage is a TransportError naming `where`.
+    """
     try:
         code, out, err, problem = _run_bounded(argv, program.encode("utf-8"), timeout, limit)
     except FileNotFoundError:
@@ -225,12 +225,37 @@ def scan_command(command: str, cat: Catalogue, series: tuple[Series, ...] | None
         line = line.strip()
         if line.startswith("{") and '"kvgate_scan"' in line:
             try:
-                doc = json.loads(line)
+                return json.loads(line)
             except ValueError:
                 break
-            return parse_answer(doc, where)
     shown = text.strip()[:120] or "nothing"
     raise TransportError(where, f"did not answer with a kvgate code scan on stdout (got {shown!r})")
+
+
+def scan_command(command: str, cat: Catalogue, series: tuple[Series, ...] | None = None, *,
+                 timeout: float = SCAN_TIMEOUT_S, limit: int = SCAN_OUTPUT_LIMIT) -> CodeScan:
+    """Run the scan program through `command` (its stdin); a command that fails, hangs or answers
+    garbage is a TransportError naming it (exit 4)."""
+    where = f"--python {command!r}"
+    program = scanprog.program_text(build_request(cat, series if series is not None else all_series()))
+    return parse_answer(_ask(command_argv(command), where, program, timeout, limit), where)
+
+
+def locate_package(interpreter: str, *, timeout: float = SCAN_TIMEOUT_S) -> Path:
+    """The `sglang/` package directory `interpreter` imports, found without importing it.
+
+    The one "where is sglang in this interpreter" helper: scanprog.find_package, run in that
+    interpreter like a scan, with its own environment (PYTHONPATH and user site-packages count, as
+    they do for the server it runs; an isolated `-I` run would miss an overlay on PYTHONPATH).
+    A failing interpreter is a TransportError (exit 4); one without sglang, a UsageError (exit 2).
+    """
+    where = f"--python {interpreter!r}"
+    doc = _ask([interpreter], where, scanprog.locate_text(), timeout, SCAN_OUTPUT_LIMIT)
+    if not isinstance(doc, dict) or doc.get("kvgate_scan") != scanprog.SCAN_SCHEMA:
+        raise TransportError(where, "the answer is not a kvgate code scan (schema mismatch)")
+    if doc.get("error") or not doc.get("package_dir"):
+        raise UsageError(f"{where}: {doc.get('error') or 'no sglang package found'}")
+    return Path(str(doc["package_dir"]))
 
 
 def scan_tree(tree: SourceTree, where: str, package_dir: Path, version: str | None, cat: Catalogue,
@@ -243,7 +268,7 @@ def scan_tree(tree: SourceTree, where: str, package_dir: Path, version: str | No
         facts = scanprog.file_facts(data, pats)
         files[rel] = None if facts is None else FileFacts(facts["sha256"], facts["hits"], tuple(facts["markers"]))
     sigs = [s for f in cat.fixes for s in f.signatures if s.is_glob]
-    marker_sig = Signature(file="**/*.py", substring=MARKER_PREFIX)
+    marker_sig = Signature(file="**/*.py", substring=scanprog.MARKER_PREFIX)
     found = tree.search_globs(list(dict.fromkeys(sigs + [marker_sig])))
     markers: dict[str, list[str]] = {}
     for rel in found.get(marker_sig, ()):

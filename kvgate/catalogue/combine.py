@@ -8,8 +8,8 @@ in, for that method, for the upstream fix it backports.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from kvgate.catalogue.model import METHODS, Catalogue, Detection, Fix, Presence
 

@@ -9,9 +9,10 @@ among the ancestors whose signatures are gone (reverted or refactored) makes the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from kvgate.catalogue.model import Catalogue, Detection, Presence, Signature
 from kvgate.catalogue.signatures import SourceTree, glob_prefix, glob_regex
@@ -98,7 +99,8 @@ def open_checkout(path: Path, rev: str = "HEAD") -> tuple[git.Repo, git.Commit, 
         if m:
             version = m.group(1)
             break
-    subject = commit.message.strip().splitlines()[0] if commit.message.strip() else ""
+    message = commit.message if isinstance(commit.message, str) else commit.message.decode("utf-8", "replace")
+    subject = message.strip().splitlines()[0] if message.strip() else ""
     return repo, commit, Checkout(Path(path), rev, commit.hexsha, subject, version)
 
 
@@ -143,8 +145,9 @@ def detect_by_git(cat: Catalogue, path: Path, rev: str = "HEAD") -> tuple[Checko
                     presence = Presence.UNKNOWN
                     ev.append("its squash commit is an ancestor but the signatures are gone (reverted or refactored?)")
             else:
+                cherry = "; present by signatures (cherry-pick or other subject)"
                 ev.append(f"no ancestor subject carries (#{fix.number})"
-                          + ("; present by signatures (cherry-pick or other subject)" if presence is Presence.PRESENT else ""))
+                          + (cherry if presence is Presence.PRESENT else ""))
         out[fix.id] = Detection(fix.id, "git", presence, tuple(ev))
     return co, out, tree
 

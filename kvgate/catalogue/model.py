@@ -128,7 +128,6 @@ class Catalogue:
     fixes: tuple[Fix, ...]
     verified_releases: tuple[Version, ...]
     recommended_minimum: Version
-    backport_marker: str
     _by_id: dict[str, Fix] = field(default_factory=dict, compare=False, repr=False)
 
     def get(self, fix_id: str) -> Fix:
@@ -205,7 +204,8 @@ def parse_catalogue(doc: dict[str, Any]) -> Catalogue:
                 state_evidence=_choice(_req(e, "state_evidence", where), _EVIDENCE, "state_evidence", where),
                 failure_class=_choice(_req(e, "failure_class", where), _CLASSES, "failure_class", where),
                 first_release=_version(e.get("first_release"), where),
-                first_release_bound=_choice(e.get("first_release_bound", "exact"), _BOUNDS, "first_release_bound", where),
+                first_release_bound=_choice(e.get("first_release_bound", "exact"), _BOUNDS, "first_release_bound",
+                                            where),
                 correctness=bool(_req(e, "correctness", where)),
                 signatures=sigs,
                 backends=tuple(e.get("backends") or ()),
@@ -227,7 +227,6 @@ def parse_catalogue(doc: dict[str, Any]) -> Catalogue:
         fixes=tuple(fixes),
         verified_releases=verified,
         recommended_minimum=Version(str(_req(doc, "recommended_minimum", "top level"))),
-        backport_marker=str(_req(doc, "backport_marker", "top level")),
         _by_id=by_id,
     )
 

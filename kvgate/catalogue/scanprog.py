@@ -21,7 +21,11 @@ import sys
 
 SCAN_SCHEMA = 1
 VERSION_RX = re.compile(r"""^__version__\s*=\s*(?:version\s*=\s*)?['"]([^'"]+)['"]""", re.MULTILINE)
-_MARKER_RX = re.compile(rb"^[ \t]*# kvgate-backport: ([A-Za-z0-9_.-]+)[ \t]*\r?$", re.MULTILINE)
+# The label line every kvgate backport patch adds to each file it changes: MARKER_PREFIX + patch id.
+# Its one home (this module is sent as a program, so it cannot import it from anywhere else).
+MARKER_PREFIX = "# kvgate-backport: "
+_MARKER_BYTES = MARKER_PREFIX.encode("ascii")
+_MARKER_RX = re.compile(rb"^[ \t]*" + re.escape(_MARKER_BYTES) + rb"([A-Za-z0-9_.-]+)[ \t]*\r?$", re.MULTILINE)
 _MAX_LIST = 64  # files listed per glob or marker id; the answer stays small whatever the tree
 
 
@@ -118,8 +122,8 @@ def scan(request, root=None):
     out["version"], out["version_file"] = declared_version(package_dir)
     out["files"] = {rel: file_facts(_read(package_dir, rel), pats) for rel, pats in sorted(request["files"].items())}
     globs = [(g["id"], re.compile(g["path_regex"]), pattern_matcher(g["pattern"])) for g in request.get("globs", [])]
-    found = {gid: [] for gid, _, _ in globs}
-    markers = {}
+    found = {gid: [] for gid, _, _ in globs}  # type: dict[str, list[str]]
+    markers = {}  # type: dict[str, list[str]]
     for dirpath, dirnames, filenames in os.walk(package_dir):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
         rel_dir = os.path.relpath(dirpath, package_dir).replace(os.sep, "/")
@@ -135,7 +139,7 @@ def scan(request, root=None):
             for gid, match in wanted:
                 if match(data) and len(found[gid]) < _MAX_LIST:
                     found[gid].append(rel)
-            if name.endswith(".py") and b"kvgate-backport" in data:
+            if name.endswith(".py") and _MARKER_BYTES in data:
                 for pid in markers_in(data):
                     files = markers.setdefault(pid, [])
                     if len(files) < _MAX_LIST:
@@ -151,8 +155,26 @@ def emit(request_json):
     sys.stdout.flush()
 
 
+def locate():
+    """Entry point of the locate program: where this interpreter's sglang is, one JSON line, no scan."""
+    package_dir, found_by = find_package()
+    out = {"kvgate_scan": SCAN_SCHEMA, "package_dir": package_dir, "found_by": found_by}
+    if package_dir is None:
+        out["error"] = found_by
+    sys.stdout.write(json.dumps(out, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def _source():
+    with open(__file__, encoding="utf-8") as fh:
+        return fh.read()
+
+
 def program_text(request):
     """This module's source plus the call that answers `request`: what `--python CMD` gets on stdin."""
-    with open(__file__, encoding="utf-8") as fh:
-        source = fh.read()
-    return source + "\nemit(" + repr(json.dumps(request, sort_keys=True)) + ")\n"
+    return _source() + "\nemit(" + repr(json.dumps(request, sort_keys=True)) + ")\n"
+
+
+def locate_text():
+    """This module's source plus the call that only locates the package (`kvgate backport --python`)."""
+    return _source() + "\nlocate()\n"

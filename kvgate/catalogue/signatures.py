@@ -9,9 +9,9 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from kvgate.catalogue.model import Fix, Presence, Signature
 
@@ -166,7 +166,8 @@ class DirTree(SourceTree):
         return {s: tuple(v) for s, v in found.items()}
 
 
-def _bytes_matcher(sig: Signature):  # type: ignore[no-untyped-def]
+def _bytes_matcher(sig: Signature) -> Callable[[bytes], bool]:
+    """A predicate on a file's bytes for one signature."""
     if sig.substring is not None:
         needle = sig.substring.encode("utf-8")
         return lambda data: needle in data

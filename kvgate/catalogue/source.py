@@ -7,11 +7,9 @@ folder or this interpreter, through `--python CMD` for another interpreter, cont
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
-from kvgate.backport.manifest import Series
 from kvgate.catalogue import scanprog
 from kvgate.catalogue.codescan import (
     SCAN_TIMEOUT_S,
@@ -24,6 +22,7 @@ from kvgate.catalogue.codescan import (
     scan_site_packages,
 )
 from kvgate.catalogue.model import Catalogue, Detection, Presence, load_catalogue
+from kvgate.catalogue.series import Series
 from kvgate.catalogue.signatures import SignatureHit, SignatureResult
 from kvgate.errors import UsageError
 

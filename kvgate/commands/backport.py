@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -15,7 +15,7 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
     from kvgate.backport.engine import BackportResult, Target
-    from kvgate.backport.manifest import Series
+    from kvgate.catalogue.series import Series
 
 GATE = "backport"
 
@@ -23,10 +23,10 @@ GATE = "backport"
 @handle_errors
 def backport(
     to: str = typer.Option(..., "--to", help="Release whose series to use, e.g. v0.5.20."),
-    repo: Optional[Path] = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
-    site_packages: Optional[Path] = typer.Option(
+    repo: Path | None = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
+    site_packages: Path | None = typer.Option(
         None, "--site-packages", help="A site-packages directory holding the installed sglang/."),
-    python: Optional[str] = typer.Option(
+    python: str | None = typer.Option(
         None, "--python", help="An interpreter whose installed sglang to patch (or, with --site-packages, "
         "to run --verify's probe in)."),
     with_hardening: bool = typer.Option(
@@ -36,13 +36,20 @@ def backport(
         False, "--verify", help="Check the series is applied and run sglang's real admission code against it."),
     revert: bool = typer.Option(False, "--revert", help="Undo the series (byte-for-byte restore)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Apply kvgate's backport series to an sglang checkout or installation, atomically."""
+    """Apply kvgate's backport series to an sglang checkout or installation, atomically.
+
+    Exit 0: done (or, with --check, it would apply; with --verify, applied and the probes agree).
+    1: --verify found a patch missing or sglang's own code misbehaving. 2: usage error, or a target
+    that is not what the series expects (nothing changed). 3: --verify's probes could not run.
+    4: writing the target failed (disk full, permissions: it was restored, nothing changed), or the
+    --python interpreter could not be run.
+    """
     from kvgate.backport.engine import apply_series, revert_series
-    from kvgate.backport.manifest import load_series
+    from kvgate.catalogue.series import load_series
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
@@ -63,7 +70,7 @@ def backport(
     finish(report, pairs, verbose)
 
 
-def _target(repo: Optional[Path], site: Optional[Path], python: Optional[str]) -> tuple[Target, str | None, list[str]]:
+def _target(repo: Path | None, site: Path | None, python: str | None) -> tuple[Target, str | None, list[str]]:
     """The target to patch, and the interpreter + PYTHONPATH that import it (None: a CPU env will)."""
     from kvgate.backport.engine import Layout, Target, site_packages_of
 

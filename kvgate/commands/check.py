@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -16,70 +15,67 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
     from kvgate.gates.base import CheckOptions
-    from kvgate.progress import Observer
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_READ_DEADLINE = 120.0
 
 
-def _observer(quiet: bool) -> Observer | None:
-    from kvgate.progress import LineObserver, RichObserver
-
-    if quiet:
-        return None
-    return RichObserver() if sys.stderr.isatty() else LineObserver()
-
-
 @handle_errors
 def check(
-    prefill_url: List[str] = typer.Option([], "--prefill-url", help="Prefill worker URL (repeatable)."),
-    decode_url: List[str] = typer.Option([], "--decode-url", help="Decode worker URL (repeatable)."),
-    router_url: Optional[str] = typer.Option(
+    prefill_url: list[str] = typer.Option([], "--prefill-url", help="Prefill worker URL (repeatable)."),
+    decode_url: list[str] = typer.Option([], "--decode-url", help="Decode worker URL (repeatable)."),
+    router_url: str | None = typer.Option(
         None, "--router-url",
         help="Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates.",
     ),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
-    context_len: Optional[int] = typer.Option(
+    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
+    context_len: int | None = typer.Option(
         None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
     ),
-    headroom: Optional[float] = typer.Option(
-        None, "--headroom", min=1.0, help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value)."
+    headroom: float | None = typer.Option(
+        None, "--headroom", min=1.0,
+        help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value).",
     ),
-    timeout: Optional[float] = typer.Option(
+    timeout: float | None = typer.Option(
         None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
     ),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    token_env: Optional[str] = typer.Option(
+    fmt: list[ReportFormat] = typer.Option([], "--format", "-f",
+                                           help="Report format (repeatable): table, json, junit, markdown."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
+    token_env: str | None = typer.Option(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    probe_deadline: Optional[float] = typer.Option(
+    probe_deadline: float | None = typer.Option(
         None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
     ),
-    tenants: Optional[int] = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round (default 32)."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak or once the deployment stopped answering."),
-    deferred_release_env: Optional[bool] = typer.Option(
+    tenants: int | None = typer.Option(None, "--tenants", min=1,
+                                       help="Concurrent canary tenants per round (default 32)."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak "
+                                    "or once the deployment stopped answering."),
+    deferred_release_env: bool | None = typer.Option(
         None, "--deferred-release-env/--no-deferred-release-env",
-        help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not expose it.",
+        help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not "
+        "expose it.",
     ),
-    model_arch: Optional[str] = typer.Option(
+    model_arch: str | None = typer.Option(
         None, "--model-arch", help="Model architecture (e.g. GlmMoeDsaForCausalLM) when workers do not report it."
     ),
     self_test: bool = typer.Option(
-        False, "--self-test", help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router]."
+        False, "--self-test",
+        help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router].",
     ),
-    site_packages: Optional[str] = typer.Option(
+    site_packages: str | None = typer.Option(
         None, "--site-packages", help="Folder holding the sglang/ package every worker runs (read for the fixes)."
     ),
-    python: Optional[str] = typer.Option(
+    python: str | None = typer.Option(
         None, "--python", help="Command running the workers' Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
         "kvgate's scan program goes to its stdin."
     ),
-    scan_timeout: Optional[float] = typer.Option(
+    scan_timeout: float | None = typer.Option(
         None, "--scan-timeout", min=1.0, help=f"Seconds the --python command may take (default {SCAN_TIMEOUT_S:g})."
     ),
     trust_version: bool = typer.Option(
@@ -91,26 +87,27 @@ def check(
     concurrency: int = typer.Option(
         DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers whose metadata is read at once."
     ),
-    read_deadline: Optional[float] = typer.Option(
+    read_deadline: float | None = typer.Option(
         None, "--read-deadline", min=0.1,
         help=f"Seconds the whole metadata read may take (default {DEFAULT_READ_DEADLINE:g}); each worker's read "
         f"also ends within {NODE_DEADLINE_REQUESTS}x --timeout.",
     ),
-    baseline: Optional[Path] = typer.Option(
+    baseline: Path | None = typer.Option(
         None, "--baseline", help="Fail on any change since this baseline file (capacity drift, workers added/removed)."
     ),
-    write_baseline: Optional[Path] = typer.Option(
+    write_baseline: Path | None = typer.Option(
         None, "--write-baseline", help="Record this run's fleet as the baseline file (after comparing with --baseline)."
     ),
-    model_config: Optional[Path] = typer.Option(
+    model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
     ),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""
     from kvgate.check import run_check
+    from kvgate.progress import terminal_observer
+    from kvgate.redact import token_from_env
     from kvgate.reporting import pair_outputs
-    from kvgate.secrets import token_from_env
 
     pairs = pair_outputs(list(fmt), list(output))
     try:
@@ -147,7 +144,7 @@ def check(
                           write_baseline=str(write_baseline) if write_baseline else None)
         options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
-        report = run_check(options, token=token, observer=_observer(quiet), self_test=self_test)
+        report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)

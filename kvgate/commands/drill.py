@@ -11,15 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
-
 
 # The incident's numbers on the simulator; on the real server on CPU, its shape scaled to the tiny model.
 DEFAULTS: dict[str, dict[str, int]] = {
@@ -29,7 +27,7 @@ DEFAULTS: dict[str, dict[str, int]] = {
 
 
 def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: int, prefill_pool: int,
-                decode_pool: int, page_size: int, deferred_release: Optional[bool],
+                decode_pool: int, page_size: int, deferred_release: bool | None,
                 skip_tokenizer_init: bool) -> Any:
     """A started-on-enter deployment of `engine`."""
     if engine == "sim":
@@ -41,10 +39,11 @@ def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: i
             skip_tokenizer_init=skip_tokenizer_init,
         )
     from kvgate.launch import PDDeployment, PDLaunchPlan
+    from kvgate.upstream import DEFERRED_ENV
 
     env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1"}
     if deferred_release is not None:
-        env["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] = "1" if deferred_release else "0"
+        env[DEFERRED_ENV] = "1" if deferred_release else "0"
     return PDDeployment(PDLaunchPlan(
         model_path=None, prefill=prefill, decode=decode, context_length=context,
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool, page_size=page_size,
@@ -56,25 +55,26 @@ def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: i
 def drill(
     emulate: str = typer.Option("0.5.19", "--emulate", help="SGLang release to reproduce (0.5.19-0.5.23)."),
     engine: str = typer.Option("sim", "--engine", help="sim (the simulator) or sglang (the real server on CPU)."),
-    context_length: Optional[int] = typer.Option(
+    context_length: int | None = typer.Option(
         None, "--context-length", min=16, help="Context of every worker [sim: 1,048,576; sglang: 8,192]."),
-    prefill_pool: Optional[int] = typer.Option(
+    prefill_pool: int | None = typer.Option(
         None, "--prefill-pool", min=16, help="Prefill KV pool in tokens [sim: 681,280; sglang: 4,096]."),
-    decode_pool: Optional[int] = typer.Option(
+    decode_pool: int | None = typer.Option(
         None, "--decode-pool", min=16, help="Decode KV pool in tokens [sim: 2,097,152; sglang: 10,240]."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="KV page size [sim: 16; sglang: 1]."),
+    page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size [sim: 16; sglang: 1]."),
     skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
                                              help="sglang engine: workers answer output_ids only."),
-    deferred_release: Optional[bool] = typer.Option(
+    deferred_release: bool | None = typer.Option(
         None, "--deferred-release/--no-deferred-release",
         help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's)."),
-    tenants: Optional[int] = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak or once the deployment stopped answering."),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
+    tenants: int | None = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak "
+                                    "or once the deployment stopped answering."),
+    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -82,6 +82,7 @@ def drill(
     from kvgate.check import run_check
     from kvgate.gates.base import CheckOptions
     from kvgate.paths import left_behind
+    from kvgate.progress import terminal_observer
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
@@ -90,7 +91,7 @@ def drill(
         probes["tenants"] = tenants
     if keep_going:
         probes["early_stop"] = False
-    observer = _observer(quiet)
+    observer = terminal_observer(quiet)
     is_strict, strict_source = resolve_strict(strict)
     try:
         if engine == "sim":
@@ -129,8 +130,9 @@ def drill(
             )
             report = replace(run_check(options, observer=observer), command="drill")
         if dep.log_dir is not None:
+            what = "simulator logs" if engine == "sim" else "server logs"
             report = replace(report, notes=report.notes + (
-                left_behind("simulator logs" if engine == "sim" else "server logs", dep.log_dir, f"delete with rm -rf {dep.log_dir}"),))
+                left_behind(what, dep.log_dir, f"delete with rm -rf {dep.log_dir}"),))
     except ImportError as exc:
         report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"))
     except KvgateError as exc:

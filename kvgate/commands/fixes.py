@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.defaults import SCAN_TIMEOUT_S
-from kvgate.errors import KvgateError, TransportError, UsageError
+from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
 
@@ -20,27 +20,19 @@ if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
-    """`version` and transfer backend from /server_info (fallback /get_server_info); transport failures exit 4."""
-    from kvgate.target import TargetClient  # the shared client: same timeouts, auth and error mapping
+    """`version` and transfer backend from the worker's server_info (TargetClient.server_info reads it:
+    the same fallback, timeouts, auth and error mapping as `check`); transport failures exit 4."""
+    from kvgate.target import TargetClient
 
-    base = url.rstrip("/")
     with TargetClient(timeout=timeout, token=token) as client:
-        path = "/server_info"
-        info = client.get_json(base, path, missing_ok=True)
-        if info is None:
-            path = "/get_server_info"
-            info = client.get_json(base, path, missing_ok=True)
-    if info is None:
-        raise TransportError(base, "neither /server_info nor /get_server_info exists: not an SGLang worker?")
-    if not isinstance(info, dict):
-        raise TransportError(base + path, f"expected a JSON object, got {type(info).__name__}")
+        path, info = client.server_info(url)
     version = info.get("version") if isinstance(info.get("version"), str) else None
     backend = info.get("disaggregation_transfer_backend")
     return version, backend if isinstance(backend, str) else None, path
 
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
-    from kvgate.catalogue import Assessment, assess, assess_version
+    from kvgate.catalogue import assess_version
     from kvgate.target import validate_url
 
     validate_url("--url", url)
@@ -53,27 +45,29 @@ def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: fl
 
 @handle_errors
 def fixes(
-    version: Optional[str] = typer.Option(None, "--version", help="Judge a release string (PEP 440), e.g. 0.5.20."),
-    repo: Optional[Path] = typer.Option(None, "--repo", help="An sglang git checkout (python/sglang layout)."),
-    rev: Optional[str] = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
-    site_packages: Optional[str] = typer.Option(
+    version: str | None = typer.Option(None, "--version", help="Judge a release string (PEP 440), e.g. 0.5.20."),
+    repo: Path | None = typer.Option(None, "--repo", help="An sglang git checkout (python/sglang layout)."),
+    rev: str | None = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
+    site_packages: str | None = typer.Option(
         None, "--site-packages", help="Folder holding the installed sglang/ package, or 'auto' (this interpreter)."),
-    python: Optional[str] = typer.Option(
+    python: str | None = typer.Option(
         None, "--python", help="Command running the server's Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
         "kvgate's scan program goes to its stdin."),
-    url: Optional[str] = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
-    backend: Optional[str] = typer.Option(
+    url: str | None = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
+    backend: str | None = typer.Option(
         None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."),
-    formats: List[ReportFormat] = typer.Option([], "--format", "-f", help="table (default), json, junit, markdown."),
-    outputs: List[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
-    token_env: Optional[str] = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
+    formats: list[ReportFormat] = typer.Option([], "--format", "-f", help="table (default), json, junit, markdown."),
+    outputs: list[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
+    token_env: str | None = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
-    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
+    scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0,
+                                       help="Seconds the --python scan may take."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
-    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."),
+    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0,
+                                        help="Seconds for the behaviour probes (one interpreter runs them all)."),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
@@ -81,12 +75,12 @@ def fixes(
     3: an entry is unknown (unless --no-strict; a correctness fix unknown or only weakly evidenced
     blocks even then). 4: --url unreachable, or the --python command failed.
     """
+    from kvgate.backport.probe import detect_by_behaviour
     from kvgate.catalogue import assess_checkout, assess_code, assess_version, to_findings
-    from kvgate.catalogue.behaviour import detect_by_behaviour
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
+    from kvgate.redact import token_from_env
     from kvgate.reporting import pair_outputs
-    from kvgate.secrets import token_from_env
 
     pairs = pair_outputs(list(formats), list(outputs))
     try:
@@ -95,7 +89,8 @@ def fixes(
         # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
         probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
         if len(chosen) > 1 and not probe_pair:
-            raise UsageError(f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})")
+            raise UsageError("give one of --version, --repo, --site-packages, --python, --url "
+                             f"(got {', '.join(chosen)})")
         if probe and (python is None or len(command_argv(python)) != 1):
             raise UsageError("--probe needs --python INTERPRETER, a local interpreter path (one that imports sglang, "
                              "with --site-packages PATH when the package is not on its own path)")

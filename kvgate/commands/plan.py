@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 import typer
 
@@ -18,29 +18,36 @@ ROLES = ("prefill", "decode")
 
 @handle_errors
 def plan(
-    model_config: Optional[Path] = typer.Option(None, "--model-config", help="The model's config.json (or its folder)."),
-    gpu_memory_gib: Optional[float] = typer.Option(
+    model_config: Path | None = typer.Option(None, "--model-config", help="The model's config.json (or its folder)."),
+    gpu_memory_gib: float | None = typer.Option(
         None, "--gpu-memory-gib", help="Free GiB per GPU before the weights load (e.g. 139.5 on an H200)."),
-    gpus_per_worker: Optional[int] = typer.Option(None, "--gpus-per-worker", min=1, help="GPUs of one worker (default tp x pp)."),
-    tp: Optional[int] = typer.Option(None, "--tp", min=1, help="--tp-size of the workers."),
-    dp: Optional[int] = typer.Option(None, "--dp", min=1, help="--dp-size of the workers (default 1)."),
+    gpus_per_worker: int | None = typer.Option(
+        None, "--gpus-per-worker", min=1, help="GPUs of one worker (default tp x pp)."),
+    tp: int | None = typer.Option(None, "--tp", min=1, help="--tp-size of the workers."),
+    dp: int | None = typer.Option(None, "--dp", min=1, help="--dp-size of the workers (default 1)."),
     attention_dp: bool = typer.Option(False, "--attention-dp", help="--enable-dp-attention: one pool per DP rank."),
-    pp: Optional[int] = typer.Option(None, "--pp", min=1, help="--pp-size of the workers (default 1)."),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="As given to the workers."),
-    kv_cache_dtype: Optional[str] = typer.Option(
+    pp: int | None = typer.Option(None, "--pp", min=1, help="--pp-size of the workers (default 1)."),
+    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="As given to the workers."),
+    kv_cache_dtype: str | None = typer.Option(
         None, "--kv-cache-dtype", help="auto (default), bfloat16 or fp8_e4m3."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="The page size server_info reports (default 1)."),
-    context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="Advertised context the pool must hold."),
-    headroom: Optional[float] = typer.Option(None, "--headroom", min=1.0, help="Required pool / context ratio (default 1.25)."),
-    weights_gib: Optional[float] = typer.Option(
+    page_size: int | None = typer.Option(
+        None, "--page-size", min=1, help="The page size server_info reports (default 1)."),
+    context_length: int | None = typer.Option(
+        None, "--context-length", min=1, help="Advertised context the pool must hold."),
+    headroom: float | None = typer.Option(
+        None, "--headroom", min=1.0, help="Required pool / context ratio (default 1.25)."),
+    weights_gib: float | None = typer.Option(
         None, "--weights-gib", min=0.0, help="Measured weight GiB per GPU (default: estimated from the config)."),
-    max_total_tokens: Optional[int] = typer.Option(None, "--max-total-tokens", min=1, help="The workers' pool cap, if any."),
-    release: Optional[str] = typer.Option(None, "--release", help="SGLang release whose sizing code to follow (default 0.5.23)."),
-    gpu_sm: Optional[int] = typer.Option(
+    max_total_tokens: int | None = typer.Option(
+        None, "--max-total-tokens", min=1, help="The workers' pool cap, if any."),
+    release: str | None = typer.Option(
+        None, "--release", help="SGLang release whose sizing code to follow (default 0.5.23)."),
+    gpu_sm: int | None = typer.Option(
         None, "--gpu-sm", help="GPU compute capability x10 (90 Hopper, 100 Blackwell); decides DSA's auto KV dtype."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Gate profile whose deployment: section to plan."),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    profile: str | None = typer.Option(None, "--profile", help="Gate profile whose deployment: section to plan."),
+    fmt: list[ReportFormat] = typer.Option(
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
 ) -> None:
     """Predict the KV pool SGLang sizes for a deployment; exit 1 when it cannot hold context x headroom."""
     pairs = pair_outputs(list(fmt), list(output))

@@ -7,6 +7,6 @@ import typer
 
 def schema() -> None:
     """Print the JSON Schema that every `--format json` report validates against."""
-    from kvgate.formats.json import schema_text
+    from kvgate.formats.json_report import schema_text
 
     typer.echo(schema_text(), nl=False)

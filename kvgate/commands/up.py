@@ -3,73 +3,65 @@
 from __future__ import annotations
 
 import json
-import signal
-import time
 from pathlib import Path
-from types import FrameType
-from typing import List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.commands.check import _observer
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
-
-class _Stop(Exception):
-    """SIGTERM unwinds into the teardown."""
-
-
-def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-    raise _Stop()
+if TYPE_CHECKING:  # the launcher and the pipeline load when the command runs, not for --help
+    from kvgate.gates.base import CheckOptions
+    from kvgate.launch import PDDeployment
 
 
 @handle_errors
 def up(
-    model_path: Optional[str] = typer.Option(
+    model_path: str | None = typer.Option(
         None, "--model-path", help="Model for every worker (SGLang --model-path; --device cpu: kvgate's tiny model)."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
     tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
-    context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="SGLang --context-length."),
-    prefill_pool: Optional[int] = typer.Option(None, "--prefill-pool", min=1, help="Prefill --max-total-tokens."),
-    decode_pool: Optional[int] = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
-    transfer_backend: str = typer.Option("mooncake", "--transfer-backend", help="mooncake, nixl, ascend, mori, mooncake_tcp."),
-    ib_device: Optional[str] = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
-    python: Optional[str] = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
+    context_length: int | None = typer.Option(None, "--context-length", min=1, help="SGLang --context-length."),
+    prefill_pool: int | None = typer.Option(None, "--prefill-pool", min=1, help="Prefill --max-total-tokens."),
+    decode_pool: int | None = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
+    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
+    page_size: int | None = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
+    transfer_backend: str = typer.Option("mooncake", "--transfer-backend",
+                                         help="mooncake, nixl, ascend, mori, mooncake_tcp."),
+    ib_device: str | None = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
+    python: str | None = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
     engine: str = typer.Option("sglang", "--engine", help="sglang (real workers) or sim (the simulator)."),
     device: str = typer.Option("gpu", "--device", help="gpu, or cpu: the real server on this CPU (needs --release)."),
-    release: Optional[str] = typer.Option(None, "--release",
+    release: str | None = typer.Option(None, "--release",
                                           help="With --device cpu: the SGLang release to run (0.5.19-0.5.23)."),
     skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
                                              help="Workers take input_ids and answer output_ids only."),
-    emulate: Optional[str] = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
+    emulate: str | None = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
     ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
-    log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
     gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
-    fmt: List[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
-    output: List[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: Optional[bool] = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
-    profile: Optional[str] = typer.Option(None, "--profile",
+    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
+    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
+    profile: str | None = typer.Option(None, "--profile",
                                           help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    worker_arg: List[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
+    worker_arg: list[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
 ) -> None:
     """Start prefill and decode workers and the real router; print the URLs, or gate them with --gate."""
     import sys
 
     from kvgate.check import run_check
-    from kvgate.gates.base import CheckOptions
-    from kvgate.reporting import pair_outputs
     from kvgate.launch import PDDeployment, PDLaunchPlan
-    from kvgate.profiles import load as load_profile
+    from kvgate.progress import terminal_observer
+    from kvgate.reporting import pair_outputs
+    from kvgate.supervisor import stop_on_sigterm
 
     pairs = pair_outputs(list(fmt), list(output))
-    is_strict, strict_source = resolve_strict(strict)
     plan = PDLaunchPlan(
         model_path=model_path, prefill=prefill, decode=decode, tp_size=tp_size, context_length=context_length,
         prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
@@ -86,43 +78,46 @@ def up(
     if model_path is None and release is None and engine == "sglang":
         raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
     dep = PDDeployment(plan, log_dir=log_dir)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        observer = _observer(quiet)
-        if observer:
-            observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
-        if not gate:
-            dep.start()
-            info = dep.info()
-            typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
-            typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
-            typer.echo("Press Ctrl-C to stop.", err=True)
-            while True:
-                time.sleep(0.5)
-                assert dep.supervisor is not None
-                dead = [p.name for p in dep.supervisor.processes if not p.alive()]
-                if dead:
-                    raise KvgateError(f"{', '.join(dead)} exited unexpectedly; see {dep.log_dir}")
+    with stop_on_sigterm():
         try:
-            with dep:
-                prof = load_profile(profile) if profile else None
-                is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)
-                options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                                       router_url=dep.router_url, strict=is_strict,
-                                       strict_source=strict_source, timeout=30.0, context_len=context_length,
-                                       profile_name=prof.name if prof else None,
-                                       headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
-                                       probes=prof.probes if prof else {},
-                                       # The simulator runs no sglang code: its emulated release is the evidence.
-                                       defenses={**(prof.defenses if prof else {}),
-                                                 **({"trust_version": True} if engine == "sim" else {})},
-                                       waivers=prof.waivers if prof else (), code=dep.code_sources())
-                report = run_check(options, observer=observer)
-        except KvgateError as exc:
-            report = fatal_report("up --gate", exc)
-        finish(report, pairs, verbose)
-    except (KeyboardInterrupt, _Stop):
-        typer.echo("kvgate up: stopping", err=True)
-    finally:
-        dep.stop()
-        signal.signal(signal.SIGTERM, previous)
+            observer = terminal_observer(quiet)
+            if observer:
+                observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
+            if not gate:
+                dep.start()
+                info = dep.info()
+                typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
+                typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
+                typer.echo("Press Ctrl-C to stop.", err=True)
+                assert dep.supervisor is not None
+                dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (exit 2)
+            try:
+                with dep:
+                    options = _gate_options(dep, profile, strict, context_length, engine)
+                    report = run_check(options, observer=observer)
+            except KvgateError as exc:
+                report = fatal_report("up --gate", exc)
+            finish(report, pairs, verbose)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
+            typer.echo("kvgate up: stopping", err=True)
+        finally:
+            dep.stop()
+
+
+def _gate_options(dep: PDDeployment, profile: str | None, strict: bool | None, context_length: int | None,
+                  engine: str) -> CheckOptions:
+    """What `up --gate` checks on the deployment it started: its URLs, the profile, the flags."""
+    from kvgate.gates.base import CheckOptions
+    from kvgate.profiles import load as load_profile
+
+    prof = load_profile(profile) if profile else None
+    is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)
+    return CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
+                        router_url=dep.router_url, strict=is_strict, strict_source=strict_source, timeout=30.0,
+                        context_len=context_length, profile_name=prof.name if prof else None,
+                        headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
+                        probes=prof.probes if prof else {},
+                        # The simulator runs no sglang code: its emulated release is the evidence.
+                        defenses={**(prof.defenses if prof else {}),
+                                  **({"trust_version": True} if engine == "sim" else {})},
+                        waivers=prof.waivers if prof else (), code=dep.code_sources())

@@ -73,7 +73,8 @@ class ServerEnv:
         out.update(SERVER_ENV)
         out["PYTHONPATH"] = os.pathsep.join(self.pythonpath)
         if self.ld_library_path:
-            out["LD_LIBRARY_PATH"] = os.pathsep.join([*self.ld_library_path, *filter(None, [out.get("LD_LIBRARY_PATH")])])
+            inherited = filter(None, [out.get("LD_LIBRARY_PATH")])
+            out["LD_LIBRARY_PATH"] = os.pathsep.join([*self.ld_library_path, *inherited])
         return out
 
 

@@ -22,14 +22,14 @@ class ReportFormat(str, Enum):
     JUNIT = "junit"
     MARKDOWN = "markdown"
 
-    def formatter(self) -> "Formatter":
+    def formatter(self) -> Formatter:
         module, cls = _FORMATTERS[self].rsplit(".", 1)
-        return getattr(import_module(module), cls)()  # type: ignore[no-any-return]
+        return getattr(import_module(module), cls)()
 
 
 _FORMATTERS: dict[ReportFormat, str] = {
     ReportFormat.TABLE: "kvgate.formats.table.TableFormatter",
-    ReportFormat.JSON: "kvgate.formats.json.JsonFormatter",
+    ReportFormat.JSON: "kvgate.formats.json_report.JsonFormatter",
     ReportFormat.JUNIT: "kvgate.formats.junit.JunitFormatter",
     ReportFormat.MARKDOWN: "kvgate.formats.markdown.MarkdownFormatter",
 }

@@ -26,9 +26,8 @@ class MarkdownFormatter(Formatter):
             out.append("")
         out += ["| result | check | node | summary |", "| --- | --- | --- | --- |"]
         for f in report.findings:
-            out.append(
-                f"| {_ICON[f.outcome]}{' (waived)' if f.waived else ''} | `{_cell(f.test_id)}` | {_cell(f.node)} | {_cell(f.summary)} |"
-            )
+            mark = " (waived)" if f.waived else ""
+            out.append(f"| {_ICON[f.outcome]}{mark} | `{_cell(f.test_id)}` | {_cell(f.node)} | {_cell(f.summary)} |")
         not_passed = [f for f in report.findings if f.outcome not in (Outcome.PASSED, Outcome.INFO) and f.evidence]
         if not_passed:
             out += ["", "### Evidence", ""]
@@ -45,7 +44,8 @@ class MarkdownFormatter(Formatter):
             out += ["", "### Remedies", ""]
             for f in remedies:
                 ref = doc_ref(f)
-                out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.remedy)}" + (f" (see `{ref}`)" if ref else ""))
+                see = f" (see `{ref}`)" if ref else ""
+                out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.remedy)}{see}")
         if report.cost:
             out += ["", "### Cost", ""]
             out += [f"- {_cell(k)}: {_cell(v)}" for k, v in report.cost.items()]

@@ -6,8 +6,9 @@ gate runs, so every gate sees the same snapshot of the target.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from kvgate.discovery import RouterListing
 from kvgate.findings import Finding

@@ -23,9 +23,10 @@ caller requires them; on but ineffective is inconclusive (failed when required);
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from packaging.version import Version
 
@@ -35,12 +36,11 @@ from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, CodeScan, command_argv, sc
 from kvgate.catalogue.version import ReleaseString
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, error, failed, inconclusive, info, passed
+from kvgate.upstream import DEFERRED_ENV, DEFERRED_RELEASE_DEFAULT
 
 GATE = "defenses"
-DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
-
-# Deferred-release default per release (srt/environ.py, upstream-fixes.md section 4).
-_DEFERRED_DEFAULT = {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True}
+# The first release whose default is on (for remedies).
+_DEFERRED_ON_FROM = min((r for r, on in DEFERRED_RELEASE_DEFAULT.items() if on), key=Version)
 # Backends whose manager sends ABORT_ACK / declares supports_deferred_decode_kv_release
 # (mooncake, nixl; ascend inherits mooncake; mori from 0.5.22).
 _DEFERRED_BACKENDS = ("mooncake", "nixl", "ascend")
@@ -191,7 +191,7 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
     rel = _release(n)
     backend = _backend(n)
     ev = [Evidence(n.node, "transfer_backend", n.transfer_backend, "mooncake|nixl|ascend (mori from 0.5.22)")]
-    default = _DEFERRED_DEFAULT.get(str(rel.version)) if rel is not None and rel.is_final else None
+    default = DEFERRED_RELEASE_DEFAULT.get(str(rel.version)) if rel is not None and rel.is_final else None
     on: bool | None
     if n.env_vars is not None and DEFERRED_ENV in n.env_vars:
         on = _env_bool(n.env_vars[DEFERRED_ENV])
@@ -204,18 +204,22 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
         ev.append(Evidence(n.node, f"{DEFERRED_ENV} (operator/profile)", operator_env, "true"))
     elif n.env_vars is not None and default is not None:
         on = default
-        ev.append(Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default, "true"))
+        ev.append(Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default,
+                           "true"))
     else:
         ev.append(Evidence(n.node, f"{DEFERRED_ENV}", "not readable",
                            f"exposed env (SGLANG_EXPOSE_OWN_ENV_VARS=1) or operator input; release default {default}"))
         return inconclusive(GATE, "deferred-release", n.node,
-                            "deferred decode KV release: the effective env is unknown (no CLI flag, not in server_info)",
+                            "deferred decode KV release: the effective env is unknown (no CLI flag, not in "
+                            "server_info)",
                             *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
-                            "--deferred-release-env / --no-deferred-release-env (profile: defenses.deferred_release_env)")
+                            "--deferred-release-env / --no-deferred-release-env "
+                            "(profile: defenses.deferred_release_env)")
     if on is False:
         return failed(GATE, "deferred-release", n.node, "deferred decode KV release is OFF: pages can be freed "
                       "while an aborted transfer may still write them", *ev,
-                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker (default on from 0.5.21)")
+                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker "
+                      f"(default on from {_DEFERRED_ON_FROM})")
     if backend is None:
         return inconclusive(GATE, "deferred-release", n.node, "deferred release on, but the transfer backend is "
                             "unknown: cannot tell whether it supports it", *ev)
@@ -227,7 +231,8 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
         return failed(GATE, "deferred-release", n.node, f"deferred release is on but backend {backend} "
                       f"{'in ' + n.version if n.version else ''} does not support it: no drain ACK protects the pages",
                       *ev, remedy="use mooncake, nixl or ascend (mori from sglang 0.5.22)")
-    return passed(GATE, "deferred-release", n.node, f"deferred decode KV release on, backend {backend} supports it", *ev)
+    return passed(GATE, "deferred-release", n.node, f"deferred decode KV release on, backend {backend} supports it",
+                  *ev)
 
 
 # --- KV checksum ----------------------------------------------------------------------------
@@ -262,14 +267,14 @@ def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
         else:
             flags.append(n.kv_checksum)
     if None in flags:
-        unknown = [n.node for n, f in zip(pd, flags) if f is None]
+        unknown = [n.node for n, f in zip(pd, flags, strict=True) if f is None]
         return inconclusive(GATE, "kv-checksum", node, f"KV checksum flag not reported by {', '.join(unknown)}", *ev)
     if not any(flags):
         if required:
             return failed(GATE, "kv-checksum", node, "KV checksum is off (required by the profile)", *ev, remedy=remedy)
         return info(GATE, "kv-checksum", node, "KV checksum off: optional detection, not counted as a defense", *ev)
     if not all(flags):
-        off = [n.node for n, f in zip(pd, flags) if not f]
+        off = [n.node for n, f in zip(pd, flags, strict=True) if not f]
         return _not_counted("kv-checksum", node, f"KV checksum on for some nodes only (off: {', '.join(off)}): it "
                             "counts only when on for BOTH prefill and decode, so it is no defense", required, *ev,
                             remedy=remedy)
@@ -482,5 +487,5 @@ class DefensesGate:
         return run_defenses_gate(nodes, **self.kwargs)
 
 
-__all__ = ["CodeSource", "DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "code_sources", "source_for", "GATE", "MLA_DSA_ARCHITECTURES", "defense_options",
-           "inputs_from_reading", "run_defenses_gate"]
+__all__ = ["CodeSource", "DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "code_sources", "source_for", "GATE",
+           "MLA_DSA_ARCHITECTURES", "defense_options", "inputs_from_reading", "run_defenses_gate"]

@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from kvgate.discovery import RouterListing, RouterWorker, normalize_url
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
@@ -97,13 +97,15 @@ def router_roles(listing: RouterListing | None, readings: Sequence[NodeReading])
                               f"no PD role: the router says {routed or 'nothing'} and the worker reports "
                               f"{r.role!r}; it cannot be gated as prefill or decode",
                               Evidence(r.node, "disaggregation_mode", r.role, "prefill or decode"),
-                              remedy="launch it with --disaggregation-mode prefill|decode, or remove it from the router"))
+                              remedy="launch it with --disaggregation-mode prefill|decode, or remove it from the "
+                              "router"))
             continue
         if not routed or r.role == "unknown":
             continue  # nothing to compare (pool-context reports an unknown role)
         if routed != [r.role]:
             out.append(failed(GATE, "router-role", r.node,
-                              f"the router routes it as {'/'.join(routed)} but it reports disaggregation_mode={r.role!r}",
+                              f"the router routes it as {'/'.join(routed)} but it reports "
+                              f"disaggregation_mode={r.role!r}",
                               Evidence(r.node, "router worker_type", "/".join(routed), r.role),
                               remedy=f"register it with the router as --{r.role} (or relaunch it as {routed[0]})"))
         else:

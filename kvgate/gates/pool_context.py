@@ -15,9 +15,10 @@ incident's danger band.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
@@ -172,7 +173,8 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
         expected = limits.expected_max_req_input_len
         band = limits.reject_band
         ev = [
-            Evidence(node, "max_req_input_len", reading.max_req_input_len, f"<= {expected:,} = min(context-1, pool-1)-5"),
+            Evidence(node, "max_req_input_len", reading.max_req_input_len,
+                     f"<= {expected:,} = min(context-1, pool-1)-5"),
             Evidence(node, "largest_accepted_prompt", limits.largest_accepted, None),
             Evidence(node, "reject_band", None if band is None else f"[{band[0]:,}, {band[1]:,}]",
                      "lengths that pass the tokenizer and take the scheduler's abort path"),

@@ -14,8 +14,9 @@ Keys are the `kvgate plan` flags in snake_case; flags win over the profile.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kvgate.errors import ProfileError
 

@@ -9,12 +9,13 @@ the observed pool explains nothing and says so.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from kvgate.errors import KvgateError
-from kvgate.plan.model import ModelShape
 from kvgate.plan.knobs import knobs
+from kvgate.plan.model import ModelShape
 from kvgate.plan.planner import DEFAULT_RELEASE, PlanInputs, plan_worker
 from kvgate.plan.sizing import GIB
 from kvgate.plan.verdict import knob_remedy

@@ -4,11 +4,15 @@ context x headroom, each found by re-planning (planner.plan_worker), or why no v
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import TypeVar
 
 from kvgate.plan.model import Attention, PlanError
 from kvgate.plan.planner import MAX_MEM_FRACTION, MAX_PP, TP_CANDIDATES, PlanInputs, WorkerPlan, plan_worker
+
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -43,7 +47,8 @@ def _scaled_weights(inp: PlanInputs, gpus_before: int, gpus_after: int) -> float
     return None if inp.weights_gib is None else inp.weights_gib * gpus_before / gpus_after
 
 
-def _first(candidates: list[PlanInputs], value: Callable[[PlanInputs], object]) -> tuple[object, int] | None:
+def _first(candidates: list[PlanInputs], value: Callable[[PlanInputs], T]) -> tuple[T, int] | None:
+    """The first candidate whose pool holds what is required: its `value` and that pool."""
     for c in candidates:
         pool = _pool(c)
         if pool >= c.required:
@@ -80,8 +85,9 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
     cands = [replace(inp, tp=t, gpus_per_worker=inp.gpus_per_worker * t // inp.tp,
                      weights_gib=_scaled_weights(inp, gpus, t * inp.pp)) for t in tps]
     hit = _first(cands, lambda c: c.tp)
-    note = (f"{inp.gpus_per_worker * hit[0] // inp.tp if hit else 0} GPUs per worker; weights assumed to split evenly" + (
-        "; MLA/DSA cells do not shrink with TP, only the weights do" if inp.shape.attention is not Attention.MHA else ""))
+    note = f"{inp.gpus_per_worker * hit[0] // inp.tp if hit else 0} GPUs per worker; weights assumed to split evenly"
+    if inp.shape.attention is not Attention.MHA:
+        note += "; MLA/DSA cells do not shrink with TP, only the weights do"
     out.append(Knob("--tp", inp.tp, hit[0] if hit else None, hit[1] if hit else None,
                     note if hit else f"impossible up to tp {TP_CANDIDATES[-1]} (heads must split evenly)"))
 
@@ -112,7 +118,8 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
         out.append(Knob("--page-size", inp.page_size, 1 if pool >= inp.required else None,
                         pool if pool >= inp.required else None,
                         "the attention backend may force its own page size" if pool >= inp.required
-                        else f"impossible: page rounding costs under {inp.page_size} tokens; page 1 gives {_gives(pool)}"))
+                        else f"impossible: page rounding costs under {inp.page_size} tokens; "
+                        f"page 1 gives {_gives(pool)}"))
     else:
         out.append(Knob("--page-size", inp.page_size, None, None, "impossible: already 1 (no rounding loss)"))
 

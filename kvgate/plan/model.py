@@ -9,10 +9,11 @@ MiniMax sparse, multimodal wrappers) is refused with a `PlanError` naming why, n
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kvgate.errors import UsageError
 

@@ -171,7 +171,8 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
         steps.append(Step("dp_ranks", inp.dp, f"{inp.dp} pools of {pool:,} tokens; one request lives on one rank"))
     steps.append(Step("max_req_input_len", sizing.max_req_input_len(inp.context_length, pool),
                       f"min(context {inp.context_length:,} - 1, pool {pool:,} - 1) - 5"))
-    steps.append(Step("required_pool", inp.required, f"ceil(context {inp.context_length:,} x headroom {inp.headroom:g})"))
+    steps.append(Step("required_pool", inp.required,
+                      f"ceil(context {inp.context_length:,} x headroom {inp.headroom:g})"))
     error = _startup_error(inp, post, rest, pool)
     if error:
         steps.append(Step("starts", False, error))
@@ -181,7 +182,8 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
 def _startup_error(inp: PlanInputs, post: float, rest: float, pool: int) -> str | None:
     """What stops the worker before it serves: SGLang refuses to start rather than size an empty pool."""
     if post <= 0:
-        return f"the weights alone ({inp.gpu_memory_gib - post:.3f} GiB) exceed the {inp.gpu_memory_gib} GiB free per GPU"
+        return (f"the weights alone ({inp.gpu_memory_gib - post:.3f} GiB) exceed the {inp.gpu_memory_gib} GiB free "
+                "per GPU")
     if rest <= 0:
         minimum = 1 - post / inp.gpu_memory_gib
         return ("SGLang refuses to start: loaded weights leave no GPU memory for the KV cache under "

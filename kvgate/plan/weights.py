@@ -9,7 +9,8 @@ figure of a running worker's `memory_usage`) always wins over it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvgate.plan.model import Attention, ModelShape
 

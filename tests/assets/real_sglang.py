@@ -52,7 +52,7 @@ def cpu_env_or_skip(version: str) -> CpuEnv:
         skip_only_if_unreachable(exc, f"CPU sglang {version}")
 
 
-def server_env_or_skip(version: str) -> "ServerEnv":
+def server_env_or_skip(version: str) -> ServerEnv:
     """The real server's CPU environment of `version` (plus Mooncake and its system libraries) and
     kvgate's tiny model; same skip rule as `cpu_env_or_skip`."""
     from kvgate.cpuserver.env import server_env

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport.manifest import MARKER_PREFIX, load_series
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 
 from .conftest import tree_digest

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.backport.manifest import load_series
 from kvgate.backport.regen import recompute
+from kvgate.catalogue.series import load_series
 from kvgate.upstream import DownloadError
 from tests.assets.real_sglang import skip_only_if_unreachable
 

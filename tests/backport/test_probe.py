@@ -8,14 +8,13 @@ retire it; no release checks handoff coverage, the hardening patch does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportRefused, Layout, Target, apply_series
-from kvgate.backport.manifest import load_series
 from kvgate.backport.probe import (
     ADMITTED,
     ERROR,
@@ -23,18 +22,19 @@ from kvgate.backport.probe import (
     RETIRED,
     UNVERIFIED,
     VERIFIED,
-    ProbeResult,
+    DoorProbeReport,
     run_admission_probe,
     run_all_probes,
     run_hardening_probe,
     run_result_retire_probe,
 )
+from kvgate.catalogue.series import load_series
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheels]
 REJECT = "Input length (8 tokens) exceeds the maximum allowed length (4 tokens)."
 
 
-def _by(result: ProbeResult, name: str, door: str):  # type: ignore[no-untyped-def]
+def _by(result: DoorProbeReport, name: str, door: str):  # type: ignore[no-untyped-def]
     return next(c for c in result.cases if c.name == name and c.door == door)
 
 

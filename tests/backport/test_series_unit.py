@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
-from kvgate.backport.manifest import MARKER_PREFIX, available, load_series, normalise_release
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import available, load_series, normalise_release
 from kvgate.errors import UsageError
 
 SERIES = {
@@ -74,4 +75,14 @@ def test_broken_manifest_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "v0.5.20").mkdir()
     (tmp_path / "v0.5.20" / "manifest.yaml").write_text("base_release: 0.5.20\npatches:\n- id: x\n  file: gone.patch\n")
     with pytest.raises(UsageError, match="invalid manifest"):
+        load_series("0.5.20", root=tmp_path)
+
+
+def test_a_manifest_field_nothing_reads_is_refused(tmp_path: Path) -> None:
+    series = tmp_path / "v0.5.20"
+    series.mkdir()
+    (series / "0001.patch").write_text("")
+    (series / "manifest.yaml").write_text("base_release: 0.5.20\npatches:\n- id: x\n  file: 0001.patch\n  title: t\n"
+                                          "  gate: lifetime\n  files: []\n")
+    with pytest.raises(UsageError, match=r"patch x: unknown key\(s\) gate"):
         load_series("0.5.20", root=tmp_path)

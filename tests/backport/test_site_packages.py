@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from typer.testing import CliRunner
@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 from kvgate.backport import engine
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportFailed, Layout, Target, apply_series
-from kvgate.backport.manifest import MARKER_PREFIX, load_series
+from kvgate.catalogue.scanprog import MARKER_PREFIX
+from kvgate.catalogue.series import load_series
 from kvgate.cli import app
+from kvgate.exitcodes import ExitStatus
 
 from .conftest import tree_digest
 
@@ -82,6 +84,30 @@ def test_failure_while_writing_restores_every_file(site: Callable[[str], CpuEnv]
     assert calls["n"] == 4
     assert tree_digest(root) == before
     assert not (root / "sglang/.kvgate-backport").exists()
+
+
+def test_a_full_disk_is_not_a_usage_error(site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch,
+                                          tmp_path: Path) -> None:
+    """An I/O failure writing the target exits 4 (the target could not be written), never 2, with the
+    report saying what failed; the target is left as it was."""
+    root = site("0.5.20").site_packages
+    before = tree_digest(root)
+
+    real_replace = os.replace
+
+    def full(src: str | Path, dst: str | Path) -> None:  # the target's disk is full; the report's is not
+        if str(dst).startswith(str(root)):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(engine.os, "replace", full)
+    out = tmp_path / "r.json"
+    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "-f", "json", "-o", str(out))
+    assert res.exit_code == ExitStatus.TRANSPORT_ERROR == 4, res.output
+    doc = json.loads(out.read_text())
+    assert doc["exit_status"] == 4 and doc["verdict"] == "transport_error"
+    assert "No space left on device" in doc["findings"][0]["summary"] and "nothing changed" in res.stderr
+    assert tree_digest(root) == before
 
 
 def test_python_interpreter_finds_its_install(site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from kvgate.backport import probe
 from kvgate.catalogue import Presence, assess_installed
-from kvgate.catalogue.behaviour import admission_detection, detect_by_behaviour, hardening_detection
+from kvgate.catalogue.behaviour import admission_detection, hardening_detection
 from kvgate.catalogue.source import from_site_packages
 from tests.assets.real_sglang import cpu_env_or_skip
 
@@ -17,7 +17,7 @@ def _result(status: str, controls_ok: bool = True, **kw):  # type: ignore[no-unt
                 client_error={"status_code": 400}, error=None, missing=None, duration_s=1.0,
                 torchvision_stub=True, python="/py")
     base.update(kw)
-    return probe.ProbeResult(**base)
+    return probe.DoorProbeReport(**base)
 
 
 def test_admission_mapping() -> None:
@@ -31,8 +31,8 @@ def test_admission_mapping() -> None:
 
 
 def test_hardening_mapping() -> None:
-    mk = lambda s: probe.HardeningProbeResult(status=s, version="0.5.20", cases=(), client_error=None,  # noqa: E731
-                                              error=None, missing=None, duration_s=1.0, python="/py")
+    mk = lambda s: probe.HandoffProbeReport(status=s, version="0.5.20", cases=(), client_error=None,  # noqa: E731
+                                            error=None, missing=None, duration_s=1.0, python="/py")
     assert hardening_detection(mk("VERIFIED")).presence is Presence.PRESENT
     assert hardening_detection(mk("UNVERIFIED")).presence is Presence.ABSENT
     assert hardening_detection(mk("ERROR")).presence is Presence.UNKNOWN
@@ -44,7 +44,7 @@ def test_hardening_mapping() -> None:
 def test_real_admission_code_on_cpu(release: str, door: Presence) -> None:
     env = cpu_env_or_skip(release)
     installed = from_site_packages(env.site_packages)
-    dets = detect_by_behaviour(env.python, env.pythonpath)
+    dets = probe.detect_by_behaviour(env.python, env.pythonpath)
     a = assess_installed(installed, behaviour=dets)
     s = a.status("pr-38935")
     assert s.presence is door and s.decided_by == "behaviour", [d.evidence for d in s.detections]

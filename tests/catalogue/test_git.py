@@ -13,7 +13,6 @@ from kvgate.catalogue import Presence, assess_checkout, load_catalogue
 from kvgate.catalogue.git import detect_by_git
 from kvgate.cli import app
 from kvgate.errors import UsageError
-
 from tests.catalogue.helpers import commit_release, init_repo, wheel
 
 pytestmark = pytest.mark.wheels

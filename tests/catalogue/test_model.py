@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import copy
+from importlib import resources
 
 import pytest
 import yaml
-from importlib import resources
 
 from kvgate.catalogue import load_catalogue
 from kvgate.catalogue.model import CatalogueError, parse_catalogue
 from kvgate.catalogue.signatures import glob_prefix, glob_regex
-
 from tests.catalogue.helpers import EXPECTED
 
 

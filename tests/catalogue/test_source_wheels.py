@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from kvgate.catalogue import Presence, assess_installed
+from kvgate.catalogue.codescan import locate_package
 from kvgate.catalogue.source import from_python, from_site_packages, read_declared_version
 from kvgate.errors import TransportError, UsageError
 from kvgate.upstream import RELEASES
-
 from tests.catalogue.helpers import EXPECTED, add_marker, copy_signature_tree, wheel
 
 pytestmark = pytest.mark.wheels
@@ -89,6 +89,22 @@ def test_python_interpreter_is_asked_where_sglang_is(tmp_path: Path) -> None:
     assert "find_spec" in installed.found_by
     a = assess_installed(installed)
     assert a.status("pr-38935").presence is Presence.PRESENT
+
+
+def test_the_scan_and_locate_package_agree_and_honour_pythonpath(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """One "where is sglang" helper: the locate program and the scan find the same package, with the
+    interpreter's own environment (an overlay on PYTHONPATH counts, as it does for the server)."""
+    site = wheel("0.5.21")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    with pytest.raises(UsageError, match="not importable"):
+        locate_package(py)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    assert locate_package(py) == from_python(py).package_dir == (site / "sglang").resolve()
+    with pytest.raises(TransportError, match="no such program"):
+        locate_package(str(tmp_path / "nope" / "python"))
 
 
 def test_python_without_sglang_or_missing_interpreter(tmp_path: Path) -> None:

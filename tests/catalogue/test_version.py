@@ -9,7 +9,6 @@ from kvgate.catalogue.version import detect_by_version
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.upstream import RELEASES
-
 from tests.catalogue.helpers import EXPECTED
 
 

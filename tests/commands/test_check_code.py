@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport.manifest import load_series
+from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from tests.assets import sglang_payloads as P

@@ -8,8 +8,9 @@ unexpected exception must still write every requested report and exit 2 (usage),
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.formats import ReportFormat
-
 from tests.catalogue.helpers import add_marker, commit_release, copy_signature_tree, init_repo, wheel
 from tests.conftest import Route
 

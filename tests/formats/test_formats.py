@@ -93,7 +93,8 @@ def test_table_leads_with_the_verdict_and_the_deciding_findings_at_80_columns() 
                Evidence(node, "max_total_num_tokens", 681280, ">= 1,310,720"), remedy="raise the pool"),
         failed("pool-context", "headroom-dp0", node, "pool 681,280 < 1,310,720 required for context 1,048,576"),
         failed("probes", "canary.round_a", "router http://r", "content of tenant-plantA30 leaked into pool_limit",
-               Evidence("router http://r", "canary.leaks", ["a -> b"] * 9, "every answer carries only its own sentinel")),
+               Evidence("router http://r", "canary.leaks", ["a -> b"] * 9,
+                        "every answer carries only its own sentinel")),
     ]
     text = TableFormatter(width=80).render(Report(command="check", findings=tuple(findings)))
     lines = text.splitlines()

@@ -6,7 +6,8 @@ negative, zero or nested wrong, gate 1 fails (never an all-pass).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hypothesis import example, given
 from hypothesis import strategies as st

@@ -41,7 +41,8 @@ def test_version_string_alone_is_not_counted_as_code(version: str) -> None:
     assert f.outcome is Outcome.INCONCLUSIVE, f.summary
     assert "version string" in f.summary and "code not read" in f.summary and "--trust-version" in f.remedy
     rows = {e.field: e.value for e in f.evidence}
-    assert rows["pr-38935"].startswith("present: #38935") and "by version string only, code not read" in rows["pr-38935"]
+    assert rows["pr-38935"].startswith("present: #38935")
+    assert "by version string only, code not read" in rows["pr-38935"]
 
 
 def test_release_failure_names_fix_and_remedy() -> None:
@@ -240,13 +241,14 @@ def test_finding_count_and_gate_name() -> None:
     assert all(f.gate == "defenses" for f in findings)
     assert [f.check for f in findings].count("release") == 2 and [f.check for f in findings].count("kv-checksum") == 1
     outcomes = {f.check: f.outcome for f in findings}
-    assert outcomes == {"release": Outcome.PASSED, "deferred-release": Outcome.PASSED,
-                        "kv-checksum": Outcome.INFO, "kv-canary": Outcome.INFO}, [(f.check, f.summary) for f in findings]
+    want = {"release": Outcome.PASSED, "deferred-release": Outcome.PASSED, "kv-checksum": Outcome.INFO,
+            "kv-canary": Outcome.INFO}
+    assert outcomes == want, [(f.check, f.summary) for f in findings]
 
 
 def test_adapter_from_a_node_reading() -> None:
-    from tests.assets import sglang_payloads as Pl
     from kvgate.target import NodeSpec, parse_node
+    from tests.assets import sglang_payloads as Pl
 
     doc = Pl.server_info(pool=2_000_000, context=1_048_576)
     doc.update(version="0.5.23", disaggregation_mode="decode", disaggregation_transfer_backend="nixl",

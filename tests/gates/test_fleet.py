@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from typer.testing import CliRunner
 
@@ -62,8 +63,8 @@ def test_pools_that_differ_above_the_context_do_not_block(payload_server: Callab
     a = worker(payload_server, "prefill", pool=BIG)
     b = worker(payload_server, "prefill", pool=BIG - 4_096)
     d = worker(payload_server, "decode")
-    res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict", "--prefill-url", a.url, "--prefill-url", b.url,
-                              "--decode-url", d.url])
+    res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict",
+                              "--prefill-url", a.url, "--prefill-url", b.url, "--decode-url", d.url])
     assert res.exit_code == ExitStatus.PASSED, res.output
     adm = [f for f in json.loads(res.stdout)["findings"] if f["check"] == "prefill-admission-consistency"]
     assert len(adm) == 1 and adm[0]["outcome"] == "passed" and "2,035,904 .. 2,040,000" in adm[0]["summary"]

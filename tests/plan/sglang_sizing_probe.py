@@ -29,7 +29,6 @@ from typing import Any
 def size(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed
-
     from sglang.srt import runtime_context as rc
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
     from sglang.srt.distributed.utils import get_pp_indices

@@ -6,7 +6,8 @@ API:
   without settings it validates `ctx.options.probes` itself (source: the profile name).
 - `ProbeSettings.from_mapping(mapping, source)`: validated settings (keys documented on the class);
   a bad key or value raises `ProfileError(source, "probes.<key>", problem)`.
-- `run_self_test(settings, observer)` in `kvgate.gates.probes.selftest`: the positive control.
+- `kvgate.gates.probes.selftest`: the positive control's shape and verdict (the pipeline,
+  `kvgate.check.run_self_test`, starts the simulator and runs it).
 - `Verdict`: the contract's outcome classes (failure class names in finding summaries).
 
 Check names (finding.check, gate "probes"): contract.{beyond_context,context_limit,pool_limit,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import httpx
 
@@ -122,8 +122,9 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
             box: list[Sent] = []
             # Without decode URLs the only cancel left is the client's disconnect.
             disconnect = at if not decode_urls else None
-            t = threading.Thread(target=lambda: box.append(sender.one(victim_p, phase, cancel_after_s=disconnect)),
-                                 daemon=True)
+            # This try's box, phase and deadline, bound now: a thread outliving its join must not see the next's.
+            t = threading.Thread(target=lambda box=box, phase=phase, disconnect=disconnect: box.append(
+                sender.one(victim_p, phase, cancel_after_s=disconnect)), daemon=True)
             t.start()
             time.sleep(at)
             acked = bool(decode_urls)
@@ -171,9 +172,9 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
     if sightings:
         ev.append(Evidence(node, "abort.sightings", owners(sightings), "no canary carries another request's content"))
         from_cancelled = [s for s in sightings if "abort_victim" in s.source]
-        what = owners(from_cancelled or sightings)
-        return failed(GATE, CHECK, node, f"cross-request content after an abort mid-transfer: {what[0]}"
-                      + (f" (+{len(what) - 1} more)" if len(what) > 1 else ""), *ev,
+        leaked = owners(from_cancelled or sightings)
+        return failed(GATE, CHECK, node, f"cross-request content after an abort mid-transfer: {leaked[0]}"
+                      + (f" (+{len(leaked) - 1} more)" if len(leaked) > 1 else ""), *ev,
                       remedy="enable deferred decode KV release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1, "
                              "default from 0.5.21) and upgrade to 0.5.22+")
     answered = [c for c in canaries if c.result.status == 200]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.cost import CostMeter

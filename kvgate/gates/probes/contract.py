@@ -21,9 +21,9 @@ How real SGLang (0.5.19-0.5.23, behind smg 1.13.0) rejects, measured against the
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
 
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe

@@ -16,7 +16,7 @@ accepted-length requests in a row unanswered at their deadline), stops the run e
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
@@ -24,12 +24,18 @@ from kvgate.gates.probes.abort import run_abort
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.codec_select import select_codec
-from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
-from kvgate.gates.probes.plan import (ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, max_new_tokens_for,
-                                      plan_length_probes)
+from kvgate.gates.probes.plan import (
+    ACCEPT,
+    LengthProbe,
+    ProbeLimits,
+    limits_from_readings,
+    max_new_tokens_for,
+    plan_length_probes,
+)
 from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.target import DECODE
@@ -175,8 +181,8 @@ class _Run:
             why = f"a confirmed leak ({self.stopped_by})" if self.stopped_by else \
                 f"the deployment stopped answering ({self.stalled_by})"
             self.findings.append(inconclusive(GATE, "skipped", self.node,
-                                              f"not run after {why}: " + ", ".join(skipped)
-                                              + " (run them with --keep-going, or the profile's probes.early_stop: false)"))
+                                              f"not run after {why}: " + ", ".join(skipped) + " (run them with "
+                                              "--keep-going, or the profile's probes.early_stop: false)"))
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
 

@@ -43,7 +43,7 @@ class _Answer:
     observed: bool
 
     @classmethod
-    def of(cls, rec: Sent) -> "_Answer":
+    def of(cls, rec: Sent) -> _Answer:
         r = rec.result
         return cls(rec.label, r.answer if r.served else None, r.served and r.generated,
                    r.status is not None and not r.timed_out)
@@ -59,7 +59,8 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
     """The greedy-replay isolation check (see the module docstring)."""
     n = settings.isolation_new_tokens
     q_len = min(max(4 * limits.page_size, 64), limits.longest_accepted)
-    q = LengthProbe("isolation_replay", q_len, ACCEPT, "none", "fixed prompt replayed", max_new_tokens_for(limits, q_len, n))
+    q = LengthProbe("isolation_replay", q_len, ACCEPT, "none", "fixed prompt replayed",
+                    max_new_tokens_for(limits, q_len, n))
     fixed = sender.sentinel("isolation replay prompt (kvgate's own, sent identically each time)")
     over = None
     if limits.reject_band is not None:
@@ -98,11 +99,12 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
                       f"({changed[0]}; control {control[0].show()}): answers depend on other requests' KV", *ev,
                       remedy="upgrade to SGLang 0.5.22+ or backport; raise the KV pool to at least the context")
     overs = [o for _, o, _ in after if o is not None]
-    if len(overs) == 2 and all(o.served for o in overs) and overs[0].answer != overs[1].answer:
+    if over is not None and len(overs) == 2 and all(o.served for o in overs) and overs[0].answer != overs[1].answer:
         return failed(GATE, CHECK, node, f"over-limit request served from stale KV: the same {over.length:,}-token "
                       f"prompt was answered {overs[0].show()} after traffic X and {overs[1].show()} after traffic Y "
                       "(its answer is built from other tenants' pages)", *ev,
-                      remedy="upgrade to SGLang 0.5.22+ (#38935) or backport; raise the KV pool to at least the context")
+                      remedy="upgrade to SGLang 0.5.22+ (#38935) or backport; raise the KV pool to at least the "
+                      "context")
     unobserved = [a.label for _, _, a in after if not a.observed]
     if unobserved:
         return inconclusive(GATE, CHECK, node, "replays after traffic got no answer: " + ", ".join(unobserved), *ev)

@@ -116,7 +116,8 @@ def latency_finding(samples: LatencySamples | None, settings: ProbeSettings, ser
             fast.append(f"{rec.label} answered 200 in {rec.result.elapsed_s * 1000:.1f} ms; {ref[1]} "
                         f"{ref[0] * 1000:.1f} ms")
     if ks is not None:
-        ev += [Evidence(node, "latency.median_s", {"short": round(ks.median_short, 4), "long": round(ks.median_long, 4)}),
+        ev += [Evidence(node, "latency.median_s",
+                        {"short": round(ks.median_short, 4), "long": round(ks.median_long, 4)}),
                Evidence(node, "latency.ks", {"d_plus": round(ks.d_plus, 4), "p_value": ks.p_value},
                         f"p < {settings.latency_alpha:g} (long slower than one-page)")]
     if fast:

@@ -9,8 +9,8 @@ Across nodes the most restrictive value of each limit applies.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from kvgate.target import PREFILL, NodeReading
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 import base64
 import re
 import secrets
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Protocol, Sequence
+from typing import Protocol
 
 import httpx
 
 PREFIX = "KVG"
 _CORE_LEN = 10
 # The core of a sentinel of any kvgate run, ours or an earlier one (no delimiters: for ids and summaries).
-ANY_SENTINEL = re.compile(PREFIX + r"[A-Z2-7]{%d}" % _CORE_LEN)
+ANY_SENTINEL = re.compile(PREFIX + rf"[A-Z2-7]{{{_CORE_LEN}}}")
 # A whole sentinel in text, delimiters included. Only this attributes content to an unknown request:
 # the undelimited pattern also matches shapes glued from fragments ("KVG" + a real core's first 10).
 WHOLE_SENTINEL = re.compile(r"<(" + ANY_SENTINEL.pattern + r")>")
@@ -75,7 +76,9 @@ def new_sentinel(owner: str) -> Sentinel:
 class TokenCodec(Protocol):
     """Turns sentinel text into the target's token ids."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """How the report names the codec."""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, without special tokens."""

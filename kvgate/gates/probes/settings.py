@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from kvgate.errors import ProfileError
 
@@ -69,7 +70,7 @@ class ProbeSettings:
     byte_offset: int = 0
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str) -> "ProbeSettings":
+    def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str) -> ProbeSettings:
         """Validate a `probes:` mapping; any bad key raises ProfileError(source, key, problem)."""
         mapping = dict(mapping or {})
         known = {f.name: f for f in fields(cls)}
@@ -92,7 +93,8 @@ class ProbeSettings:
             bad("reject_within_s", "must be > 0")
         for key, lo, hi in (("tenants", 1, 1024), ("max_new_tokens", 1, 8192), ("latency_samples", 3, 1000),
                             ("abort_attempts", 1, 20), ("abort_canaries", 1, 256),
-                            ("isolation_new_tokens", 1, 256), ("isolation_tenants", 1, 256), ("byte_offset", 0, 1 << 30)):
+                            ("isolation_new_tokens", 1, 256), ("isolation_tenants", 1, 256),
+                            ("byte_offset", 0, 1 << 30)):
             v = getattr(self, key)
             if not lo <= v <= hi:
                 bad(key, f"must be between {lo} and {hi}, got {v}")

@@ -9,8 +9,8 @@ probability that a random lattice path from (0, 0) to (n, m) touches the line i/
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 _EPS = 1e-12
 

@@ -196,7 +196,7 @@ def test_deferred_release_on_abort_mid_transfer_cancels_and_stays_clean(deployme
 
 
 def test_self_test_sees_the_known_leak() -> None:
-    from kvgate.gates.probes.selftest import run_self_test
+    from kvgate.check import run_self_test
 
     findings = run_self_test(ProbeSettings(), None)
     assert [f.test_id for f in findings] == ["probes.selftest.positive_control"]
@@ -206,7 +206,7 @@ def test_self_test_sees_the_known_leak() -> None:
 
 
 def test_self_test_that_cannot_see_the_leak_fails() -> None:
-    from kvgate.gates.probes.selftest import run_self_test
+    from kvgate.check import run_self_test
 
     # generation too short to carry any sentinel fragment: the probes are blind, so the control fails
     findings = run_self_test(ProbeSettings(max_new_tokens=1, abort_probe=False, latency_samples=3), None)

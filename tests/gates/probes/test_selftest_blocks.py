@@ -33,7 +33,7 @@ class _NoRouter:
     def __init__(self, **kwargs: Any) -> None:
         pass
 
-    def start(self) -> "_NoRouter":
+    def start(self) -> _NoRouter:
         raise ImportError("No module named 'smg'")
 
 
@@ -47,7 +47,7 @@ class _Blind:
     def __init__(self, **kwargs: Any) -> None:
         pass
 
-    def start(self) -> "_Blind":
+    def start(self) -> _Blind:
         return self
 
     def stop(self) -> None:

@@ -11,7 +11,8 @@ served (ImportError), so code that probes for an optional kernel takes its fallb
 
 from __future__ import annotations
 
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 __version__ = "0.0.0+kvgate.stub"
 __kvgate_stub__ = True

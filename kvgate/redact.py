@@ -1,4 +1,4 @@
-"""Secrets (bearer tokens) read from the environment, and redaction of everything kvgate prints."""
+"""Redaction of everything kvgate prints, and the secrets (bearer tokens) it redacts, read from the environment."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def token_from_env(name: str | None) -> str | None:
 
 
 def redact(text: str) -> str:
+    """`text` with every registered secret replaced by MASK (longest first)."""
     for s in sorted(_SECRETS, key=len, reverse=True):
         text = text.replace(s, MASK)
     return text

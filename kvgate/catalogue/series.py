@@ -1,4 +1,8 @@
-"""A backport series as data: backports/v<release>/manifest.yaml plus its unified diffs."""
+"""A backport series as data: backports/v<release>/manifest.yaml plus its unified diffs.
+
+It lives in the catalogue because the catalogue recognises a backport by the code its series adds
+(kvgate/catalogue/backports.py); kvgate.backport, a layer above, applies and reverts the same series.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.errors import UsageError
 from kvgate.paths import backports_dir
 
-MARKER_PREFIX = "# kvgate-backport: "
 _RELEASE = re.compile(r"^v?(\d+\.\d+\.\d+)$")
 
 
@@ -91,7 +95,21 @@ def available() -> list[str]:
     return sorted(p.name[1:] for p in root.iterdir() if (p / "manifest.yaml").is_file())
 
 
+# Every key a manifest may carry, each read below: a field nothing reads is refused, not kept as decoration.
+_SERIES_KEYS = {"series", "base_release", "patches"}
+_PATCH_KEYS = {"id", "file", "title", "optional", "stands_in_for", "fixes", "files"}
+_FILE_KEYS = {"path", "sha256_before", "sha256_after", "code"}
+
+
+def _known_keys(raw: dict, allowed: set[str], where: str) -> None:
+    unread = sorted(set(raw) - allowed)
+    if unread:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unread)} "
+                         f"(kvgate reads only {', '.join(sorted(allowed))})")
+
+
 def _patch_file(raw: dict, patch_id: str) -> PatchFile:
+    _known_keys(raw, _FILE_KEYS, f"{patch_id}: {raw.get('path')}")
     code = tuple(str(c) for c in raw.get("code") or ())
     if not code or any(not c.strip() or MARKER_PREFIX.strip() in c for c in code):
         raise ValueError(f"{patch_id}: {raw.get('path')}: `code` must list the substrings the patch adds "
@@ -109,10 +127,12 @@ def load_series(release: str, root: Path | None = None) -> Series:
         raise UsageError(f"no backport series for v{release} (available: {have})")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        _known_keys(data, _SERIES_KEYS, "top level")
         if data.get("base_release") != release:
             raise ValueError(f"base_release is {data.get('base_release')!r}, expected {release!r}")
         patches = []
         for raw in data["patches"]:
+            _known_keys(raw, _PATCH_KEYS, f"patch {raw.get('id')}")
             diff = directory / raw["file"]
             if not diff.is_file():
                 raise ValueError(f"patch file {raw['file']} is missing")

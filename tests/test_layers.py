@@ -1,0 +1,141 @@
+"""Imports flow down: every module of kvgate imports only its own layer and the layers below it.
+
+Every import counts, including the late ones inside functions and those under `if TYPE_CHECKING:`;
+a late import hides a cycle from Python, not from this test. ARCHITECTURE.md describes the layers in
+words; this table is the one that is enforced.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "kvgate"
+
+# Bottom first. A module belongs to the layer of the longest entry that names it or a package above it
+# ("kvgate" alone is only the package's own __init__: the version).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, the
+    # release wheels, the process supervisor, progress observers, the check-ID pages.
+    ("foundation", ("kvgate", "kvgate.exitcodes", "kvgate.errors", "kvgate.defaults", "kvgate.paths",
+                    "kvgate.redact", "kvgate.extras", "kvgate.upstream", "kvgate.supervisor", "kvgate.progress",
+                    "kvgate.checkdocs")),
+    # What the workers and the router say about themselves.
+    ("target", ("kvgate.target", "kvgate.discovery")),
+    # Results: frozen findings and the report, waivers over them, the baseline file.
+    ("findings", ("kvgate.findings", "kvgate.waivers", "kvgate.baseline")),
+    # Knowledge the gates apply: the fix catalogue (and backport series as data), pool sizing, profiles.
+    ("knowledge", ("kvgate.catalogue", "kvgate.plan", "kvgate.profiles")),
+    ("gates", ("kvgate.gates",)),
+    # Acting on an sglang tree, the real server on CPU, the simulator, starting deployments. A gate
+    # never starts anything: these sit above the gates, and the pipeline composes them.
+    ("backport", ("kvgate.backport",)),
+    ("cpuserver", ("kvgate.cpuserver",)),
+    ("sim", ("kvgate.sim",)),
+    ("launch", ("kvgate.launch",)),
+    # The pipeline: target -> gates -> findings (and the self-test's positive control).
+    ("check", ("kvgate.check",)),
+    # Rendering a report.
+    ("report", ("kvgate.formats", "kvgate.reporting")),
+    ("commands", ("kvgate.commands",)),
+    ("cli", ("kvgate.cli",)),
+)
+
+# The one known upward import, owned by whoever changes the simulator: remove the entry with the import.
+KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
+    ("kvgate.sim.cli", "kvgate.commands._common"):
+        "`kvgate sim up` borrows the commands' error handler (handle_errors); the simulator's owner moves "
+        "it after the simgap merge",
+}
+
+_RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str | None:
+    best: tuple[int, str] | None = None
+    for name, prefixes in LAYERS:
+        for prefix in prefixes:
+            hit = module == prefix if prefix == "kvgate" else module == prefix or module.startswith(prefix + ".")
+            if hit and (best is None or len(prefix) > best[0]):
+                best = (len(prefix), name)
+    return best[1] if best else None
+
+
+def imports_of(module: str, path: Path) -> set[str]:
+    """Every kvgate module `module` imports, at any depth of its code."""
+    is_package = path.name == "__init__.py"
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = module.split(".") if is_package else module.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in MODULES else base)  # `from kvgate import baseline` is a module
+    return {m for m in out if m == "kvgate" or m.startswith("kvgate.")}
+
+
+def upward_imports() -> dict[tuple[str, str], tuple[str, str]]:
+    found = {}
+    for module, path in MODULES.items():
+        mine = layer_of(module)
+        assert mine is not None
+        for dep in imports_of(module, path):
+            theirs = layer_of(dep)
+            assert theirs is not None, f"{module} imports {dep}, which is in no layer"
+            if _RANK[theirs] > _RANK[mine]:
+                found[(module, dep)] = (mine, theirs)
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [m for m in MODULES if layer_of(m) is None]
+    assert not unplaced, f"add these modules to a layer in tests/test_layers.py and ARCHITECTURE.md: {unplaced}"
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    bad = {k: v for k, v in upward_imports().items() if k not in KNOWN_VIOLATIONS}
+    assert not bad, "\n".join(f"{m} ({a}) imports {d} ({b}), a layer above" for (m, d), (a, b) in sorted(bad.items()))
+
+
+@pytest.mark.parametrize("edge", sorted(KNOWN_VIOLATIONS))
+def test_each_known_violation_is_still_real(edge: tuple[str, str]) -> None:
+    """A fixed violation must leave the list, so the list never hides a new one."""
+    assert edge in upward_imports(), f"{edge[0]} no longer imports {edge[1]}: remove it from KNOWN_VIOLATIONS"
+
+
+def test_the_checker_sees_late_imports() -> None:
+    """The check itself: a late import inside a function is found like a top-level one."""
+    deps = imports_of("kvgate.commands.fixes", MODULES["kvgate.commands.fixes"])
+    assert "kvgate.catalogue" in deps and "kvgate.backport.probe" in deps
+
+
+def test_architecture_md_names_every_layer_and_only_files_that_exist() -> None:
+    """ARCHITECTURE.md describes this table and this tree: every layer is in it, every file it names exists."""
+    import re
+
+    text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rows = {m.group(1) for m in re.finditer(r"^\| (\w+) \|", text, flags=re.M)}
+    assert {name for name, _ in LAYERS} <= rows, f"layers missing from ARCHITECTURE.md: {set(dict(LAYERS)) - rows}"
+    named = {t for t in re.findall(r"`([^`\s]+)`", text)
+             if ("/" in t or t.endswith(".py")) and not re.search(r"[<>*]|^(srt/|python/|/)", t)}
+    missing = [t for t in sorted(named) if not (ROOT / t).exists() and not (PACKAGE / t).exists()]
+    assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
