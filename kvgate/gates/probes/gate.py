@@ -31,11 +31,14 @@ from kvgate.gates.probes.plan import (ACCEPT, LengthProbe, ProbeLimits, limits_f
                                       plan_length_probes)
 from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.target import DECODE
+from kvgate.target import DECODE, PREFILL
 
 GATE = "probes"
 REMEDY_REJECT = ("upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
                  "raise the KV pool to at least the context")
+REMEDY_UNTOLD_DECODE = ("raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
+                        "help, no SGLang release through 0.5.23 (nor kvgate's backport) tells the decode that the "
+                        "prefill retired a request")
 
 
 class ProbeGate:
@@ -229,16 +232,41 @@ class _Run:
             if bad:
                 rec, c = bad[0]
                 classes = sorted({c2.verdict.value for _, c2 in bad})
+                why, remedy = self._untold_decode(p, obs, c)
                 self.findings.append(failed(GATE, check, self.node,
                                             f"{c.verdict.value}: {rec.label}: {c.detail}"
-                                            + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else ""),
-                                            *ev, remedy=REMEDY_REJECT))
+                                            + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else "")
+                                            + why, *ev, remedy=remedy))
             elif unseen := [(rec, c) for rec, c in obs if c.verdict == Verdict.NO_OBSERVATION]:
                 self.findings.append(inconclusive(GATE, check, self.node,
                                                   f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev))
             else:
                 self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}",
                                             *ev))
+
+    def _untold_decode(self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first: Classified) -> tuple[str, str]:
+        """Why a rejected length hangs when a prefill refuses it and a decode admits it, and the remedy.
+
+        Measured on the real servers (0.5.20-0.5.23 behind smg 1.13.0): the prefill retires the request
+        (after its forward on 0.5.20, at its admission door from 0.5.21) and tells the decode nothing;
+        the decode keeps its reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+        (300 s by default). smg answers a non-streaming client with the prefill's 400 but relays a
+        streaming answer from the decode, so that client hangs.
+        """
+        if first.verdict != Verdict.HANG or p.expect == ACCEPT:
+            return "", REMEDY_REJECT
+        prefill_limits = [r.max_req_input_len for r in self.ctx.nodes(PREFILL) if r.max_req_input_len is not None]
+        decode_limits = [r.max_req_input_len for r in self.ctx.nodes(DECODE) if r.max_req_input_len is not None]
+        if not (prefill_limits and decode_limits and min(prefill_limits) <= p.length < max(decode_limits)):
+            return "", REMEDY_REJECT
+        twin = next((f" and gave the non-streaming request its {rec.result.status} in {rec.result.elapsed_s:.1f} s"
+                     for rec, c in obs if not rec.result.stream and c.verdict == Verdict.OK_REJECTED), "")
+        why = (f"; the prefill rejects this length (its max_req_input_len is {min(prefill_limits):,}, the "
+               f"decode's {max(decode_limits):,}){twin}, but the decode, which admitted it, is not told: it holds "
+               "its KV reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by "
+               "default), and the router relays a streaming answer from the decode (what real SGLang "
+               "0.5.20-0.5.23 behind smg 1.13.0 did)")
+        return why, REMEDY_UNTOLD_DECODE
 
     def _canary_finding(self, tag: str, plants: list[Sent], recs: list[Sent], sightings: list[Sighting]) -> Finding:
         check = f"canary.round_{tag.lower()}"
