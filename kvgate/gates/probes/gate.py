@@ -245,28 +245,48 @@ class _Run:
                                             *ev))
 
     def _untold_decode(self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first: Classified) -> tuple[str, str]:
-        """Why a rejected length hangs when a prefill refuses it and a decode admits it, and the remedy.
+        """Why a probe hangs when a prefill refuses a length that a decode admits, and the remedy.
 
         Measured on the real servers (0.5.20-0.5.23 behind smg 1.13.0): the prefill retires the request
         (after its forward on 0.5.20, at its admission door from 0.5.21) and tells the decode nothing;
         the decode keeps its reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT
         (300 s by default). smg answers a non-streaming client with the prefill's 400 but relays a
-        streaming answer from the decode, so that client hangs.
+        streaming answer from the decode, so that client hangs; on a small decode pool the requests
+        after it queue behind the held reservation (and hang too).
         """
-        if first.verdict != Verdict.HANG or p.expect == ACCEPT:
+        if first.verdict != Verdict.HANG:
             return "", REMEDY_REJECT
-        prefill_limits = [r.max_req_input_len for r in self.ctx.nodes(PREFILL) if r.max_req_input_len is not None]
-        decode_limits = [r.max_req_input_len for r in self.ctx.nodes(DECODE) if r.max_req_input_len is not None]
-        if not (prefill_limits and decode_limits and min(prefill_limits) <= p.length < max(decode_limits)):
+        limits = self._prefill_rejects_decode_admits()
+        if limits is None:
+            return "", REMEDY_REJECT
+        prefill_limit, decode_limit = limits
+        if p.expect == ACCEPT:
+            hung = [rec for name in ("pool_limit", "danger_band") for rec, c in self.observations.get(name, [])
+                    if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit]
+            if not hung:
+                return "", REMEDY_REJECT
+            return (f"; {len(hung)} rejected request(s) of this run hung the same way first ({hung[0].label}): "
+                    "the prefill rejected them, the decode was not told and holds their KV reservations until "
+                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by default), so on a small decode pool an "
+                    "accepted request can queue behind them"), REMEDY_UNTOLD_DECODE
+        if not prefill_limit <= p.length < decode_limit:
             return "", REMEDY_REJECT
         twin = next((f" and gave the non-streaming request its {rec.result.status} in {rec.result.elapsed_s:.1f} s"
                      for rec, c in obs if not rec.result.stream and c.verdict == Verdict.OK_REJECTED), "")
-        why = (f"; the prefill rejects this length (its max_req_input_len is {min(prefill_limits):,}, the "
-               f"decode's {max(decode_limits):,}){twin}, but the decode, which admitted it, is not told: it holds "
+        why = (f"; the prefill rejects this length (its max_req_input_len is {prefill_limit:,}, the "
+               f"decode's {decode_limit:,}){twin}, but the decode, which admitted it, is not told: it holds "
                "its KV reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by "
                "default), and the router relays a streaming answer from the decode (what real SGLang "
                "0.5.20-0.5.23 behind smg 1.13.0 did)")
         return why, REMEDY_UNTOLD_DECODE
+
+    def _prefill_rejects_decode_admits(self) -> tuple[int, int] | None:
+        """(the smallest prefill max_req_input_len, the largest decode one) when some lengths fall between."""
+        prefill = [r.max_req_input_len for r in self.ctx.nodes(PREFILL) if r.max_req_input_len is not None]
+        decode = [r.max_req_input_len for r in self.ctx.nodes(DECODE) if r.max_req_input_len is not None]
+        if not (prefill and decode and min(prefill) < max(decode)):
+            return None
+        return min(prefill), max(decode)
 
     def _canary_finding(self, tag: str, plants: list[Sent], recs: list[Sent], sightings: list[Sighting]) -> Finding:
         check = f"canary.round_{tag.lower()}"
