@@ -83,6 +83,7 @@ class _Run:
                              codec or ByteCodec(settings.byte_offset), self.meter, self.obs)
         self.findings: list[Finding] = []
         self.observations: dict[str, list[tuple[Sent, Classified]]] = {}
+        self.answered: list[Sent] = []  # every classified request, phase by phase (a batch's requests together)
         self.stopped_by: str | None = None
 
     # -- orchestration -----------------------------------------------------------------------
@@ -213,6 +214,7 @@ class _Run:
         numbers = {lim.context, lim.max_req_input_len} | ({lim.pool} if lim.pool else set()) | lim.named_limits
         c = classify(rec.probe, rec.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
         self.observations.setdefault(rec.probe.name, []).append((rec, c))
+        self.answered.append(rec)
         return c
 
     def _contract_findings(self, probes: list[LengthProbe]) -> None:
@@ -232,7 +234,7 @@ class _Run:
             if bad:
                 rec, c = bad[0]
                 classes = sorted({c2.verdict.value for _, c2 in bad})
-                why, remedy = self._untold_decode(p, obs, c)
+                why, remedy = self._untold_decode(p, obs, rec, c)
                 self.findings.append(failed(GATE, check, self.node,
                                             f"{c.verdict.value}: {rec.label}: {c.detail}"
                                             + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else "")
@@ -244,7 +246,8 @@ class _Run:
                 self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}",
                                             *ev))
 
-    def _untold_decode(self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first: Classified) -> tuple[str, str]:
+    def _untold_decode(self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first_rec: Sent,
+                       first: Classified) -> tuple[str, str]:
         """Why a probe hangs when a prefill refuses a length that a decode admits, and the remedy.
 
         Measured on the real servers (0.5.20-0.5.23 behind smg 1.13.0): the prefill retires the request
@@ -261,11 +264,14 @@ class _Run:
             return "", REMEDY_REJECT
         prefill_limit, decode_limit = limits
         if p.expect == ACCEPT:
+            at = next((i for i, r in enumerate(self.answered) if r is first_rec), 0)
+            before = {id(r) for r in self.answered[:at]}
             hung = [rec for name in ("pool_limit", "danger_band") for rec, c in self.observations.get(name, [])
-                    if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit]
+                    if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit
+                    and id(rec) in before]
             if not hung:
                 return "", REMEDY_REJECT
-            return (f"; {len(hung)} rejected request(s) of this run hung the same way first ({hung[0].label}): "
+            return (f"; {len(hung)} rejected request(s) sent before or with it hung the same way ({hung[0].label}): "
                     "the prefill rejected them, the decode was not told and holds their KV reservations until "
                     "SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by default), so on a small decode pool an "
                     "accepted request can queue behind them"), REMEDY_UNTOLD_DECODE

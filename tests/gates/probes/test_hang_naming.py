@@ -33,6 +33,7 @@ def _run(prefill_mril: int, decode_mril: int) -> Any:
     run.node = "router"
     run.findings = []
     run.observations = {}
+    run.answered = []
     return run
 
 
@@ -41,6 +42,7 @@ def _observe(run: Any, probe: LengthProbe, phase: str, verdict: Verdict, *, stre
                       timed_out=status is None, stream=stream, deadline_s=20.0)
     rec = Sent(probe, phase, Sentinel(f"{probe.name}-{phase}", "KVG0000000000"), res)
     run.observations.setdefault(probe.name, []).append((rec, Classified(verdict, "detail")))
+    run.answered.append(rec)
 
 
 def test_a_stream_hang_on_a_length_only_the_prefill_rejects_says_the_decode_was_not_told() -> None:
@@ -62,9 +64,18 @@ def test_an_accepted_request_hanging_behind_such_streams_is_explained() -> None:
     _observe(run, LONGEST, "B-plant", Verdict.HANG, stream=False, status=None)
     run._contract_findings([LONGEST])
     (f,) = run.findings
-    assert "1 rejected request(s) of this run hung the same way first (pool_limit (4,090 tokens) [A-stream])" \
+    assert "1 rejected request(s) sent before or with it hung the same way (pool_limit (4,090 tokens) [A-stream])" \
         in f.summary
     assert "can queue behind them" in f.summary and f.remedy == REMEDY_UNTOLD_DECODE
+
+
+def test_rejected_streams_that_hung_only_after_the_accepted_one_are_not_blamed() -> None:
+    run = _run(prefill_mril=4090, decode_mril=8186)
+    _observe(run, LONGEST, "B-plant", Verdict.HANG, stream=False, status=None)
+    _observe(run, POOL_LIMIT, "B-stream", Verdict.HANG, stream=True, status=None)  # round B, after the plant
+    run._contract_findings([LONGEST])
+    (f,) = run.findings
+    assert f.summary == "hang: longest_accepted (4,089 tokens) [B-plant]: detail" and f.remedy == REMEDY_REJECT
 
 
 def test_a_hang_where_both_workers_reject_keeps_the_upgrade_remedy() -> None:
