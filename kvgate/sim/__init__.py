@@ -14,8 +14,12 @@ runs in front. Each failure of the incident happens for real (shared/reference/i
   the router's dropped connection is noticed (`SGLANG_REQUEST_STATE_WAIT_TIMEOUT`, 4 s).
   Through smg 1.13.0, a non-streaming client gets the prefill's 400 at once; a streaming client
   gets the decode's error only after the waiting timeout.
-* 0.5.21+: retired at the admission door with the original 400; decode returns the 400 at once
-  and frees its pages.
+* 0.5.21+: the prefill retires it at its admission door with the original 400, before any
+  bootstrap, and tells the decode nothing (kvgate's backport neither). A decode that admits the
+  length (its own pool is larger) keeps its reservation and waits for the KV until its waiting
+  timeout (then 500), or until it notices the router's dropped connection. Through smg 1.13.0 a
+  non-streaming client gets the prefill's 400 at once; a streaming client hangs until the waiting
+  timeout, and on a small decode pool the requests after it queue behind the held reservation.
 * Deferred decode KV release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE, off <= 0.5.20,
   on >= 0.5.21): when off, a decode-side abort mid-transfer frees pages at once and the prefill's
   late page writes land on the next request that gets them. From 0.5.20 the prefill posts nothing
@@ -30,7 +34,13 @@ match. Changed because the real server differed:
   `output_ids: []`, `prompt_tokens: 1` and `finish_reason: {"type": "abort", "status_code": 400, ...}`
   (the simulator used to send an `{"error": ...}` event; only tokenizer rejections are error events);
 * `--skip-tokenizer-init` (answers without `text`) is modelled;
-* `server_info.kvgate_simulator: true` is how kvgate recognises the simulator (never a model path).
+* `server_info.kvgate_simulator: true` is how kvgate recognises the simulator (never a model path);
+* a 0.5.21+ prefill's door reject reaches no decode: the simulator used to send the decode a failure
+  message (its model of #36612's failure notification), so a streaming over-pool request got the 400
+  at once; the real 0.5.21 and 0.5.23 decodes were never told, waited for the KV until the 300 s
+  waiting timeout and held their pages meanwhile, so the streaming client hung. The simulator now
+  does the same (kvgate's own backport does not notify either), and a decode's abort for a room no
+  prefill request claimed is acknowledged at once, as SGLang's bootstrap thread does.
 
 Library API (what probe tests use)
 ----------------------------------

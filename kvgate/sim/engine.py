@@ -193,8 +193,9 @@ class PrefillEngine(BaseEngine):
         super().__init__(cfg, release)
         self.rooms: dict[int, _Room] = {}
         self._room_waiters: dict[int, asyncio.Future[_Room]] = {}
-        #: rooms retired at the door before decode registered: decode is told on registration
-        self._retired: dict[int, Abort] = {}
+        #: rooms that a prefill request waits for (bootstrap) or forwards; a decode's abort for any
+        #: other room finds nothing in flight and is acknowledged at once
+        self._claimed: set[int] = set()
         #: one forward at a time; requests interleave chunk by chunk (FIFO), like continuous batching
         self._gpu = asyncio.Lock()
         self.running: dict[str, SimReq] = {}
@@ -219,20 +220,22 @@ class PrefillEngine(BaseEngine):
         count = int(msg.header.get("num_pages", 0))
         dst = transfer.unpack_pages(msg.payload, count)[0].clone() if count else torch.zeros(0, dtype=torch.int64)
         room = _Room(room_id, str(msg.header.get("rid")), int(msg.header["num_tokens"]), dst, writer)
-        retired = self._retired.pop(room_id, None)
-        if retired is not None:
-            await self._send_failed(room, retired)
-        else:
-            self.rooms[room_id] = room
-            fut = self._room_waiters.setdefault(room_id, asyncio.get_running_loop().create_future())
-            if not fut.done():
-                fut.set_result(room)
+        # Registered whether or not a prefill request for the room exists. A request this prefill
+        # retired at its door (0.5.21+) never claims it: nobody tells the decode, which waits for KV
+        # until its waiting timeout, as the real 0.5.21 and 0.5.23 servers did.
+        self.rooms[room_id] = room
+        fut = self._room_waiters.setdefault(room_id, asyncio.get_running_loop().create_future())
+        if not fut.done():
+            fut.set_result(room)
         while True:
             msg = await transfer.recv(reader)
             if msg is None:
                 break
             if msg.type == "abort":
                 room.peer_aborted = True
+                if room_id not in self._claimed:
+                    await self._ack_idle_abort(room)
+                    break
 
     def state(self) -> dict[str, Any]:
         base = super().state()
@@ -243,12 +246,22 @@ class PrefillEngine(BaseEngine):
                          for r in self.rooms.values()}
         return base
 
-    async def _send_failed(self, room: _Room, abort: Abort) -> None:
+    async def _ack_idle_abort(self, room: _Room) -> None:
+        """A decode's abort for a room no prefill request claimed (nothing posted, nothing in flight).
+
+        Every release's Mooncake bootstrap thread acknowledges such an abort at once (`mooncake/conn.py`,
+        the "ABORT" branch: "Concluded/unknown AND quiescent: ack now", or `_maybe_ack_drained_abort`
+        with nothing outstanding), so a deferring decode frees its pages without the hold timeout. The
+        registration is then forgotten and the connection closed: no write can follow.
+        """
         try:
-            await transfer.send(room.writer, {"type": "failed", "room": room.room, "status_code": int(abort.status_code),
-                                              "message": abort.message})
-        except ConnectionError:
+            await transfer.send(room.writer, {"type": "abort_ack", "room": room.room})
+        except (ConnectionError, RuntimeError):
             pass
+        if self.rooms.get(room.room) is room:
+            del self.rooms[room.room]
+        self._room_waiters.pop(room.room, None)
+        room.writer.close()
 
     async def _await_bootstrap(self, req: SimReq) -> _Room:
         """`PrefillBootstrapQueue.pop_bootstrapped`: wait for decode's registration of the room."""
@@ -275,13 +288,18 @@ class PrefillEngine(BaseEngine):
             # 0.5.21+ `PrefillBootstrapQueue.add` -> `Scheduler.retire_unadmitted_request`: the original
             # 400 before bootstrap, metadata buffer or sender creation.
             return await self._retire_at_door(req)
-        room = await self._await_bootstrap(req)
-        self.running[req.rid] = req
+        assert req.bootstrap_room is not None
+        self._claimed.add(req.bootstrap_room)
         try:
-            return await self._forward_and_send(req, room)
+            room = await self._await_bootstrap(req)
+            self.running[req.rid] = req
+            try:
+                return await self._forward_and_send(req, room)
+            finally:
+                self.running.pop(req.rid, None)
+                self._aborted.discard(req.rid)
         finally:
-            self.running.pop(req.rid, None)
-            self._aborted.discard(req.rid)
+            self._claimed.discard(req.bootstrap_room)
 
     def abort(self, rid: str | None, abort_all: bool = False) -> int:
         """`/abort_request` (or a client disconnect): the request stops after the chunk in flight."""
@@ -293,16 +311,8 @@ class PrefillEngine(BaseEngine):
         assert req.to_finish is not None and req.bootstrap_room is not None
         abort = req.to_finish
         req.finished_reason, req.to_finish = abort.finish_reason(), None  # update_finish_state()
-        if self.release.notifies_decode_of_door_reject():
-            room = self.rooms.pop(req.bootstrap_room, None)
-            self._room_waiters.pop(req.bootstrap_room, None)
-            if room is not None:
-                await self._send_failed(room, abort)
-                room.writer.close()
-            else:
-                self._retired[req.bootstrap_room] = abort
-                asyncio.get_running_loop().call_later(max(self.waiting_timeout, 1.0), self._retired.pop,
-                                                      req.bootstrap_room, None)
+        # Nothing is sent to the decode (no sender exists for the room): a decode that admitted the
+        # request keeps its reservation and waits for KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT.
         raise RequestError(abort, value_error=True)
 
     async def _forward_and_send(self, req: SimReq, room: _Room) -> dict[str, Any]:
@@ -507,12 +517,7 @@ class DecodeEngine(BaseEngine):
                 t.done.set_result({"type": "done", "claimed_tokens": 0, "fake": True})
             else:
                 await self._bootstrap(t)
-            header = await self._wait_transfer(t)
-            if header.get("type") == "failed":
-                # A prefill-initiated failure: prefill stopped writing, release at once.
-                self._free(t)
-                raise RequestError(Abort(str(header["message"]), int(header.get("status_code", 400))),
-                                   value_error=int(header.get("status_code", 400)) == 400)
+            await self._wait_transfer(t)
             if req.to_finish is not None:
                 # <= 0.5.20 decode-side reject: admitted with the placeholder and run for one step (over
                 # the placeholder's own KV) before `update_finish_state` turns `to_finish` into the
@@ -590,15 +595,17 @@ class DecodeEngine(BaseEngine):
                 self.stats["kv_pages_received"] += count
                 if t.freed:
                     self.stats["late_pages_received"] += count
-            elif msg.type in ("done", "failed"):
+            elif msg.type == "done":
                 if not t.done.done():
                     t.done.set_result(msg.header)
             elif msg.type == "abort_ack":
                 t.ack.set()
 
     async def _wait_transfer(self, t: _Transfer) -> dict[str, Any]:
-        """`DecodeTransferQueue.pop_transferred`: wait for transfer-complete, a failure, an abort, or
-        `CommonKVReceiver._check_waiting_timeout`."""
+        """`DecodeTransferQueue.pop_transferred`: wait for transfer-complete, an abort, or
+        `CommonKVReceiver._check_waiting_timeout`. No prefill-side rejection is ever signalled here:
+        a request the prefill retired (after its forward on 0.5.20, at its door on 0.5.21+) ends by the
+        waiting timeout (or an abort), as on the real servers."""
         req = t.req
         start = time.time()
         abort_wait = asyncio.ensure_future(t.aborted.wait())

@@ -21,11 +21,15 @@ Each class is a separate, documented code path for the points where releases dif
 * 0.5.22: `internal_states[i].disaggregation_mode` (and decode CUDA-graph keys) appear.
 * 0.5.23: `hicache_object_layout`, `disaggregation_decode_allocation_policy`, `enable_pd_role_switch`.
 
-Simulator choice (not established for real SGLang, see sglang-surface.md section 3 "Not
-established"): when a 0.5.21+ prefill retires a request at its door and the decode has already
-registered the room, it sends a ``failed`` message on the bootstrap connection, modelling the
-failure notification of #36612 (`common/conn.py CommonKVManager.conclude_failure`) so that decode
-returns the 400 immediately, as the issue and upstream's 1P1D comparison in #38935 describe.
+A door retire tells the decode nothing, on every release and with kvgate's backport alike: the
+prefill never created a sender for the room, so no KV, no transfer-complete and no failure status
+reaches the decode. The decode that admitted the request (its own limit is larger) keeps its
+reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s), then fails it
+with a 500. The real 0.5.21 and 0.5.23 servers (CPU, behind smg 1.13.0) showed exactly that: a
+non-streaming client still got the prefill's 400 at once (smg answers with the first error), a
+streaming one, whose answer smg relays from the decode, hung. The simulator once modelled a failure
+notification here (#36612's `CommonKVManager.conclude_failure`, as the issue and #38935's 1P1D
+comparison describe); the real servers sent none, so the simulator sends none either.
 """
 
 from __future__ import annotations
@@ -64,10 +68,6 @@ class Release0519:
     def acks_abort_after_drain(self) -> bool:
         """`common/conn.py CommonKVSender.clear` pops the deferred ACK target unconditionally before
         #40645, so the ACK is lost and a deferring decode only frees on its hold timeout."""
-        return False
-
-    def notifies_decode_of_door_reject(self) -> bool:
-        """Whether a door retire tells the registered decode (simulator model of #36612 + #38935)."""
         return False
 
     def validates_transfer_coverage(self) -> bool:
@@ -122,9 +122,6 @@ class Release0521(Release0520):
         """#40645: `CommonKVSender.clear` calls `_maybe_ack_drained_abort`, ACK once writes drain."""
         return True
 
-    def notifies_decode_of_door_reject(self) -> bool:
-        return True
-
     def server_info_extra(self, mode: str) -> dict[str, Any]:
         extra = super().server_info_extra(mode)
         extra["frontend"] = "python"  # from 0.5.21 (sglang-surface.md 1a)
@@ -159,7 +156,8 @@ class KvgateBackport:
     """kvgate's own backport series on 0.5.19/0.5.20 (issue 6), applied on top of a release object.
 
     1. admission door: `is_unadmitted_reject` requests are retired at `PrefillBootstrapQueue.add` /
-       `DecodePreallocQueue.add` with their original error (what #38935 does);
+       `DecodePreallocQueue.add` with their original error (what #38935 does; like #38935 it does not
+       tell the decode, which waits for the KV until its waiting timeout);
     2. deferred decode KV release on by default (what #41023 does; #40645's ACK fix is NOT part of the
        series, so a deferring decode still waits for the hold timeout after a lost ACK);
     on 0.5.19 also 3. aborted prefill results retired after the forward (what #36988 does);
@@ -185,9 +183,6 @@ class KvgateBackport:
         return True
 
     def stops_late_chunks_after_abort(self) -> bool:
-        return True
-
-    def notifies_decode_of_door_reject(self) -> bool:
         return True
 
     def validates_transfer_coverage(self) -> bool:

@@ -14,8 +14,11 @@ prefill -> decode
                   Like an RDMA write, it names the remote pages itself: the decode applies it to
                   those pages whoever owns them now (a late write lands on reassigned pages).
     ``done``      {room, claimed_tokens, claimed_pages}: transfer-complete with what prefill claims
-    ``failed``    {room, status_code, message}: the prefill retired the request (see releases.py)
     ``abort_ack`` {room}: in-flight writes for the room drained (deferred decode KV release)
+
+No message says that the prefill rejected a request: like SGLang's prefill (0.5.20 after the forward,
+0.5.21+ at its admission door) it just never sends the room's KV, and the decode waits until its
+waiting timeout.
 
 Frame: 4-byte big-endian header length, 4-byte big-endian payload length, JSON header, payload.
 """

@@ -76,24 +76,60 @@ def test_0520_no_leak_but_decode_hangs_until_waiting_timeout(deployment) -> None
     assert state(decode)["stats"]["kv_pages_received"] == 57  # only the planting request's pages
 
 
-@pytest.mark.parametrize("version", ["0.5.21", "0.5.22"])
-def test_0521_plus_immediate_400_and_pages_released(deployment, version: str) -> None:
+@pytest.mark.parametrize("version", ["0.5.21", "0.5.23"])
+def test_0521_plus_door_reject_is_a_400_but_the_decode_is_not_told(deployment, version: str) -> None:
+    """The real 0.5.21 and 0.5.23 servers (CPU, behind smg 1.13.0): the prefill retires the request at
+    its door and tells nobody; the decode waits for the KV until its waiting timeout. A non-streaming
+    client gets the prefill's 400 at once, a streaming one (smg relays the decode) waits for that
+    timeout. A 5 s waiting timeout instead of SGLang's 300 s keeps the test short."""
+    timeout = 5.0
     dep = deployment(emulate=version, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE, waiting_timeout=120)
+                     decode_pool=DECODE_POOL, page_size=PAGE, waiting_timeout=timeout)
     _plant(dep.router_url)
-    decode = dep.decode_urls[0]
+    decode, prefill = dep.decode_urls[0], dep.prefill_urls[0]
     received = state(decode)["stats"]["kv_pages_received"]
     t0 = time.monotonic()
     r = generate(dep.router_url, _over_pool())
-    assert time.monotonic() - t0 < 60  # far below the decode waiting timeout: no hang
+    assert time.monotonic() - t0 < timeout  # the prefill's own answer, not the decode's timeout
     assert r.status_code == 400
     assert INPUT_MSG in r.json()["error"]["message"] and SENTINEL not in r.text
+    # The decode was not told: it holds its reservation until it notices the router's dropped
+    # connection (SGLANG_REQUEST_STATE_WAIT_TIMEOUT, 4 s), far below its waiting timeout in SGLang.
+    assert wait_for(lambda: bool(state(decode)["transfers"]), 3)
+    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 15)
     t0 = time.monotonic()
     r = generate(dep.router_url, _over_pool(stream=True))
-    assert time.monotonic() - t0 < 60
-    assert INPUT_MSG in r.text and SENTINEL not in r.text
-    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 10)
+    assert time.monotonic() - t0 >= timeout
+    assert r.status_code == 200  # the decode's failure arrives as a stream chunk
+    assert "timed out after" in r.text and "KVPoll.WaitingForInput" in r.text, r.text
+    assert INPUT_MSG not in r.text and SENTINEL not in r.text  # the prefill's 400 never reaches this client
+    # The timed-out decode tells the prefill, which has nothing in flight for the room and acknowledges
+    # at once: the deferred release (on from 0.5.21) frees without its 30 s hold.
+    assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 15)
+    assert state(prefill)["rooms"] == {}  # no registration is left behind
     assert state(decode)["stats"]["kv_pages_received"] == received  # no KV moved for the rejected ones
+
+
+@pytest.mark.parametrize("version", ["0.5.20", "0.5.22"])
+def test_a_rejected_stream_holds_a_small_decode_pool_until_the_waiting_timeout(deployment, version: str) -> None:
+    """What the real 0.5.20-0.5.23 servers did with a small decode pool: the decode's reservation for a
+    prefill-rejected streaming request stays until the waiting timeout, even after the client gave up,
+    and the next request queues behind it. A 6 s waiting timeout stands in for SGLang's 300 s."""
+    timeout = 6.0
+    small_pool = 160 * PAGE  # room for one over-pool reservation (126 pages), not two requests
+    dep = deployment(emulate=version, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
+                     decode_pool=small_pool, page_size=PAGE, waiting_timeout=timeout)
+    decode = dep.decode_urls[0]
+    t0 = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before the decode does
+        generate(dep.router_url, _over_pool(stream=True), timeout=1.5)
+    held = state(decode)
+    assert held["transfers"] and held["free_pages"] < held["num_pages"]
+    r = generate(dep.router_url, {"text": "next tenant\n" * 80, "sampling_params": {"max_new_tokens": 12}})
+    waited = time.monotonic() - t0
+    assert r.status_code == 200 and r.json()["text"] == "next tenant\n", r.text
+    assert waited >= timeout  # it queued until the abandoned reservation timed out
+    assert waited < timeout + 20  # and no longer: no 30 s deferred-release hold on top (0.5.22)
 
 
 def test_context_overflow_is_a_tokenizer_stage_400(deployment) -> None:

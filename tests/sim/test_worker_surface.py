@@ -72,7 +72,9 @@ def test_worker_without_bootstrap_room_and_completions_shape(deployment) -> None
 
 
 def test_streaming_completions_through_the_router(deployment) -> None:
-    dep = deployment(emulate="0.5.21", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16)
+    # waiting_timeout: the over-pool stream below waits for it (SGLang's 300 s would make the test slow)
+    dep = deployment(emulate="0.5.21", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16,
+                     waiting_timeout=4)
     model = httpx.get(dep.decode_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
     r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
                    json={"model": model, "prompt": "alpha\nbeta\n", "max_tokens": 11, "stream": True})
@@ -82,6 +84,13 @@ def test_streaming_completions_through_the_router(deployment) -> None:
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "alpha\nbeta\n"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
-                   json={"model": model, "prompt": "z" * 5000, "max_tokens": 4, "stream": True})
+    # Over the prefill's pool: its door retires the request with a 400 that smg relays to a non-streaming
+    # client; a streaming one is relayed from the decode, which is not told and fails on its waiting
+    # timeout (what the real 0.5.21 and 0.5.23 servers did).
+    over = {"model": model, "prompt": "z" * 5000, "max_tokens": 4}
+    r = httpx.post(dep.router_url + "/v1/completions", timeout=30, json=over)
+    assert r.status_code == 400
     assert "Input length (5000 tokens) exceeds the maximum allowed length (4090 tokens)." in r.text
+    r = httpx.post(dep.router_url + "/v1/completions", timeout=30, json={**over, "stream": True})
+    assert "timed out after" in r.text and "KVPoll.WaitingForInput" in r.text, r.text
+    assert "Input length" not in r.text

@@ -38,13 +38,16 @@ from kvgate.gates.probes.plan import (
 )
 from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.target import DECODE
+from kvgate.target import DECODE, PREFILL
 
 GATE = "probes"
 #: Accepted-length requests left unanswered in a row before the run stops sending (see Sender.stall_after).
 STALL_AFTER = 3
 REMEDY_REJECT = ("upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
                  "raise the KV pool to at least the context")
+REMEDY_UNTOLD_DECODE = ("raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
+                        "help, no SGLang release through 0.5.23 (nor kvgate's backport) tells the decode that the "
+                        "prefill retired a request")
 
 
 class ProbeGate:
@@ -90,6 +93,7 @@ class _Run:
                              stall_after=STALL_AFTER if settings.early_stop else 0)
         self.findings: list[Finding] = []
         self.observations: dict[str, list[tuple[Sent, Classified]]] = {}
+        self.answered: list[Sent] = []  # every classified request, phase by phase (a batch's requests together)
         self.stopped_by: str | None = None
         self.stalled_by: str | None = None
 
@@ -225,6 +229,7 @@ class _Run:
         numbers = {lim.context, lim.max_req_input_len} | ({lim.pool} if lim.pool else set()) | lim.named_limits
         c = classify(rec.probe, rec.result, limit_numbers=numbers, reject_within_s=self.settings.reject_limit_s)
         self.observations.setdefault(rec.probe.name, []).append((rec, c))
+        self.answered.append(rec)
         return c
 
     def _contract_findings(self, probes: list[LengthProbe]) -> None:
@@ -244,16 +249,65 @@ class _Run:
             if bad:
                 rec, c = bad[0]
                 classes = sorted({c2.verdict.value for _, c2 in bad})
+                why, remedy = self._untold_decode(p, obs, rec, c)
                 self.findings.append(failed(GATE, check, self.node,
                                             f"{c.verdict.value}: {rec.label}: {c.detail}"
-                                            + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else ""),
-                                            *ev, remedy=REMEDY_REJECT))
+                                            + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else "")
+                                            + why, *ev, remedy=remedy))
             elif unseen := [(rec, c) for rec, c in obs if c.verdict == Verdict.NO_OBSERVATION]:
                 self.findings.append(inconclusive(GATE, check, self.node,
                                                   f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev))
             else:
                 self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}",
                                             *ev))
+
+    def _untold_decode(self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first_rec: Sent,
+                       first: Classified) -> tuple[str, str]:
+        """Why a probe hangs when a prefill refuses a length that a decode admits, and the remedy.
+
+        Measured on the real servers (0.5.20-0.5.23 behind smg 1.13.0): the prefill retires the request
+        (after its forward on 0.5.20, at its admission door from 0.5.21) and tells the decode nothing;
+        the decode keeps its reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+        (300 s by default). smg answers a non-streaming client with the prefill's 400 but relays a
+        streaming answer from the decode, so that client hangs; on a small decode pool the requests
+        after it queue behind the held reservation (and hang too).
+        """
+        if first.verdict != Verdict.HANG:
+            return "", REMEDY_REJECT
+        limits = self._prefill_rejects_decode_admits()
+        if limits is None:
+            return "", REMEDY_REJECT
+        prefill_limit, decode_limit = limits
+        if p.expect == ACCEPT:
+            at = next((i for i, r in enumerate(self.answered) if r is first_rec), 0)
+            before = {id(r) for r in self.answered[:at]}
+            hung = [rec for name in ("pool_limit", "danger_band") for rec, c in self.observations.get(name, [])
+                    if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit
+                    and id(rec) in before]
+            if not hung:
+                return "", REMEDY_REJECT
+            return (f"; {len(hung)} rejected request(s) sent before or with it hung the same way ({hung[0].label}): "
+                    "the prefill rejected them, the decode was not told and holds their KV reservations until "
+                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by default), so on a small decode pool an "
+                    "accepted request can queue behind them"), REMEDY_UNTOLD_DECODE
+        if not prefill_limit <= p.length < decode_limit:
+            return "", REMEDY_REJECT
+        twin = next((f" and gave the non-streaming request its {rec.result.status} in {rec.result.elapsed_s:.1f} s"
+                     for rec, c in obs if not rec.result.stream and c.verdict == Verdict.OK_REJECTED), "")
+        why = (f"; the prefill rejects this length (its max_req_input_len is {prefill_limit:,}, the "
+               f"decode's {decode_limit:,}){twin}, but the decode, which admitted it, is not told: it holds "
+               "its KV reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by "
+               "default), and the router relays a streaming answer from the decode (what real SGLang "
+               "0.5.20-0.5.23 behind smg 1.13.0 did)")
+        return why, REMEDY_UNTOLD_DECODE
+
+    def _prefill_rejects_decode_admits(self) -> tuple[int, int] | None:
+        """(the smallest prefill max_req_input_len, the largest decode one) when some lengths fall between."""
+        prefill = [r.max_req_input_len for r in self.ctx.nodes(PREFILL) if r.max_req_input_len is not None]
+        decode = [r.max_req_input_len for r in self.ctx.nodes(DECODE) if r.max_req_input_len is not None]
+        if not (prefill and decode and min(prefill) < max(decode)):
+            return None
+        return min(prefill), max(decode)
 
     def _canary_finding(self, tag: str, plants: list[Sent], recs: list[Sent], sightings: list[Sighting]) -> Finding:
         check = f"canary.round_{tag.lower()}"
