@@ -47,3 +47,12 @@ class InternalError(KvgateError):
     def __init__(self, where: str, exc: BaseException) -> None:
         self.where = where
         super().__init__(f"internal error in {where}: {type(exc).__name__}: {exc} (a kvgate bug; please report it)")
+
+
+class Interrupted(KvgateError):
+    """Ctrl-C or SIGTERM arrived before the command finished (exit 130): there is no verdict."""
+
+    exit_status = ExitStatus.INTERRUPTED
+
+    def __init__(self, command: str) -> None:
+        super().__init__(f"{command}: interrupted (Ctrl-C or SIGTERM) before the run finished: no verdict")

@@ -17,3 +17,5 @@ class ExitStatus(IntEnum):
     TRANSPORT_ERROR = 4
     # kvgate itself broke (a bug, not the target): the report says what raised; never a pass.
     INTERNAL_ERROR = 5
+    # Ctrl-C or SIGTERM before the verdict (128 + SIGINT, as shells and HTTPie report it): never a pass.
+    INTERRUPTED = 130

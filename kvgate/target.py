@@ -279,8 +279,16 @@ class TargetClient:
                 if on_done is not None:
                     on_done()
 
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(specs))) as pool:
-            return list(pool.map(one, specs))
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(specs)))
+        try:
+            readings = list(pool.map(one, specs))
+        except BaseException:
+            # Ctrl-C / SIGTERM: do not wait for reads in flight (each ends at its own timeout) before
+            # the caller writes its report.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return readings
 
 
 # ---------------------------------------------------------------------------------------------

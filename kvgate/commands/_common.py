@@ -10,7 +10,7 @@ from typing import Any, NoReturn, TypeVar
 
 import typer
 
-from kvgate.errors import InternalError, KvgateError
+from kvgate.errors import InternalError, Interrupted, KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
@@ -63,10 +63,19 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from kvgate.supervisor import stop_on_sigterm
+
         try:
-            return func(*args, **kwargs)
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            with stop_on_sigterm():  # a pipeline's timeout sends SIGTERM: it gets a report too
+                return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
+            stopped = Interrupted(func.__name__)
+            pairs = _reported_pairs(kwargs)
+            if not pairs:
+                raise fail(str(stopped), stopped.exit_status) from None
+            finish(fatal_report(func.__name__, stopped), pairs)
         except Exception as exc:  # noqa: BLE001 - the one place that turns a crash into an exit status
             err = exc if isinstance(exc, KvgateError) else InternalError(func.__name__, exc)
             pairs = _reported_pairs(kwargs)

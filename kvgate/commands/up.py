@@ -59,7 +59,6 @@ def up(
     from kvgate.launch import PDDeployment, PDLaunchPlan
     from kvgate.progress import terminal_observer
     from kvgate.reporting import pair_outputs
-    from kvgate.supervisor import stop_on_sigterm
 
     pairs = pair_outputs(list(fmt), list(output))
     plan = PDLaunchPlan(
@@ -78,30 +77,32 @@ def up(
     if model_path is None and release is None and engine == "sglang":
         raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
     dep = PDDeployment(plan, log_dir=log_dir)
-    with stop_on_sigterm():
+    # Ctrl-C, and SIGTERM (handle_errors installs the handler), arrive here as KeyboardInterrupt.
+    try:
+        observer = terminal_observer(quiet)
+        if observer:
+            observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
+        if not gate:
+            dep.start()
+            info = dep.info()
+            typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
+            typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
+            typer.echo("Press Ctrl-C to stop.", err=True)
+            assert dep.supervisor is not None
+            dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (exit 2)
         try:
-            observer = terminal_observer(quiet)
-            if observer:
-                observer.log(f"starting {prefill} prefill + {decode} decode ({engine}) and the router")
-            if not gate:
-                dep.start()
-                info = dep.info()
-                typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
-                typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
-                typer.echo("Press Ctrl-C to stop.", err=True)
-                assert dep.supervisor is not None
-                dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (exit 2)
-            try:
-                with dep:
-                    options = _gate_options(dep, profile, strict, context_length, engine)
-                    report = run_check(options, observer=observer)
-            except KvgateError as exc:
-                report = fatal_report("up --gate", exc)
-            finish(report, pairs, verbose)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
-            typer.echo("kvgate up: stopping", err=True)
-        finally:
-            dep.stop()
+            with dep:
+                options = _gate_options(dep, profile, strict, context_length, engine)
+                report = run_check(options, observer=observer)
+        except KvgateError as exc:
+            report = fatal_report("up --gate", exc)
+        finish(report, pairs, verbose)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
+        typer.echo("kvgate up: stopping", err=True)
+        if gate:
+            raise  # no verdict: handle_errors writes the report and exits 130
+    finally:
+        dep.stop()
 
 
 def _gate_options(dep: PDDeployment, profile: str | None, strict: bool | None, context_length: int | None,

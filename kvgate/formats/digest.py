@@ -22,6 +22,7 @@ _VERDICT = {
     ExitStatus.INCONCLUSIVE: "INCONCLUSIVE under --strict: something could not be observed",
     ExitStatus.TRANSPORT_ERROR: "TARGET UNREACHABLE: the gate could not finish",
     ExitStatus.INTERNAL_ERROR: "INTERNAL ERROR: kvgate itself broke, nothing was decided",
+    ExitStatus.INTERRUPTED: "INTERRUPTED: stopped before the verdict, nothing was decided",
 }
 MAX_HEADLINES = 6
 MAX_LIST_ITEMS = 4
@@ -47,6 +48,7 @@ def _deciding(report: Report) -> list[Finding]:
         ExitStatus.GATE_FAILED: {Outcome.FAILED},
         ExitStatus.TRANSPORT_ERROR: {Outcome.ERROR},
         ExitStatus.INTERNAL_ERROR: {Outcome.ERROR},
+        ExitStatus.INTERRUPTED: {Outcome.ERROR},
         ExitStatus.INCONCLUSIVE: {Outcome.INCONCLUSIVE},
         ExitStatus.USAGE_ERROR: {Outcome.ERROR, Outcome.FAILED, Outcome.INCONCLUSIVE},
     }.get(status, set())

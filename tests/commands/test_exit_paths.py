@@ -8,6 +8,10 @@ unexpected exception must still write every requested report and exit 2 (usage),
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -97,3 +101,25 @@ def test_a_run_that_checked_nothing_never_passes_even_without_strict() -> None:
 
     assert exit_status_for([], strict=False) == ExitStatus.INCONCLUSIVE
     assert Report("fixes", (), strict=False).exit_status == ExitStatus.INCONCLUSIVE
+
+
+def test_sigterm_mid_run_writes_the_report_and_exits_130(tmp_path: Path,
+                                                          payload_server: Callable[..., PayloadServer]) -> None:
+    """A pipeline step timeout sends SIGTERM: the real `kvgate` process, stuck reading a worker that does
+    not answer, still writes its report (no verdict) and exits 130, never 0."""
+    stuck = payload_server({"/server_info": Route(P.server_info(), delay_s=60),
+                            "/get_server_info": Route(P.server_info(), delay_s=60)})
+    out = tmp_path / "r.json"
+    kvgate = Path(sys.executable).with_name("kvgate")
+    proc = subprocess.Popen([str(kvgate), "check", "-q", "--prefill-url", stuck.url, "--timeout", "20",
+                             "-f", "json", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not stuck.seen_headers and time.monotonic() < deadline:  # it is reading the worker now
+        time.sleep(0.1)
+    assert stuck.seen_headers, "kvgate never reached the worker"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitStatus.INTERRUPTED == 130, err
+    doc = json.loads(out.read_text())
+    assert doc["exit_status"] == 130 and doc["verdict"] == "interrupted"
+    assert "interrupted" in doc["findings"][0]["summary"] and "interrupted" in err
