@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +44,11 @@ def _raise_stopped(signum: int, frame: FrameType | None) -> None:
 @contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """The one SIGTERM handler of long-running commands: inside the block SIGTERM raises `Stopped`
-    (in the main thread), so `finally` tears the deployment down; the previous handler comes back after."""
+    (in the main thread), so `finally` tears the deployment down; the previous handler comes back after.
+    Outside the main thread (a command run from a worker thread) Python cannot take signals: no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _raise_stopped)
     try:
         yield

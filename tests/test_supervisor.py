@@ -114,3 +114,23 @@ def test_sigterm_unwinds_like_ctrl_c_and_the_previous_handler_comes_back() -> No
             time.sleep(5)  # the handler raises here, long before this ends
     assert isinstance(caught.value, Stopped)
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_stop_on_sigterm_is_a_no_op_outside_the_main_thread() -> None:
+    """A command run from a worker thread (an embedding pipeline) must not crash on signal.signal."""
+    import signal
+    import threading
+
+    from kvgate.supervisor import stop_on_sigterm
+
+    before = signal.getsignal(signal.SIGTERM)
+    ran: list[bool] = []
+
+    def body() -> None:
+        with stop_on_sigterm():
+            ran.append(True)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(10)
+    assert ran == [True] and signal.getsignal(signal.SIGTERM) is before
