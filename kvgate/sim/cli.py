@@ -83,14 +83,14 @@ def up(
 ) -> None:
     """Start router + workers, print their URLs and one JSON line, stay up until Ctrl-C/SIGTERM."""
     from kvgate.sim.deploy import SimDeployment
-    from kvgate.sim.releases import SUPPORTED
     from kvgate.supervisor import stop_on_sigterm
+    from kvgate.upstream import RELEASES
 
     from kvgate.extras import require_sim
 
     require_sim("kvgate sim up")
-    if emulate not in SUPPORTED:
-        raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
+    if emulate not in RELEASES:
+        raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(RELEASES)}")
     from kvgate.sim.releases import get_release
 
     try:

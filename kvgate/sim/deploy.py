@@ -18,9 +18,9 @@ from typing import Any, Sequence
 
 import httpx
 
-from kvgate.sim.releases import SUPPORTED
 from kvgate.sim.router import router_argv
 from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port, http_ok
+from kvgate.upstream import RELEASES
 
 
 @dataclass
@@ -139,8 +139,8 @@ class SimDeployment:
         raise AssertionError("unreachable")
 
     def _start_once(self) -> "SimDeployment":
-        if self.emulate not in SUPPORTED:
-            raise ValueError(f"emulate must be one of {SUPPORTED}")
+        if self.emulate not in RELEASES:
+            raise ValueError(f"emulate must be one of {RELEASES}")
         if self.prefill < 1 or self.decode < 1:
             raise ValueError("need at least one prefill and one decode worker")
         tps_list = _per_worker(self.prefill_tokens_per_s, self.prefill, "prefill_tokens_per_s")

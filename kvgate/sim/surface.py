@@ -40,9 +40,9 @@ def resolved_args(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
         "kv_canary": cfg.kv_canary, "kv_canary_real_data": cfg.kv_canary_real_data,
         "kv_canary_sweep_interval": cfg.kv_canary_sweep_interval, "skip_server_warmup": True,
     }
-    if release.version >= "0.5.21":
+    if release.has_kv_checksum_flag:
         args["disaggregation_enable_kv_checksum"] = cfg.disaggregation_enable_kv_checksum
-    if release.version >= "0.5.23":
+    if release.has_decode_allocation_args:
         args["disaggregation_decode_allocation_policy"] = "early"
         args["enable_pd_role_switch"] = False
     return args

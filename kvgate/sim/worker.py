@@ -14,7 +14,7 @@ import shlex
 import sys
 
 from kvgate.sim.lifecycle import run_until_signalled
-from kvgate.sim.releases import SUPPORTED
+from kvgate.upstream import RELEASES
 
 
 def human_int(value: str) -> int:
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nccl-port", type=int, default=None, help="accepted for command-line compatibility")
     p.add_argument("--mem-fraction-static", type=float, default=None, help="reported in server_info only")
     p.add_argument("--disable-overlap-schedule", action="store_true")
-    p.add_argument("--emulate", choices=list(SUPPORTED), default="0.5.20",
+    p.add_argument("--emulate", choices=list(RELEASES), default="0.5.20",
                    help="which SGLang release's behaviour to reproduce")
     p.add_argument("--fixed-by", choices=["kvgate-backport", "kvgate-backport-hardened"], default=None,
                    help="emulate kvgate's backport series on 0.5.19/0.5.20 (see kvgate/sim/releases.py)")
@@ -87,8 +87,6 @@ def main(argv: list[str]) -> None:
     if args.disaggregation_transfer_backend == "fake" and args.disaggregation_mode == "prefill":
         # `arg_groups/pd_disaggregation_hook.py`
         raise SystemExit("AssertionError: Prefill server does not support 'fake' as the transfer backend")
-    if args.disaggregation_enable_kv_checksum and args.emulate < "0.5.21":
-        raise SystemExit(f"error: unrecognized arguments: --disaggregation-enable-kv-checksum (not in {args.emulate})")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.disaggregation_mode}:{args.port}] %(message)s")
     cfg = WorkerConfig(
         mode=args.disaggregation_mode, host=args.host, port=args.port,
@@ -112,6 +110,8 @@ def main(argv: list[str]) -> None:
         release = get_release(args.emulate, args.fixed_by)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.disaggregation_enable_kv_checksum and not release.has_kv_checksum_flag:
+        raise SystemExit(f"error: unrecognized arguments: --disaggregation-enable-kv-checksum (not in {args.emulate})")
     engine = (PrefillEngine if cfg.mode == "prefill" else DecodeEngine)(cfg, release)
 
     run_until_signalled(serve(engine))
