@@ -77,7 +77,6 @@ def up(
     prefill_tokens_per_s: float = typer.Option(2_000_000.0, help="Simulated prefill speed (0 = instant)."),
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
-    seed: int = typer.Option(0, help="--random-seed."),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
     log_dir: Optional[Path] = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
 ) -> None:
@@ -103,7 +102,7 @@ def up(
         chunked_prefill_size=chunked_prefill_size, waiting_timeout=waiting_timeout,
         deferred_release=None if deferred_release is Deferred.default else deferred_release is Deferred.on,
         prefill_tokens_per_s=prefill_tokens_per_s, decode_tokens_per_s=decode_tokens_per_s,
-        transfer_tokens_per_s=transfer_tokens_per_s, seed=seed,
+        transfer_tokens_per_s=transfer_tokens_per_s,
         expose_env_vars=expose_env_vars, log_dir=log_dir,
     )
     # Ctrl-C, and SIGTERM (stop_on_sigterm), arrive as KeyboardInterrupt: a clean stop, exit 0.

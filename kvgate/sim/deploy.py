@@ -41,7 +41,7 @@ class SimDeployment:
       decode_tokens_per_s: decode speed (0 = as fast as possible).
       transfer_tokens_per_s: KV transfer bandwidth; a posted chunk write lands size/bandwidth later and
         is "in flight" meanwhile (0 = instant).
-      seed: `--random-seed`. expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
+      expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
       allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
       skip_tokenizer_init: `--skip-tokenizer-init` on every worker (answers carry output_ids, no text).
       router: False starts the workers only (router_url is then None).
@@ -68,7 +68,6 @@ class SimDeployment:
     prefill_tokens_per_s: float | Sequence[float] = 2_000_000.0
     decode_tokens_per_s: float = 0.0
     transfer_tokens_per_s: float = 0.0
-    seed: int = 0
     expose_env_vars: bool = False
     kv_checksum: bool = False
     allow_auto_truncate: bool = False
@@ -109,7 +108,7 @@ class SimDeployment:
                 "--host", self.host, "--port", str(port), "--disaggregation-bootstrap-port", str(bootstrap_port),
                 "--context-length", str(self.context_length), "--max-total-tokens", str(pool),
                 "--page-size", str(self.page_size), "--chunked-prefill-size", str(self.chunked_prefill_size),
-                "--random-seed", str(self.seed), "--emulate", self.emulate,
+                "--emulate", self.emulate,
                 "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s),
                 "--sim-transfer-tokens-per-s", _num(self.transfer_tokens_per_s)]
         if self.kv_checksum:
@@ -205,7 +204,7 @@ class SimDeployment:
         """The WorkerConfig fields of one metadata-only worker (fleet.py builds the config from them)."""
         return {"mode": mode, "host": self.host, "port": port, "disaggregation_bootstrap_port": bootstrap_port,
                 "context_length": self.context_length, "max_total_tokens": pool, "page_size": self.page_size,
-                "chunked_prefill_size": self.chunked_prefill_size, "random_seed": self.seed,
+                "chunked_prefill_size": self.chunked_prefill_size,
                 "emulate": self.emulate, "fixed_by": self.fixed_by,
                 "disaggregation_enable_kv_checksum": self.kv_checksum,
                 "allow_auto_truncate": self.allow_auto_truncate, "dp_size": self.dp_size,

@@ -44,7 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--chunked-prefill-size", type=human_int, default=8192)
     p.add_argument("--max-running-requests", type=int, default=None)
-    p.add_argument("--random-seed", type=int, default=0)
     p.add_argument("--allow-auto-truncate", action="store_true")
     p.add_argument("--skip-tokenizer-init", action="store_true",
                    help="answers carry output_ids only, no text (SGLang's --skip-tokenizer-init)")
@@ -96,7 +95,7 @@ def main(argv: list[str]) -> None:
         disaggregation_ib_device=args.disaggregation_ib_device, context_length=args.context_length,
         max_total_tokens=args.max_total_tokens, page_size=args.page_size,
         chunked_prefill_size=args.chunked_prefill_size, max_running_requests=args.max_running_requests,
-        model_path=args.model_path, served_model_name=args.served_model_name, random_seed=args.random_seed,
+        model_path=args.model_path, served_model_name=args.served_model_name,
         allow_auto_truncate=args.allow_auto_truncate, skip_tokenizer_init=args.skip_tokenizer_init,
         disaggregation_enable_kv_checksum=args.disaggregation_enable_kv_checksum, kv_canary=args.kv_canary,
         kv_canary_real_data=args.kv_canary_real_data, kv_canary_sweep_interval=args.kv_canary_sweep_interval,
