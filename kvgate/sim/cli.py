@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional, TypeVar
+from typing import Any, TypeVar
 
 import typer
 
@@ -61,7 +61,7 @@ def _exit_on_errors(func: F) -> F:
 @_exit_on_errors
 def up(
     emulate: str = typer.Option("0.5.20", help="SGLang release to reproduce: 0.5.19 .. 0.5.23."),
-    fixed_by: Optional[str] = typer.Option(
+    fixed_by: str | None = typer.Option(
         None, help="kvgate-backport or kvgate-backport-hardened: emulate kvgate's backport on 0.5.19/0.5.20."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Number of prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Number of decode workers."),
@@ -70,7 +70,7 @@ def up(
     decode_pool: int = typer.Option(65536, help="Decode KV pool in tokens (--max-total-tokens)."),
     page_size: int = typer.Option(16, help="--page-size."),
     chunked_prefill_size: int = typer.Option(8192, help="--chunked-prefill-size."),
-    waiting_timeout: Optional[float] = typer.Option(
+    waiting_timeout: float | None = typer.Option(
         None, help="Decode waiting timeout in seconds (SGLANG_DISAGGREGATION_WAITING_TIMEOUT; SGLang: 300)."),
     deferred_release: Deferred = typer.Option(
         Deferred.default, help="Deferred decode KV release: on, off, or the release's default."),
@@ -78,14 +78,13 @@ def up(
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
-    log_dir: Optional[Path] = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
+    log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
 ) -> None:
     """Start router + workers, print their URLs and one JSON line, stay up until Ctrl-C/SIGTERM."""
+    from kvgate.extras import require_sim
     from kvgate.sim.deploy import SimDeployment
     from kvgate.supervisor import stop_on_sigterm
     from kvgate.upstream import RELEASES
-
-    from kvgate.extras import require_sim
 
     require_sim("kvgate sim up")
     if emulate not in RELEASES:
@@ -112,7 +111,7 @@ def up(
             info = dep.info()
             typer.echo(f"kvgate sim: SGLang {emulate} PD deployment is up (logs: {info['logs']})")
             typer.echo(f"  router : {info['router']}")
-            for url, bport in zip(info["prefill"], info["bootstrap_ports"]):
+            for url, bport in zip(info["prefill"], info["bootstrap_ports"], strict=True):
                 typer.echo(f"  prefill: {url} (bootstrap port {bport})")
             for url in info["decode"]:
                 typer.echo(f"  decode : {url}")

@@ -12,9 +12,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
@@ -121,7 +122,7 @@ class SimDeployment:
             argv.append("--skip-tokenizer-init")
         return argv
 
-    def start(self, attempts: int = 3) -> "SimDeployment":
+    def start(self, attempts: int = 3) -> SimDeployment:
         """Start workers and router in parallel, then wait until all are ready (one deadline).
 
         Ports are picked free just before the children bind them; if another process takes one in
@@ -137,7 +138,7 @@ class SimDeployment:
                 self.router_url = None
         raise AssertionError("unreachable")
 
-    def _start_once(self) -> "SimDeployment":
+    def _start_once(self) -> SimDeployment:
         if self.emulate not in RELEASES:
             raise ValueError(f"emulate must be one of {RELEASES}")
         if self.prefill < 1 or self.decode < 1:
@@ -162,8 +163,8 @@ class SimDeployment:
                 if self.light:
                     light.append(self._light_worker("prefill", port, bport, int(prefill_pools[i])))
                 else:
-                    workers.append(sup.start(f"prefill{i}", self._worker_argv(
-                        "prefill", port, bport, int(prefill_pools[i]), tps_list[i]), ready_url=url + "/health", env=env))
+                    argv = self._worker_argv("prefill", port, bport, int(prefill_pools[i]), tps_list[i])
+                    workers.append(sup.start(f"prefill{i}", argv, ready_url=url + "/health", env=env))
                 self.prefill_urls.append(url)
                 self.bootstrap_ports.append(bport)
                 prefill_pairs.append((url, bport))
@@ -254,7 +255,7 @@ class SimDeployment:
             urls.append(self.router_url + "/readiness")
         return all(http_ok(u) for u in urls)
 
-    def __enter__(self) -> "SimDeployment":
+    def __enter__(self) -> SimDeployment:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

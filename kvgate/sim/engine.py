@@ -21,15 +21,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import torch
 
 from kvgate.sim import tokenizer, transfer
-from kvgate.sim.config import (  # noqa: F401 - KNOWN_ENV, exportable_env_vars: re-exported for callers
-    KNOWN_ENV, WorkerConfig, env_bool, env_float, exportable_env_vars)
+from kvgate.sim.config import WorkerConfig, env_bool, env_float
 from kvgate.sim.kvpool import KVPool, PoolExhausted
 from kvgate.sim.releases import Release0519
 
@@ -165,6 +165,24 @@ class BaseEngine:
                 "deferred_release": self.deferred_release, "waiting_timeout": self.waiting_timeout,
                 "stats": dict(self.stats)}
 
+    # What each role implements (the HTTP server drives an engine through these).
+
+    async def start(self) -> None:
+        """Start the role's background services (the prefill's bootstrap server)."""
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        """Stop them."""
+        raise NotImplementedError
+
+    async def generate(self, req: SimReq) -> dict[str, Any]:
+        """Run one request to its end (an error is a RequestError)."""
+        raise NotImplementedError
+
+    def abort(self, rid: str | None, abort_all: bool = False) -> int:
+        """`/abort_request`: abort `rid` (or every request); how many were aborted."""
+        raise NotImplementedError
+
 
 # ----------------------------------------------------------------------------------------- prefill
 
@@ -275,7 +293,8 @@ class PrefillEngine(BaseEngine):
             self._room_waiters.pop(req.bootstrap_room, None)
             elapsed = time.time() - start
             raise RequestError(Abort(
-                f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} req.bootstrap_room={req.bootstrap_room} "
+                f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} "
+                f"req.bootstrap_room={req.bootstrap_room} "
                 f"with exception KVTransferError(bootstrap_room={req.bootstrap_room}): Request {req.bootstrap_room} "
                 f"timed out after {elapsed:.1f}s in KVPoll.Bootstrapping",
                 HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
@@ -566,7 +585,8 @@ class DecodeEngine(BaseEngine):
             raise RequestError(Abort(
                 f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
                 f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
-                f"KVTransferError(bootstrap_room={req.bootstrap_room}): cannot reach bootstrap server {host}:{port}: {exc}",
+                f"KVTransferError(bootstrap_room={req.bootstrap_room}): "
+                f"cannot reach bootstrap server {host}:{port}: {exc}",
                 HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
         t.writer = writer
         prompt_pages = t.pages[: self.pool.pages_for(t.num_tokens)]
@@ -609,8 +629,9 @@ class DecodeEngine(BaseEngine):
         req = t.req
         start = time.time()
         abort_wait = asyncio.ensure_future(t.aborted.wait())
+        waiters: set[asyncio.Future[Any]] = {t.done, abort_wait}
         try:
-            done, _ = await asyncio.wait({t.done, abort_wait}, timeout=self.waiting_timeout,
+            done, _ = await asyncio.wait(waiters, timeout=self.waiting_timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             abort_wait.cancel()
@@ -619,7 +640,8 @@ class DecodeEngine(BaseEngine):
         if t.aborted.is_set():
             reason = "Aborted by AbortReq."
         else:
-            reason = f"Request {req.bootstrap_room} timed out after {time.time() - start:.1f}s in KVPoll.WaitingForInput"
+            waited = time.time() - start
+            reason = f"Request {req.bootstrap_room} timed out after {waited:.1f}s in KVPoll.WaitingForInput"
             t.aborted.set()
         await self._notify_abort(t)
         raise RequestError(Abort(

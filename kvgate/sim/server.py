@@ -11,8 +11,9 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
@@ -122,7 +123,8 @@ def build_app(engine: BaseEngine) -> FastAPI:
             text = text[0] if isinstance(text, list) else text
             ids = ids[0] if ids and isinstance(ids[0], list) else ids
         if ids is not None:
-            input_ids = torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32)
+            input_ids = (torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids
+                         else torch.zeros(0, dtype=torch.int32))
         elif text is not None:
             input_ids = tokenizer.encode_tensor(str(text))
         else:
@@ -237,7 +239,7 @@ async def _stream(engine: BaseEngine, req: SimReq,
             if isinstance(engine, DecodeEngine):
                 result = await engine.generate(req, sink)
             else:
-                result = await engine.generate(req)  # type: ignore[arg-type]
+                result = await engine.generate(req)
             await queue.put(_sse(shape(result)))
             await queue.put(b"data: [DONE]\n\n")
         except RequestError as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
-import sys
 
 from kvgate.sim.lifecycle import run_until_signalled
 from kvgate.upstream import RELEASES
@@ -80,8 +79,6 @@ def main(argv: list[str]) -> None:
 
     if argv and argv[0] == "worker":
         argv = argv[1:]
-    if sys.version_info < (3, 10):  # pragma: no cover
-        raise SystemExit("python >= 3.10 required")
     args = build_parser().parse_args(argv)
     if args.disaggregation_transfer_backend == "fake" and args.disaggregation_mode == "prefill":
         # `arg_groups/pd_disaggregation_hook.py`

@@ -6,8 +6,8 @@ bandwidth, as with RDMA: the write is posted and lands later). While A's first w
 the test aborts A on the decode (SGLang's `/abort_request`). Request B, small (its one write takes
 0.25 s, so it lands well before A's even on a loaded CI machine), then goes to the fast prefill.
 With deferred release OFF the decode frees A's pages at once, B gets the lowest of them, and A's
-in-flight write lands in B's pages while B is decoding (6 s): B's text carries A's sentinel. With it ON the pages are held until the prefill's drain
-ACK, B gets other pages, and B's text stays its own.
+in-flight write lands in B's pages while B is decoding (6 s): B's text carries A's sentinel. With it
+ON the pages are held until the prefill's drain ACK, B gets other pages, and B's text stays its own.
 
 From 0.5.20 the simulator posts nothing more once the prefill learned of the abort (the room is
 failed) and skips queued writes; only the write already in flight lands, so the abort must come

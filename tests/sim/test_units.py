@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from kvgate.sim import tokenizer, transfer
-from kvgate.sim.engine import (BaseEngine, PrefillEngine, RequestError, SimReq, WorkerConfig, attend,
-                               env_bool)
+from kvgate.sim.engine import BaseEngine, PrefillEngine, RequestError, SimReq, WorkerConfig, attend, env_bool
 from kvgate.sim.kvpool import KVPool, PoolExhausted
 from kvgate.sim.releases import get_release
 from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
