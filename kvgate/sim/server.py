@@ -20,7 +20,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from kvgate.sim import surface, tokenizer
-from kvgate.sim.engine import Abort, BaseEngine, DecodeEngine, PrefillEngine, RequestError, SimReq, env_float
+from kvgate.sim.config import env_float
+from kvgate.sim.decode import DecodeEngine
+from kvgate.sim.engine import BaseEngine
+from kvgate.sim.prefill import PrefillEngine
+from kvgate.sim.request import Abort, RequestError, SimReq
 
 try:  # optional fast JSON; the simulator works without it
     import orjson as _orjson  # type: ignore[import-not-found]

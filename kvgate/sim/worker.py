@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     """Parse, build the engine, serve until SIGTERM/SIGINT."""
-    from kvgate.sim.engine import DecodeEngine, PrefillEngine, WorkerConfig
+    from kvgate.sim.config import WorkerConfig
+    from kvgate.sim.decode import DecodeEngine
+    from kvgate.sim.prefill import PrefillEngine
     from kvgate.sim.releases import get_release
     from kvgate.sim.server import serve
 

@@ -8,9 +8,13 @@ import pytest
 import torch
 
 from kvgate.sim import tokenizer, transfer
-from kvgate.sim.engine import BaseEngine, PrefillEngine, RequestError, SimReq, WorkerConfig, attend, env_bool
+from kvgate.sim.config import WorkerConfig, env_bool
+from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import KVPool, PoolExhausted
+from kvgate.sim.prefill import PrefillEngine
 from kvgate.sim.releases import get_release
+from kvgate.sim.request import RequestError, SimReq
+from kvgate.sim.toymodel import attend
 from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
