@@ -10,8 +10,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "kvgate"
 
@@ -43,13 +41,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("kvgate.commands",)),
     ("cli", ("kvgate.cli",)),
 )
-
-# The one known upward import, owned by whoever changes the simulator: remove the entry with the import.
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {
-    ("kvgate.sim.cli", "kvgate.commands._common"):
-        "`kvgate sim up` borrows the commands' error handler (handle_errors); the simulator's owner moves "
-        "it after the simgap merge",
-}
 
 _RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 
@@ -112,14 +103,8 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
-    bad = {k: v for k, v in upward_imports().items() if k not in KNOWN_VIOLATIONS}
+    bad = upward_imports()
     assert not bad, "\n".join(f"{m} ({a}) imports {d} ({b}), a layer above" for (m, d), (a, b) in sorted(bad.items()))
-
-
-@pytest.mark.parametrize("edge", sorted(KNOWN_VIOLATIONS))
-def test_each_known_violation_is_still_real(edge: tuple[str, str]) -> None:
-    """A fixed violation must leave the list, so the list never hides a new one."""
-    assert edge in upward_imports(), f"{edge[0]} no longer imports {edge[1]}: remove it from KNOWN_VIOLATIONS"
 
 
 def test_the_checker_sees_late_imports() -> None:

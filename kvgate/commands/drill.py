@@ -98,10 +98,10 @@ def drill(
             from kvgate.extras import require_sim
 
             require_sim("kvgate drill")
-        from kvgate.sim.releases import SUPPORTED
+        from kvgate.upstream import RELEASES
 
-        if emulate not in SUPPORTED:
-            raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
+        if emulate not in RELEASES:
+            raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(RELEASES)}")
         if engine not in DEFAULTS:
             raise UsageError(f"--engine {engine!r}: choose one of {', '.join(DEFAULTS)}")
         d = DEFAULTS[engine]

@@ -51,7 +51,7 @@ Library API (what probe tests use)
                        waiting_timeout=None,           # s; SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300)
                        deferred_release=None,          # None = release default, or True/False
                        prefill_tokens_per_s=2e6,       # or one value per prefill worker
-                       decode_tokens_per_s=0.0, seed=0) as dep:
+                       decode_tokens_per_s=0.0) as dep:
         dep.router_url      # "http://127.0.0.1:PORT"  (smg; /generate, /v1/completions, /v1/models, /readiness)
         dep.prefill_urls    # ["http://127.0.0.1:PORT"] (SGLang worker surface, /server_info, ...)
         dep.decode_urls     # ["http://127.0.0.1:PORT"]

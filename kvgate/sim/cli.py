@@ -6,18 +6,19 @@ Heavy modules (torch, fastapi) are never imported here: they load in the worker 
 
 from __future__ import annotations
 
+import functools
 import json
-import signal
-import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
-from types import FrameType
-from typing import Optional
+from typing import Any, TypeVar
 
 import typer
 
-from kvgate.commands._common import handle_errors
-from kvgate.errors import UsageError
+from kvgate.errors import InternalError, KvgateError, UsageError
+from kvgate.redact import redact
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 sim_app = typer.Typer(
     name="sim",
@@ -37,19 +38,30 @@ class Deferred(str, Enum):
     default = "default"
 
 
-class _Stop(Exception):
-    """Raised from the SIGTERM handler to unwind into the teardown."""
+def _exit_on_errors(func: F) -> F:
+    """The simulator's fatal path (it writes no report): a domain error exits with its own status,
+    anything else is kvgate's own crash (exit 5); one `kvgate: error:` line on stderr, no traceback.
+    Kept here rather than borrowed from `kvgate.commands`, a layer above the simulator."""
 
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the one place `sim up` turns a crash into an exit status
+            err = exc if isinstance(exc, KvgateError) else InternalError(func.__name__, exc)
+            typer.echo(f"kvgate: error: {redact(str(err))}", err=True)
+            raise typer.Exit(int(err.exit_status)) from None
 
-def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-    raise _Stop()
+    return wrapper  # type: ignore[return-value]
 
 
 @sim_app.command("up")
-@handle_errors
+@_exit_on_errors
 def up(
     emulate: str = typer.Option("0.5.20", help="SGLang release to reproduce: 0.5.19 .. 0.5.23."),
-    fixed_by: Optional[str] = typer.Option(
+    fixed_by: str | None = typer.Option(
         None, help="kvgate-backport or kvgate-backport-hardened: emulate kvgate's backport on 0.5.19/0.5.20."),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Number of prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Number of decode workers."),
@@ -58,27 +70,25 @@ def up(
     decode_pool: int = typer.Option(65536, help="Decode KV pool in tokens (--max-total-tokens)."),
     page_size: int = typer.Option(16, help="--page-size."),
     chunked_prefill_size: int = typer.Option(8192, help="--chunked-prefill-size."),
-    waiting_timeout: Optional[float] = typer.Option(
+    waiting_timeout: float | None = typer.Option(
         None, help="Decode waiting timeout in seconds (SGLANG_DISAGGREGATION_WAITING_TIMEOUT; SGLang: 300)."),
     deferred_release: Deferred = typer.Option(
         Deferred.default, help="Deferred decode KV release: on, off, or the release's default."),
     prefill_tokens_per_s: float = typer.Option(2_000_000.0, help="Simulated prefill speed (0 = instant)."),
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
-    seed: int = typer.Option(0, help="--random-seed."),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
-    log_dir: Optional[Path] = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
+    log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
 ) -> None:
     """Start router + workers, print their URLs and one JSON line, stay up until Ctrl-C/SIGTERM."""
-    from kvgate.sim.deploy import SimDeployment
-    from kvgate.sim.releases import SUPPORTED
-    from kvgate.supervisor import SupervisorError
-
     from kvgate.extras import require_sim
+    from kvgate.sim.deploy import SimDeployment
+    from kvgate.supervisor import stop_on_sigterm
+    from kvgate.upstream import RELEASES
 
     require_sim("kvgate sim up")
-    if emulate not in SUPPORTED:
-        raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(SUPPORTED)}")
+    if emulate not in RELEASES:
+        raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(RELEASES)}")
     from kvgate.sim.releases import get_release
 
     try:
@@ -91,31 +101,26 @@ def up(
         chunked_prefill_size=chunked_prefill_size, waiting_timeout=waiting_timeout,
         deferred_release=None if deferred_release is Deferred.default else deferred_release is Deferred.on,
         prefill_tokens_per_s=prefill_tokens_per_s, decode_tokens_per_s=decode_tokens_per_s,
-        transfer_tokens_per_s=transfer_tokens_per_s, seed=seed,
+        transfer_tokens_per_s=transfer_tokens_per_s,
         expose_env_vars=expose_env_vars, log_dir=log_dir,
     )
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        dep.start()
-        info = dep.info()
-        typer.echo(f"kvgate sim: SGLang {emulate} PD deployment is up (logs: {info['logs']})")
-        typer.echo(f"  router : {info['router']}")
-        for url, bport in zip(info["prefill"], info["bootstrap_ports"]):
-            typer.echo(f"  prefill: {url} (bootstrap port {bport})")
-        for url in info["decode"]:
-            typer.echo(f"  decode : {url}")
-        typer.echo(json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}),
-                   nl=True)
-        typer.echo("Press Ctrl-C to stop.", err=True)
-        while True:
-            time.sleep(0.5)
+    # Ctrl-C, and SIGTERM (stop_on_sigterm), arrive as KeyboardInterrupt: a clean stop, exit 0.
+    with stop_on_sigterm():
+        try:
+            dep.start()
+            info = dep.info()
+            typer.echo(f"kvgate sim: SGLang {emulate} PD deployment is up (logs: {info['logs']})")
+            typer.echo(f"  router : {info['router']}")
+            for url, bport in zip(info["prefill"], info["bootstrap_ports"], strict=True):
+                typer.echo(f"  prefill: {url} (bootstrap port {bport})")
+            for url in info["decode"]:
+                typer.echo(f"  decode : {url}")
+            typer.echo(json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}),
+                       nl=True)
+            typer.echo("Press Ctrl-C to stop.", err=True)
             assert dep.supervisor is not None
-            dead = [p for p in dep.supervisor.processes if not p.alive()]
-            if dead:
-                names = ", ".join(p.name for p in dead)
-                raise SupervisorError(f"{names} exited unexpectedly; see {dep.log_dir}")
-    except (KeyboardInterrupt, _Stop):
-        typer.echo("kvgate sim: stopping", err=True)
-    finally:
-        dep.stop()
-        signal.signal(signal.SIGTERM, previous)
+            dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (SupervisorError, exit 2)
+        except KeyboardInterrupt:
+            typer.echo("kvgate sim: stopping", err=True)
+        finally:
+            dep.stop()

@@ -61,7 +61,6 @@ class WorkerConfig:
     max_running_requests: int | None = None
     model_path: str = "kvgate-sim/byte-echo"
     served_model_name: str | None = None
-    random_seed: int = 0
     allow_auto_truncate: bool = False
     skip_tokenizer_init: bool = False
     disaggregation_enable_kv_checksum: bool = False

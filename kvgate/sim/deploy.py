@@ -12,15 +12,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
-from kvgate.sim.releases import SUPPORTED
 from kvgate.sim.router import router_argv
 from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port, http_ok
+from kvgate.upstream import RELEASES
 
 
 @dataclass
@@ -41,7 +42,7 @@ class SimDeployment:
       decode_tokens_per_s: decode speed (0 = as fast as possible).
       transfer_tokens_per_s: KV transfer bandwidth; a posted chunk write lands size/bandwidth later and
         is "in flight" meanwhile (0 = instant).
-      seed: `--random-seed`. expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
+      expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
       allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
       skip_tokenizer_init: `--skip-tokenizer-init` on every worker (answers carry output_ids, no text).
       router: False starts the workers only (router_url is then None).
@@ -68,7 +69,6 @@ class SimDeployment:
     prefill_tokens_per_s: float | Sequence[float] = 2_000_000.0
     decode_tokens_per_s: float = 0.0
     transfer_tokens_per_s: float = 0.0
-    seed: int = 0
     expose_env_vars: bool = False
     kv_checksum: bool = False
     allow_auto_truncate: bool = False
@@ -109,7 +109,7 @@ class SimDeployment:
                 "--host", self.host, "--port", str(port), "--disaggregation-bootstrap-port", str(bootstrap_port),
                 "--context-length", str(self.context_length), "--max-total-tokens", str(pool),
                 "--page-size", str(self.page_size), "--chunked-prefill-size", str(self.chunked_prefill_size),
-                "--random-seed", str(self.seed), "--emulate", self.emulate,
+                "--emulate", self.emulate,
                 "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s),
                 "--sim-transfer-tokens-per-s", _num(self.transfer_tokens_per_s)]
         if self.kv_checksum:
@@ -122,7 +122,7 @@ class SimDeployment:
             argv.append("--skip-tokenizer-init")
         return argv
 
-    def start(self, attempts: int = 3) -> "SimDeployment":
+    def start(self, attempts: int = 3) -> SimDeployment:
         """Start workers and router in parallel, then wait until all are ready (one deadline).
 
         Ports are picked free just before the children bind them; if another process takes one in
@@ -138,9 +138,9 @@ class SimDeployment:
                 self.router_url = None
         raise AssertionError("unreachable")
 
-    def _start_once(self) -> "SimDeployment":
-        if self.emulate not in SUPPORTED:
-            raise ValueError(f"emulate must be one of {SUPPORTED}")
+    def _start_once(self) -> SimDeployment:
+        if self.emulate not in RELEASES:
+            raise ValueError(f"emulate must be one of {RELEASES}")
         if self.prefill < 1 or self.decode < 1:
             raise ValueError("need at least one prefill and one decode worker")
         tps_list = _per_worker(self.prefill_tokens_per_s, self.prefill, "prefill_tokens_per_s")
@@ -163,8 +163,8 @@ class SimDeployment:
                 if self.light:
                     light.append(self._light_worker("prefill", port, bport, int(prefill_pools[i])))
                 else:
-                    workers.append(sup.start(f"prefill{i}", self._worker_argv(
-                        "prefill", port, bport, int(prefill_pools[i]), tps_list[i]), ready_url=url + "/health", env=env))
+                    argv = self._worker_argv("prefill", port, bport, int(prefill_pools[i]), tps_list[i])
+                    workers.append(sup.start(f"prefill{i}", argv, ready_url=url + "/health", env=env))
                 self.prefill_urls.append(url)
                 self.bootstrap_ports.append(bport)
                 prefill_pairs.append((url, bport))
@@ -205,7 +205,7 @@ class SimDeployment:
         """The WorkerConfig fields of one metadata-only worker (fleet.py builds the config from them)."""
         return {"mode": mode, "host": self.host, "port": port, "disaggregation_bootstrap_port": bootstrap_port,
                 "context_length": self.context_length, "max_total_tokens": pool, "page_size": self.page_size,
-                "chunked_prefill_size": self.chunked_prefill_size, "random_seed": self.seed,
+                "chunked_prefill_size": self.chunked_prefill_size,
                 "emulate": self.emulate, "fixed_by": self.fixed_by,
                 "disaggregation_enable_kv_checksum": self.kv_checksum,
                 "allow_auto_truncate": self.allow_auto_truncate, "dp_size": self.dp_size,
@@ -255,7 +255,7 @@ class SimDeployment:
             urls.append(self.router_url + "/readiness")
         return all(http_ok(u) for u in urls)
 
-    def __enter__(self) -> "SimDeployment":
+    def __enter__(self) -> SimDeployment:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

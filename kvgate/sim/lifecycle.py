@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 
 def run_until_signalled(main: Coroutine[Any, Any, None]) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
 class Release0519:
@@ -45,8 +45,18 @@ class Release0519:
     version = "0.5.19"
     #: `/ready` was added in 0.5.20 (`entrypoints/http_server.py ready`).
     has_ready_endpoint = False
-    #: `srt/environ.py SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE = EnvBool(False)`.
-    deferred_release_default = False
+    #: `--disaggregation-enable-kv-checksum` (a server arg, reported in server_info) from 0.5.21.
+    has_kv_checksum_flag = False
+    #: `--disaggregation-decode-allocation-policy` and `--enable-pd-role-switch` from 0.5.23.
+    has_decode_allocation_args = False
+    #: kvgate ships a backport series for this release (`backports/v<release>/`): 0.5.19 and 0.5.20.
+    has_kvgate_backport = True
+
+    @property
+    def deferred_release_default(self) -> bool:
+        """`srt/environ.py SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE`'s default in this release:
+        kept once, in `kvgate.upstream.DEFERRED_RELEASE_DEFAULT` (checked against every wheel)."""
+        return DEFERRED_RELEASE_DEFAULT[self.version]
 
     def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
         """`PrefillBootstrapQueue.add` / `DecodePreallocQueue.add`: no abort check before 0.5.21."""
@@ -110,8 +120,8 @@ class Release0521(Release0520):
     """sglang 0.5.21: #38935 admission door, deferred release on by default, ACK after drain, checksum flag."""
 
     version = "0.5.21"
-    #: `srt/environ.py ... = EnvBool(True)` (#41023).
-    deferred_release_default = True
+    has_kv_checksum_flag = True
+    has_kvgate_backport = False
 
     def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
         """`disaggregation/utils.py is_unadmitted_reject`: aborted and holding no KV/metadata/retraction
@@ -145,6 +155,7 @@ class Release0523(Release0522):
     """sglang 0.5.23: extra server args (allocation policy, role switch) and `hicache_object_layout`."""
 
     version = "0.5.23"
+    has_decode_allocation_args = True
 
     def server_info_extra(self, mode: str) -> dict[str, Any]:
         extra = super().server_info_extra(mode)
@@ -170,7 +181,7 @@ class KvgateBackport:
         self._base = base
         self.version = base.version
         self.has_ready_endpoint = base.has_ready_endpoint
-        self.deferred_release_default = True
+        self.deferred_release_default = True  # the series turns it on, as #41023 does in 0.5.21
         self.hardened = hardened
 
     def __getattr__(self, name: str) -> Any:
@@ -192,9 +203,10 @@ class KvgateBackport:
 FIXED_BY = ("kvgate-backport", "kvgate-backport-hardened")
 
 
+#: One class per release of `kvgate.upstream.RELEASES`, the one list of releases kvgate knows
+#: (tests/sim/test_units.py checks that every release there has one).
 _BY_VERSION: dict[str, type[Release0519]] = {
-    "0.5.19": Release0519, "0.5.20": Release0520, "0.5.21": Release0521,
-    "0.5.22": Release0522, "0.5.23": Release0523,
+    cls.version: cls for cls in (Release0519, Release0520, Release0521, Release0522, Release0523)
 }
 
 
@@ -203,11 +215,12 @@ def get_release(version: str, fixed_by: str | None = None) -> Release0519:
     try:
         release = _BY_VERSION[version]()
     except KeyError:
-        raise ValueError(f"unsupported --emulate {version!r}; choose one of {', '.join(SUPPORTED)}") from None
+        raise ValueError(f"unsupported --emulate {version!r}; choose one of {', '.join(RELEASES)}") from None
     if fixed_by is None:
         return release
     if fixed_by not in FIXED_BY:
         raise ValueError(f"unsupported --fixed-by {fixed_by!r}; choose one of {', '.join(FIXED_BY)}")
-    if version not in ("0.5.19", "0.5.20"):
-        raise ValueError("--fixed-by kvgate-backport applies to 0.5.19 and 0.5.20 only")
+    if not release.has_kvgate_backport:
+        with_series = " and ".join(v for v in RELEASES if v in _BY_VERSION and _BY_VERSION[v].has_kvgate_backport)
+        raise ValueError(f"--fixed-by kvgate-backport applies to {with_series} only")
     return KvgateBackport(release, hardened=fixed_by.endswith("hardened"))  # type: ignore[return-value]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from kvgate.errors import UsageError
 

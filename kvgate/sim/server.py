@@ -11,15 +11,20 @@ import asyncio
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from kvgate.sim import surface, tokenizer
-from kvgate.sim.engine import Abort, BaseEngine, DecodeEngine, PrefillEngine, RequestError, SimReq, env_float
+from kvgate.sim.config import env_float
+from kvgate.sim.decode import DecodeEngine
+from kvgate.sim.engine import BaseEngine
+from kvgate.sim.prefill import PrefillEngine
+from kvgate.sim.request import Abort, RequestError, SimReq
 
 try:  # optional fast JSON; the simulator works without it
     import orjson as _orjson  # type: ignore[import-not-found]
@@ -122,7 +127,8 @@ def build_app(engine: BaseEngine) -> FastAPI:
             text = text[0] if isinstance(text, list) else text
             ids = ids[0] if ids and isinstance(ids[0], list) else ids
         if ids is not None:
-            input_ids = torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32)
+            input_ids = (torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids
+                         else torch.zeros(0, dtype=torch.int32))
         elif text is not None:
             input_ids = tokenizer.encode_tensor(str(text))
         else:
@@ -237,7 +243,7 @@ async def _stream(engine: BaseEngine, req: SimReq,
             if isinstance(engine, DecodeEngine):
                 result = await engine.generate(req, sink)
             else:
-                result = await engine.generate(req)  # type: ignore[arg-type]
+                result = await engine.generate(req)
             await queue.put(_sse(shape(result)))
             await queue.put(b"data: [DONE]\n\n")
         except RequestError as exc:

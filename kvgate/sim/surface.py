@@ -18,6 +18,11 @@ def pool_capacity(max_total_tokens: int, page_size: int) -> int:
     return (max_total_tokens // page_size) * page_size
 
 
+#: SGLang reports the seed it resolved (without --random-seed a random int in [0, 2**30]:
+#: `arg_groups/serving_hook.py`); the toy model is deterministic, so the simulator reports a fixed one.
+RANDOM_SEED = 0
+
+
 def admission_limit(context: int, pool: int) -> int:
     """`managers/tp_worker.py get_worker_info`: max_req_input_len = min(context - 1, pool - 1) - 5."""
     return min(context - 1, pool - 1) - 5
@@ -33,16 +38,16 @@ def resolved_args(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
         "page_size": cfg.page_size, "chunked_prefill_size": cfg.chunked_prefill_size,
         "mem_fraction_static": cfg.mem_fraction_static if cfg.mem_fraction_static is not None else 0.88,
         "tp_size": cfg.tp_size, "dp_size": cfg.dp_size, "pp_size": 1, "device": "cpu",
-        "random_seed": cfg.random_seed, "allow_auto_truncate": cfg.allow_auto_truncate,
+        "random_seed": RANDOM_SEED, "allow_auto_truncate": cfg.allow_auto_truncate,
         "disaggregation_mode": cfg.mode, "disaggregation_transfer_backend": cfg.disaggregation_transfer_backend,
         "disaggregation_bootstrap_port": cfg.disaggregation_bootstrap_port,
         "disaggregation_ib_device": cfg.disaggregation_ib_device, "num_reserved_decode_tokens": 512,
         "kv_canary": cfg.kv_canary, "kv_canary_real_data": cfg.kv_canary_real_data,
         "kv_canary_sweep_interval": cfg.kv_canary_sweep_interval, "skip_server_warmup": True,
     }
-    if release.version >= "0.5.21":
+    if release.has_kv_checksum_flag:
         args["disaggregation_enable_kv_checksum"] = cfg.disaggregation_enable_kv_checksum
-    if release.version >= "0.5.23":
+    if release.has_decode_allocation_args:
         args["disaggregation_decode_allocation_policy"] = "early"
         args["enable_pd_role_switch"] = False
     return args

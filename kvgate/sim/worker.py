@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import logging
 import shlex
-import sys
 
 from kvgate.sim.lifecycle import run_until_signalled
-from kvgate.sim.releases import SUPPORTED
+from kvgate.upstream import RELEASES
 
 
 def human_int(value: str) -> int:
@@ -44,7 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=1)
     p.add_argument("--chunked-prefill-size", type=human_int, default=8192)
     p.add_argument("--max-running-requests", type=int, default=None)
-    p.add_argument("--random-seed", type=int, default=0)
     p.add_argument("--allow-auto-truncate", action="store_true")
     p.add_argument("--skip-tokenizer-init", action="store_true",
                    help="answers carry output_ids only, no text (SGLang's --skip-tokenizer-init)")
@@ -59,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nccl-port", type=int, default=None, help="accepted for command-line compatibility")
     p.add_argument("--mem-fraction-static", type=float, default=None, help="reported in server_info only")
     p.add_argument("--disable-overlap-schedule", action="store_true")
-    p.add_argument("--emulate", choices=list(SUPPORTED), default="0.5.20",
+    p.add_argument("--emulate", choices=list(RELEASES), default="0.5.20",
                    help="which SGLang release's behaviour to reproduce")
     p.add_argument("--fixed-by", choices=["kvgate-backport", "kvgate-backport-hardened"], default=None,
                    help="emulate kvgate's backport series on 0.5.19/0.5.20 (see kvgate/sim/releases.py)")
@@ -75,20 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     """Parse, build the engine, serve until SIGTERM/SIGINT."""
-    from kvgate.sim.engine import DecodeEngine, PrefillEngine, WorkerConfig
+    from kvgate.sim.config import WorkerConfig
+    from kvgate.sim.decode import DecodeEngine
+    from kvgate.sim.prefill import PrefillEngine
     from kvgate.sim.releases import get_release
     from kvgate.sim.server import serve
 
     if argv and argv[0] == "worker":
         argv = argv[1:]
-    if sys.version_info < (3, 10):  # pragma: no cover
-        raise SystemExit("python >= 3.10 required")
     args = build_parser().parse_args(argv)
     if args.disaggregation_transfer_backend == "fake" and args.disaggregation_mode == "prefill":
         # `arg_groups/pd_disaggregation_hook.py`
         raise SystemExit("AssertionError: Prefill server does not support 'fake' as the transfer backend")
-    if args.disaggregation_enable_kv_checksum and args.emulate < "0.5.21":
-        raise SystemExit(f"error: unrecognized arguments: --disaggregation-enable-kv-checksum (not in {args.emulate})")
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [{args.disaggregation_mode}:{args.port}] %(message)s")
     cfg = WorkerConfig(
         mode=args.disaggregation_mode, host=args.host, port=args.port,
@@ -98,7 +94,7 @@ def main(argv: list[str]) -> None:
         disaggregation_ib_device=args.disaggregation_ib_device, context_length=args.context_length,
         max_total_tokens=args.max_total_tokens, page_size=args.page_size,
         chunked_prefill_size=args.chunked_prefill_size, max_running_requests=args.max_running_requests,
-        model_path=args.model_path, served_model_name=args.served_model_name, random_seed=args.random_seed,
+        model_path=args.model_path, served_model_name=args.served_model_name,
         allow_auto_truncate=args.allow_auto_truncate, skip_tokenizer_init=args.skip_tokenizer_init,
         disaggregation_enable_kv_checksum=args.disaggregation_enable_kv_checksum, kv_canary=args.kv_canary,
         kv_canary_real_data=args.kv_canary_real_data, kv_canary_sweep_interval=args.kv_canary_sweep_interval,
@@ -112,6 +108,8 @@ def main(argv: list[str]) -> None:
         release = get_release(args.emulate, args.fixed_by)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
+    if args.disaggregation_enable_kv_checksum and not release.has_kv_checksum_flag:
+        raise SystemExit(f"error: unrecognized arguments: --disaggregation-enable-kv-checksum (not in {args.emulate})")
     engine = (PrefillEngine if cfg.mode == "prefill" else DecodeEngine)(cfg, release)
 
     run_until_signalled(serve(engine))

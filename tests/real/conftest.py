@@ -15,10 +15,9 @@ even-indexed releases run "short" with --skip-tokenizer-init (input_ids in, outp
 from __future__ import annotations
 
 import json
-import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 

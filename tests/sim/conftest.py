@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
-
 
 FILLER = "the quick brown fox jumps over the lazy dog\n"
 

@@ -6,8 +6,8 @@ bandwidth, as with RDMA: the write is posted and lands later). While A's first w
 the test aborts A on the decode (SGLang's `/abort_request`). Request B, small (its one write takes
 0.25 s, so it lands well before A's even on a loaded CI machine), then goes to the fast prefill.
 With deferred release OFF the decode frees A's pages at once, B gets the lowest of them, and A's
-in-flight write lands in B's pages while B is decoding (6 s): B's text carries A's sentinel. With it ON the pages are held until the prefill's drain
-ACK, B gets other pages, and B's text stays its own.
+in-flight write lands in B's pages while B is decoding (6 s): B's text carries A's sentinel. With it
+ON the pages are held until the prefill's drain ACK, B gets other pages, and B's text stays its own.
 
 From 0.5.20 the simulator posts nothing more once the prefill learned of the abort (the room is
 failed) and skips queued writes; only the write already in flight lands, so the abort must come
@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from kvgate.sim.client import pd_generate
+from kvgate.sim.releases import get_release
 from tests.sim.conftest import state, wait_for
 
 pytestmark = pytest.mark.slow
@@ -85,7 +86,7 @@ def test_deferred_release_off_late_writes_land_in_the_next_request(deployment, e
     text, dstate = _run(deployment, emulate, deferred=False)
     assert SENTINEL in text, text  # B's answer carries the aborted request's content
     assert dstate["stats"]["late_pages_received"] > 0
-    if emulate >= "0.5.20":
+    if get_release(emulate).stops_late_chunks_after_abort():
         # the room failed on the abort: only the write already in flight (one 1024-token chunk) landed
         assert dstate["stats"]["late_pages_received"] == SIZE // 4 // 16
 

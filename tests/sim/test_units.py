@@ -8,10 +8,14 @@ import pytest
 import torch
 
 from kvgate.sim import tokenizer, transfer
-from kvgate.sim.engine import (BaseEngine, PrefillEngine, RequestError, SimReq, WorkerConfig, attend,
-                               env_bool)
+from kvgate.sim.config import WorkerConfig, env_bool
+from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import KVPool, PoolExhausted
-from kvgate.sim.releases import SUPPORTED, get_release
+from kvgate.sim.prefill import PrefillEngine
+from kvgate.sim.releases import get_release
+from kvgate.sim.request import RequestError, SimReq
+from kvgate.sim.toymodel import attend
+from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
 def test_tokenizer_round_trips_text_and_ids() -> None:
@@ -83,13 +87,18 @@ def test_scheduler_stage_is_set_finish_with_abort() -> None:
 
 
 def test_release_table() -> None:
-    assert SUPPORTED == ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
-    r19, r20, r21, r22 = (get_release(v) for v in SUPPORTED[:4])
+    # one class per release kvgate knows (kvgate.upstream.RELEASES is the one list)
+    assert [get_release(v).version for v in RELEASES] == list(RELEASES)
+    r19, r20, r21, r22, r23 = (get_release(v) for v in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"))
     assert not r19.retires_aborted_result_after_forward() and r20.retires_aborted_result_after_forward()
     assert not r20.admission_door_rejects(True, False) and r21.admission_door_rejects(True, False)
     assert not r21.admission_door_rejects(True, holds_resources=True)  # re-entry/preempted: not dropped
     assert (r19.deferred_release_default, r20.deferred_release_default, r21.deferred_release_default) == (
         False, False, True)
+    assert all(get_release(v).deferred_release_default is DEFERRED_RELEASE_DEFAULT[v] for v in RELEASES)
+    assert not r20.has_kv_checksum_flag and r21.has_kv_checksum_flag
+    assert not r22.has_decode_allocation_args and r23.has_decode_allocation_args
+    assert r20.has_kvgate_backport and not r21.has_kvgate_backport
     assert not r19.has_ready_endpoint and r20.has_ready_endpoint
     assert "disaggregation_mode" in r22.internal_state_extra("prefill")
     assert "disaggregation_mode" not in r21.internal_state_extra("prefill")

@@ -7,13 +7,13 @@ import json
 import httpx
 import pytest
 
-from kvgate.sim.releases import SUPPORTED
+from kvgate.upstream import RELEASES
 from tests.sim.conftest import generate
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("version", SUPPORTED)
+@pytest.mark.parametrize("version", RELEASES)
 def test_server_info_keys_per_release(deployment, version: str) -> None:
     dep = deployment(emulate=version, context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16,
                      router=False, expose_env_vars=True, deferred_release=False)

@@ -1,0 +1,299 @@
+"""The simulated decode worker: preallocation, bootstrap, receiving KV, decoding with the toy model."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+import torch
+
+from kvgate.sim import tokenizer, transfer
+from kvgate.sim.config import WorkerConfig
+from kvgate.sim.engine import BaseEngine
+from kvgate.sim.kvpool import PoolExhausted
+from kvgate.sim.releases import Release0519
+from kvgate.sim.request import Abort, RequestError, SimReq, TokenSink, meta_info
+from kvgate.sim.toymodel import attend
+
+log = logging.getLogger("kvgate.sim")
+
+#: `disaggregation/utils.py FAKE_BOOTSTRAP_HOST`: health probes on PD workers use it; no KV moves.
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+
+
+@dataclass
+class _Transfer:
+    """The decode side of one room: reservation, bootstrap connection and what arrived."""
+
+    req: SimReq
+    pages: torch.Tensor
+    num_tokens: int
+    done: asyncio.Future[dict[str, Any]]
+    ack: asyncio.Event = field(default_factory=asyncio.Event)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)
+    aborted: asyncio.Event = field(default_factory=asyncio.Event)
+    writer: asyncio.StreamWriter | None = None
+    reader_task: asyncio.Task[None] | None = None
+    pages_received: int = 0
+    freed: bool = False
+    release_deferred: bool = False
+
+
+class DecodeEngine(BaseEngine):
+    """Decode side: prealloc at bootstrap, apply page writes, commit, attend, generate."""
+
+    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+        super().__init__(cfg, release)
+        self.transfers: dict[str, _Transfer] = {}
+        self._held: set[asyncio.Task[None]] = set()  # strong refs until done (asyncio keeps weak ones)
+        #: Receiving ends of rooms, held until the prefill closes them. In SGLang the decode's whole KV
+        #: buffer is registered with the transfer engine once, when the KV manager starts
+        #: (`mooncake/conn.py MooncakeKVManager.__init__` -> `register_buffer_to_engine`), so a prefill's
+        #: write lands whether or not the request's `KVReceiver` still exists. Without this strong
+        #: reference, asyncio keeps only weak references to tasks: once the request returned, the
+        #: garbage collector could destroy the receiving task and its socket, silently dropping every
+        #: late write (how often depended on allocation pressure, e.g. new requests arriving).
+        self._receivers: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    def abort(self, rid: str | None, abort_all: bool = False) -> int:
+        """`/abort_request`: mark matching requests aborted; returns how many."""
+        hits = [t for r, t in self.transfers.items() if abort_all or r == rid]
+        for t in hits:
+            t.aborted.set()
+        return len(hits)
+
+    async def generate(self, req: SimReq, sink: TokenSink | None = None) -> dict[str, Any]:
+        """Run one PD request on the decode; returns SGLang's result or raises RequestError."""
+        self.stats["requests"] += 1
+        self.scheduler_stage(req)
+        if req.to_finish is not None and self.release.admission_door_rejects(aborted=True, holds_resources=False):
+            # 0.5.21+ `DecodePreallocQueue.add`: retired before prealloc and receiver creation.
+            raise RequestError(req.to_finish, value_error=True)
+        n = int(req.input_ids.numel())
+        # The reservation covers the prompt (what prefill must fill) plus the output tokens, whose KV
+        # the decode writes itself; the prefill is told only the prompt's pages.
+        pages = await self._reserve(req, n + req.max_new_tokens)
+        t = _Transfer(req, pages, n, asyncio.get_running_loop().create_future())
+        self.transfers[req.rid] = t
+        try:
+            if req.bootstrap_host == FAKE_BOOTSTRAP_HOST or self.cfg.disaggregation_transfer_backend == "fake":
+                t.done.set_result({"type": "done", "claimed_tokens": 0, "fake": True})
+            else:
+                await self._bootstrap(t)
+            await self._wait_transfer(t)
+            if req.to_finish is not None:
+                # <= 0.5.20 decode-side reject: admitted with the placeholder and run for one step (over
+                # the placeholder's own KV) before `update_finish_state` turns `to_finish` into the
+                # abort. Real 0.5.19 streams that token with finish_reason abort 400 and prompt_tokens 1.
+                req.max_new_tokens = 1
+                ran = await self._run_decode(t, None)
+                # The toy model reads nothing from a pad placeholder; a real model always emits its one
+                # token, so the simulator emits the placeholder's own id (SIMULATOR CHOICE).
+                step = list(ran["output_ids"])[:1] or [int(req.input_ids[0])]
+                raise RequestError(req.to_finish, value_error=True, output_ids=step)
+            return await self._run_decode(t, sink)
+        finally:
+            self.transfers.pop(req.rid, None)
+            if not t.release_deferred:
+                self._free(t)
+            if t.writer is not None and t.done.done() and not t.aborted.is_set():
+                t.writer.close()  # the prefill finished writing this room
+
+    async def _reserve(self, req: SimReq, n: int) -> torch.Tensor:
+        """`DecodePreallocQueue`: reserve pages for the length decode was told; wait while the pool is full."""
+        prompt_tokens = int(req.input_ids.numel())
+        if prompt_tokens > self.max_total_num_tokens:
+            # `DecodePreallocQueue` capacity check (normally unreachable: validate_input_length is stricter)
+            raise RequestError(Abort(f"Request {req.rid} exceeds the maximum number of tokens: "
+                                     f"{prompt_tokens} > {self.max_total_num_tokens}"))
+        need = min(self.pool.pages_for(n), self.pool.num_pages)
+        deadline = time.time() + self.waiting_timeout
+        while True:
+            try:
+                return self.pool.alloc(need)
+            except PoolExhausted:
+                if time.time() > deadline:
+                    raise RequestError(Abort(
+                        f"Decode prealloc timed out for request {req.rid}: {need} pages not free after "
+                        f"{self.waiting_timeout:.1f}s", HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailable")) from None
+                await asyncio.sleep(0.01)  # the pool is full: wait in the prealloc queue
+
+    async def _bootstrap(self, t: _Transfer) -> None:
+        req = t.req
+        host = req.bootstrap_host or "127.0.0.1"
+        port = req.bootstrap_port or self.cfg.disaggregation_bootstrap_port
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=2**26), timeout=10)
+        except (OSError, asyncio.TimeoutError) as exc:
+            self._free(t)
+            raise RequestError(Abort(
+                f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+                f"KVTransferError(bootstrap_room={req.bootstrap_room}): "
+                f"cannot reach bootstrap server {host}:{port}: {exc}",
+                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
+        t.writer = writer
+        prompt_pages = t.pages[: self.pool.pages_for(t.num_tokens)]
+        await transfer.send(writer, {"type": "register", "room": req.bootstrap_room, "rid": req.rid,
+                                     "num_tokens": t.num_tokens, "num_pages": int(prompt_pages.numel())},
+                            transfer.tensor_bytes(prompt_pages.to(torch.int64)))
+        t.reader_task = asyncio.create_task(self._receive(t, reader))
+        self._receivers.add(t.reader_task)
+        t.reader_task.add_done_callback(self._receivers.discard)
+
+    async def _receive(self, t: _Transfer, reader: asyncio.StreamReader) -> None:
+        """The receiving end of the room's writes. Like RDMA, a page write lands on the pages it names,
+        whether or not this request still owns them."""
+        while True:
+            msg = await transfer.recv(reader)
+            if msg is None:
+                t.closed.set()  # the prefill closed the room: it will never write again
+                if t.writer is not None:
+                    t.writer.close()
+                return
+            if msg.type == "kv":
+                count = int(msg.header["count"])
+                dst, content = transfer.unpack_pages(msg.payload, count)
+                self.pool.write_pages(dst, content)
+                t.pages_received += count
+                self.stats["kv_pages_received"] += count
+                if t.freed:
+                    self.stats["late_pages_received"] += count
+            elif msg.type == "done":
+                if not t.done.done():
+                    t.done.set_result(msg.header)
+            elif msg.type == "abort_ack":
+                t.ack.set()
+
+    async def _wait_transfer(self, t: _Transfer) -> dict[str, Any]:
+        """`DecodeTransferQueue.pop_transferred`: wait for transfer-complete, an abort, or
+        `CommonKVReceiver._check_waiting_timeout`. No prefill-side rejection is ever signalled here:
+        a request the prefill retired (after its forward on 0.5.20, at its door on 0.5.21+) ends by the
+        waiting timeout (or an abort), as on the real servers."""
+        req = t.req
+        start = time.time()
+        abort_wait = asyncio.ensure_future(t.aborted.wait())
+        waiters: set[asyncio.Future[Any]] = {t.done, abort_wait}
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=self.waiting_timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            abort_wait.cancel()
+        if t.done.done():
+            return t.done.result()
+        if t.aborted.is_set():
+            reason = "Aborted by AbortReq."
+        else:
+            waited = time.time() - start
+            reason = f"Request {req.bootstrap_room} timed out after {waited:.1f}s in KVPoll.WaitingForInput"
+            t.aborted.set()
+        await self._notify_abort(t)
+        raise RequestError(Abort(
+            f"Decode transfer failed for request rank=0 decode_req.req.rid={req.rid!r} "
+            f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+            f"KVTransferError(bootstrap_room={req.bootstrap_room}): {reason}",
+            HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+
+    async def _notify_abort(self, t: _Transfer) -> None:
+        """Decode-initiated abort: tell prefill, then free now or defer until the drain ACK.
+
+        `decode.py DecodeTransferQueue.pop_transferred` / `_defer_release`: with deferred release the
+        pages are held until prefill ACKs that its in-flight writes drained, or until
+        SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT; without it they are freed at once and
+        a late write lands on whoever gets them next.
+        """
+        if t.writer is not None:
+            try:
+                await transfer.send(t.writer, {"type": "abort", "room": t.req.bootstrap_room})
+            except (ConnectionError, RuntimeError):
+                pass
+        if self.deferred_release:
+            t.release_deferred = True
+            task = asyncio.create_task(self._release_after_ack(t))
+            self._held.add(task)
+            task.add_done_callback(self._held.discard)
+        else:
+            self._free(t)
+
+    async def _release_after_ack(self, t: _Transfer) -> None:
+        waits = {asyncio.ensure_future(t.ack.wait())}
+        if self.release.acks_abort_after_drain():
+            # 0.5.21+ keeps the ACK target until writes drain; a closed room has drained too.
+            waits.add(asyncio.ensure_future(t.closed.wait()))
+        done, pending = await asyncio.wait(waits, timeout=self.deferred_release_timeout,
+                                           return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        if not done:
+            log.warning("Deferred KV release for room %s timed out after %.1fs", t.req.bootstrap_room,
+                        self.deferred_release_timeout)
+        self._free(t)
+
+    def _free(self, t: _Transfer) -> None:
+        if not t.freed:
+            t.freed = True
+            self.pool.free(t.pages)
+
+    async def _run_decode(self, t: _Transfer, sink: TokenSink | None) -> dict[str, Any]:
+        """Commit the transfer and generate. No transferred-length validation exists in 0.5.19-0.5.23
+        (#38704 never merged), so a one-page handoff into an eight-page reservation is committed."""
+        req = t.req
+        header = t.done.result()
+        if (self.release.validates_transfer_coverage() and not header.get("fake")
+                and int(header.get("claimed_tokens", -1)) != t.num_tokens):
+            raise RequestError(Abort(
+                f"KV transfer coverage mismatch for request {req.rid}: prefill claimed "
+                f"{header.get('claimed_tokens')} tokens, decode reserved {t.num_tokens}",
+                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+        version_seen = -1
+        digest = b""
+        out: list[int] = []
+        delay = 1.0 / self.cfg.sim_decode_tokens_per_s if self.cfg.sim_decode_tokens_per_s > 0 else 0.0
+        t0 = time.time()
+        finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
+        for step in range(req.max_new_tokens):
+            if t.aborted.is_set():
+                finish = Abort("Abort in running batch.").finish_reason()
+                break
+            if self.pool.version != version_seen:
+                version_seen = self.pool.version
+                digest = attend(self.pool, t.pages, t.num_tokens)
+            if not digest:
+                finish = {"type": "stop", "matched": None}
+                break
+            token = digest[step % len(digest)]
+            out.append(token)
+            # The output token's KV goes into the reservation after the prompt, so a later tenant
+            # that gets these pages finds this request's partial generation there too. It lies outside
+            # the attended range [0, num_tokens), so no re-read is needed (no version bump).
+            slot = t.num_tokens + step
+            page = slot // self.pool.page_size
+            if page < t.pages.numel():
+                self.pool.data[t.pages[page], slot % self.pool.page_size] = token
+            if sink is not None:
+                await sink(out, tokenizer.decode(out))
+            await asyncio.sleep(delay)
+        elapsed = max(time.time() - t0, 1e-9)
+        self.last_gen_throughput = len(out) / elapsed
+        req.finished_reason = finish
+        return {"text": tokenizer.decode(out), "output_ids": out,
+                "meta_info": meta_info(req, prompt_tokens=t.num_tokens if req.to_finish is None else req.caller_tokens,
+                                   completion_tokens=len(out), e2e=time.time() - req.created)}
+
+    def state(self) -> dict[str, Any]:
+        base = super().state()
+        base["transfers"] = {rid: {"room": t.req.bootstrap_room, "pages": int(t.pages.numel()),
+                                   "first_page": int(t.pages[0]) if t.pages.numel() else None,
+                                   "pages_received": t.pages_received, "aborted": t.aborted.is_set()}
+                             for rid, t in self.transfers.items()}
+        return base
