@@ -84,8 +84,11 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
         iso = _one(report, "isolation.greedy_replay")
         assert iso["outcome"] == "failed" and "stale KV" in iso["summary"], iso
     else:
-        # From 0.5.20 on the prefill rejects the over-pool prompt: no probe sees it served.
-        assert _one(report, "isolation.greedy_replay")["outcome"] != "failed", summary
+        # From 0.5.20 on the prefill rejects the over-pool prompt: no probe sees it served. The decode is
+        # not told and holds the reservation of every rejected STREAMING request for its 300 s waiting
+        # timeout, so a pair the differential test probed just before is still starved: the probes may
+        # stop early ("not sent"), and the isolation check may not run at all; it must never fail.
+        assert not [f for f in _failed(report, "probes") if f["check"] == "isolation.greedy_replay"], summary
         assert not [f for f in _failed(report, "probes") if f["summary"].startswith("served_over_limit")], summary
 
 
