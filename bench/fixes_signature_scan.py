@@ -67,8 +67,13 @@ def main() -> None:
     def grep(*extra: str):  # type: ignore[no-untyped-def]
         def run() -> None:
             # -l like kvgate (a file is done at its first hit per pattern set); exit 1 (no match) is fine
-            subprocess.run(["grep", "-r", "-l", "-E", "-f", patfile, *extra, str(pkg)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            subprocess.run(
+                ["grep", "-r", "-l", "-E", "-f", patfile, *extra, str(pkg)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
+
         return run
 
     grep_py, grep_all = grep("--include=*.py"), grep()
@@ -78,8 +83,7 @@ def main() -> None:
     t_py = _time(grep_py, args.repeat)
     t_all = _time(grep_all, args.repeat)
     n_py = sum(1 for _ in pkg.rglob("*.py"))
-    print(f"tree: {pkg} ({n_py} .py files); {len(_grep_patterns())} patterns; "
-          f"median of {args.repeat}")
+    print(f"tree: {pkg} ({n_py} .py files); {len(_grep_patterns())} patterns; median of {args.repeat}")
     print(f"kvgate code scan           : {t_k * 1000:8.1f} ms")
     print(f"grep -r --include=*.py     : {t_py * 1000:8.1f} ms   ratio kvgate/grep = {t_k / t_py:.2f}")
     print(f"grep -r (every file)       : {t_all * 1000:8.1f} ms   ratio kvgate/grep = {t_k / t_all:.2f}")

@@ -33,8 +33,9 @@ CONCURRENCIES = (16, 64)
 
 def gate_once(router: str, concurrency: int) -> tuple[float, int, str]:
     """One gate run: (wall seconds, workers read, exit status); errors are printed to stderr."""
-    options = CheckOptions(router_url=router, probes_enabled=False, concurrency=concurrency, timeout=30.0,
-                           read_deadline=600.0)
+    options = CheckOptions(
+        router_url=router, probes_enabled=False, concurrency=concurrency, timeout=30.0, read_deadline=600.0
+    )
     t0 = time.monotonic()
     report = run_check(options)
     wall = time.monotonic() - t0
@@ -47,9 +48,17 @@ def gate_once(router: str, concurrency: int) -> tuple[float, int, str]:
 def measure(size: int, delay: float, repeat: int, concurrencies: tuple[int, ...]) -> dict[str, object]:
     """Start one fleet of `size` workers (half prefill) and time the gate at each concurrency."""
     prefill = max(1, size // 2)
-    with SimDeployment(emulate="0.5.22", prefill=prefill, decode=size - prefill, context_length=4096,
-                       prefill_pool=8192, decode_pool=8192, light=True, metadata_delay_s=delay,
-                       ready_deadline_s=300.0) as dep:
+    with SimDeployment(
+        emulate="0.5.22",
+        prefill=prefill,
+        decode=size - prefill,
+        context_length=4096,
+        prefill_pool=8192,
+        decode_pool=8192,
+        light=True,
+        metadata_delay_s=delay,
+        ready_deadline_s=300.0,
+    ) as dep:
         assert dep.router_url is not None
         out: dict[str, object] = {"workers": size}
         for c in concurrencies:
@@ -79,21 +88,29 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         # Against the reference at the same concurrency; a concurrency the reference did not run
         # (--concurrency N for N workers) against the reference at the default.
-        ratios = {k.replace("_s", "_ratio"): round(float(v) / float(ref.get(k, ref["c64_s"])), 2)  # type: ignore
-                  for k, v in row.items() if k.endswith("_s")}
+        ratios = {
+            k.replace("_s", "_ratio"): round(float(v) / float(ref.get(k, ref["c64_s"])), 2)  # type: ignore
+            for k, v in row.items()
+            if k.endswith("_s")
+        }
         row.update(ratios)
         if args.json:
             print(json.dumps(row))
             continue
-        cells = ", ".join(f"concurrency {k[1:-2]}: {v} s" + (f" = {ratios[k.replace('_s', '_ratio')]}x"
-                                                              if k.replace("_s", "_ratio") in ratios else "")
-                          for k, v in row.items() if k.endswith("_s"))
+        cells = ", ".join(
+            f"concurrency {k[1:-2]}: {v} s"
+            + (f" = {ratios[k.replace('_s', '_ratio')]}x" if k.replace("_s", "_ratio") in ratios else "")
+            for k, v in row.items()
+            if k.endswith("_s")
+        )
         print(f"{row['workers']:>4} workers: {cells}")
     for row in rows:
         if row["workers"] == 64 and "c64_ratio" in row:
             ok = float(row["c64_ratio"]) <= GOAL  # type: ignore[arg-type]
-            print(f"goal: 64 workers <= {GOAL}x the cost of {ref['workers']} at the default concurrency: "
-                  f"{row['c64_ratio']}x ({'met' if ok else 'NOT met'}); at the old pool of 16: {row['c16_ratio']}x")
+            print(
+                f"goal: 64 workers <= {GOAL}x the cost of {ref['workers']} at the default concurrency: "
+                f"{row['c64_ratio']}x ({'met' if ok else 'NOT met'}); at the old pool of 16: {row['c16_ratio']}x"
+            )
     return 0 if ok else 1
 
 

@@ -30,14 +30,25 @@ GOAL = 1.2
 def measure(emulate: str, context: int, prefill_pool: int, decode_pool: int) -> dict[str, object]:
     """One probe run with default settings; its cost section plus the verdict."""
     t0 = time.monotonic()
-    with SimDeployment(emulate=emulate, context_length=context, prefill_pool=prefill_pool,
-                       decode_pool=decode_pool, page_size=64) as dep:
-        options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                               router_url=dep.router_url, timeout=30.0)
+    with SimDeployment(
+        emulate=emulate, context_length=context, prefill_pool=prefill_pool, decode_pool=decode_pool, page_size=64
+    ) as dep:
+        options = CheckOptions(
+            prefill_urls=tuple(dep.prefill_urls),
+            decode_urls=tuple(dep.decode_urls),
+            router_url=dep.router_url,
+            timeout=30.0,
+        )
         report = run_check(options, gates=[ProbeGate(ProbeSettings())])
     failed = sorted(f.test_id for f in report.findings if f.outcome.value == "failed")
-    return {"emulate": emulate, "context": context, "prefill_pool": prefill_pool, **report.cost,
-            "failed_checks": failed, "total_wall_s": round(time.monotonic() - t0, 2)}
+    return {
+        "emulate": emulate,
+        "context": context,
+        "prefill_pool": prefill_pool,
+        **report.cost,
+        "failed_checks": failed,
+        "total_wall_s": round(time.monotonic() - t0, 2),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,17 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON line per run instead of text")
     args = ap.parse_args(argv)
     c = args.context
-    runs = [("healthy (worst case)", measure("0.5.22", c, int(c * 1.95), int(c * 2.1))),
-            ("incident shape (early stop)", measure("0.5.19", c, int(c * 0.65), int(c * 4.0)))]
+    runs = [
+        ("healthy (worst case)", measure("0.5.22", c, int(c * 1.95), int(c * 2.1))),
+        ("incident shape (early stop)", measure("0.5.19", c, int(c * 0.65), int(c * 4.0))),
+    ]
     worst = runs[0][1]["probe_prefill_ratio_of_context"]
     for label, r in runs:
         if args.json:
             print(json.dumps({"run": label, **r}))
         else:
-            print(f"{label}: emulate {r['emulate']}, context {r['context']:,}, prefill pool {r['prefill_pool']:,}: "
-                  f"prefill tokens {r['probe_prefill_tokens']:,} = {r['probe_prefill_ratio_of_context']:.3f} x one "
-                  f"context-length prefill; tokens sent {r['probe_tokens_sent']:,}; {r['probe_requests']} requests; "
-                  f"probe wall {r['probe_wall_s']} s; failed checks {r['failed_checks'] or 'none'}")
+            print(
+                f"{label}: emulate {r['emulate']}, context {r['context']:,}, prefill pool {r['prefill_pool']:,}: "
+                f"prefill tokens {r['probe_prefill_tokens']:,} = {r['probe_prefill_ratio_of_context']:.3f} x one "
+                f"context-length prefill; tokens sent {r['probe_tokens_sent']:,}; {r['probe_requests']} requests; "
+                f"probe wall {r['probe_wall_s']} s; failed checks {r['failed_checks'] or 'none'}"
+            )
     ok = isinstance(worst, (int, float)) and worst <= GOAL
     print(f"probe prefill cost ratio (worst case): {worst:.3f} (goal <= {GOAL}): {'OK' if ok else 'OVER GOAL'}")
     return 0 if ok else 1

@@ -52,8 +52,9 @@ def _floor(body: bytes) -> float:
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}/"
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=httpx.post, args=(url,), kwargs={"content": body, "timeout": 60})
-               for _ in range(2)]
+    threads = [
+        threading.Thread(target=httpx.post, args=(url,), kwargs={"content": body, "timeout": 60}) for _ in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -80,21 +81,33 @@ def main() -> None:
     t_encode = time.perf_counter() - t_encode
 
     floors = [t_encode + _floor(body) for _ in range(args.runs)]
-    with SimDeployment(emulate=args.emulate, context_length=CONTEXT, prefill_pool=POOL, decode_pool=POOL,
-                       page_size=16, prefill_tokens_per_s=0) as dep:
+    with SimDeployment(
+        emulate=args.emulate,
+        context_length=CONTEXT,
+        prefill_pool=POOL,
+        decode_pool=POOL,
+        page_size=16,
+        prefill_tokens_per_s=0,
+    ) as dep:
         times = []
         for _ in range(args.runs):
             t0 = time.perf_counter()
-            r = httpx.post(dep.router_url + "/generate", content=json.dumps(payload).encode(),
-                           headers={"Content-Type": "application/json"}, timeout=120)
+            r = httpx.post(
+                dep.router_url + "/generate",
+                content=json.dumps(payload).encode(),
+                headers={"Content-Type": "application/json"},
+                timeout=120,
+            )
             times.append(time.perf_counter() - t0)
             r.raise_for_status()
             meta = r.json()["meta_info"]
             assert meta["prompt_tokens"] == PROMPT, meta
     best, floor = min(times), min(floors)
     print(f"1M-token PD request ({PROMPT} tokens, {len(body) / 1e6:.1f} MB body, emulate {args.emulate}):")
-    print(f"  end to end through smg: best {best:.3f} s, median {statistics.median(times):.3f} s "
-          f"(goal < {GOAL_S:.1f} s: {'met' if best < GOAL_S else 'NOT met'})")
+    print(
+        f"  end to end through smg: best {best:.3f} s, median {statistics.median(times):.3f} s "
+        f"(goal < {GOAL_S:.1f} s: {'met' if best < GOAL_S else 'NOT met'})"
+    )
     print(f"  floor (encode + 2 parallel POSTs to a json-decoding sink): {floor:.3f} s")
     print(f"  ratio to floor: {best / floor:.2f}x")
 

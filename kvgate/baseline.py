@@ -36,8 +36,10 @@ def worker_record(reading: NodeReading, findings: Sequence[Finding]) -> dict[str
     code = None
     for f in findings:
         if f.gate == "defenses" and f.check == "release" and f.node == reading.node:
-            code = {"verdict": f.outcome.value,
-                    **{e.field: e.value for e in f.evidence if e.field == "code" or e.expected == "present"}}
+            code = {
+                "verdict": f.outcome.value,
+                **{e.field: e.value for e in f.evidence if e.field == "code" or e.expected == "present"},
+            }
     env = reading.env_vars
     return {
         "role": reading.role,
@@ -51,8 +53,11 @@ def worker_record(reading: NodeReading, findings: Sequence[Finding]) -> dict[str
         "tp_size": reading.tp_size,
         "dp_size": reading.dp_size,
         "transfer_backend": reading.transfer_backend,
-        "defenses": {"kv_checksum": reading.kv_checksum, "kv_canary": reading.kv_canary,
-                     "deferred_release_env": None if env is None else env.get(DEFERRED_ENV)},
+        "defenses": {
+            "kv_checksum": reading.kv_checksum,
+            "kv_canary": reading.kv_canary,
+            "deferred_release_env": None if env is None else env.get(DEFERRED_ENV),
+        },
     }
 
 
@@ -84,18 +89,25 @@ def load(path: Path) -> dict[str, Any]:
     except ValueError as exc:
         raise UsageError(f"baseline {path}: not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise UsageError(f"baseline {path}: not a kvgate baseline (expected \"kind\": \"{KIND}\")")
+        raise UsageError(f'baseline {path}: not a kvgate baseline (expected "kind": "{KIND}")')
     if doc.get("schema_version") != SCHEMA_VERSION:
-        raise UsageError(f"baseline {path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}; "
-                         "renew it with --write-baseline")
+        raise UsageError(
+            f"baseline {path}: schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}; "
+            "renew it with --write-baseline"
+        )
     workers = doc.get("workers")
     if not isinstance(workers, dict) or not all(isinstance(v, dict) for v in workers.values()):
         raise UsageError(f"baseline {path}: 'workers' must map worker URLs to objects")
     return doc
 
 
-def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], labels: Mapping[str, str],
-            unread: Sequence[str], source: str) -> list[Finding]:
+def compare(
+    baseline: Mapping[str, Any],
+    current: Mapping[str, Any],
+    labels: Mapping[str, str],
+    unread: Sequence[str],
+    source: str,
+) -> list[Finding]:
     """Findings for every field that changed, every worker added or removed, per worker.
 
     `labels` maps normalized URLs to node labels; `unread` lists the URLs that could not be read
@@ -111,19 +123,45 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], labels: Map
             if url in unread_set:
                 out.append(inconclusive(GATE, "drift", node, f"not read this time: drift against {source} unknown"))
             else:
-                out.append(failed(GATE, "removed", node, f"in the baseline {source} but no longer in the fleet",
-                                  Evidence(node, "worker", None, f"present (baseline {source})"), remedy=RENEW))
+                out.append(
+                    failed(
+                        GATE,
+                        "removed",
+                        node,
+                        f"in the baseline {source} but no longer in the fleet",
+                        Evidence(node, "worker", None, f"present (baseline {source})"),
+                        remedy=RENEW,
+                    )
+                )
             continue
         if url not in old:
-            out.append(failed(GATE, "added", node, f"not in the baseline {source}: a new worker, never baselined",
-                              Evidence(node, "worker", url, f"absent (baseline {source})"), remedy=RENEW))
+            out.append(
+                failed(
+                    GATE,
+                    "added",
+                    node,
+                    f"not in the baseline {source}: a new worker, never baselined",
+                    Evidence(node, "worker", url, f"absent (baseline {source})"),
+                    remedy=RENEW,
+                )
+            )
             continue
-        changes = [(k, old[url].get(k), new[url].get(k)) for k in sorted(set(old[url]) | set(new[url]))
-                   if old[url].get(k) != new[url].get(k)]
+        changes = [
+            (k, old[url].get(k), new[url].get(k))
+            for k in sorted(set(old[url]) | set(new[url]))
+            if old[url].get(k) != new[url].get(k)
+        ]
         for key, before, after in changes:
-            out.append(failed(GATE, "drift", node, f"{key} changed: {_show(before)} -> {_show(after)} "
-                              f"since the baseline {source}",
-                              Evidence(node, key, after, f"{_show(before)} (baseline)"), remedy=RENEW))
+            out.append(
+                failed(
+                    GATE,
+                    "drift",
+                    node,
+                    f"{key} changed: {_show(before)} -> {_show(after)} since the baseline {source}",
+                    Evidence(node, key, after, f"{_show(before)} (baseline)"),
+                    remedy=RENEW,
+                )
+            )
         if not changes:
             out.append(passed(GATE, "drift", node, f"matches the baseline {source}"))
     return out
@@ -137,15 +175,21 @@ def _show(value: Any) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else repr(value)
 
 
-def write(path: Path, readings: Sequence[NodeReading], findings: Sequence[Finding], router: str | None,
-          unread: Sequence[str]) -> Finding:
+def write(
+    path: Path, readings: Sequence[NodeReading], findings: Sequence[Finding], router: str | None, unread: Sequence[str]
+) -> Finding:
     """--write-baseline: record the run, unless a worker could not be read (a partial baseline would
     later call it "added"); the finding says what happened. A file that cannot be written fails."""
     node = str(path)
     if unread:
-        return inconclusive(GATE, "write", node, f"baseline not written: {len(unread)} worker(s) could not be read "
-                            f"({', '.join(sorted(unread)[:3])}{' ...' if len(unread) > 3 else ''})",
-                            remedy="re-run once every worker answers")
+        return inconclusive(
+            GATE,
+            "write",
+            node,
+            f"baseline not written: {len(unread)} worker(s) could not be read "
+            f"({', '.join(sorted(unread)[:3])}{' ...' if len(unread) > 3 else ''})",
+            remedy="re-run once every worker answers",
+        )
     if not readings:
         return inconclusive(GATE, "write", node, "baseline not written: no worker was read")
     try:

@@ -98,17 +98,26 @@ def _router_findings(client: TargetClient, url: str) -> list[Finding]:
     return [passed("target", "reachable", node, "router is ready", Evidence(node, "/readiness", body, "200"))]
 
 
-def _target_summary(options: CheckOptions, readings: Sequence[NodeReading],
-                    listing: RouterListing | None = None) -> dict[str, object]:
+def _target_summary(
+    options: CheckOptions, readings: Sequence[NodeReading], listing: RouterListing | None = None
+) -> dict[str, object]:
     return {
         "router": options.router_url,
         "router_listing": None if listing is None else {"endpoint": listing.endpoint, "entries": len(listing.workers)},
         "profile": options.profile_name,
         "nodes": [
-            {"role": r.spec.role, "url": r.spec.url, "version": r.version, "disaggregation_mode": r.role,
-             "context_length": r.context_length, "max_total_num_tokens": r.max_total_num_tokens,
-             "max_req_input_len": r.max_req_input_len, "page_size": r.page_size,
-             "transfer_backend": r.transfer_backend, "dp_ranks": len(r.ranks)}
+            {
+                "role": r.spec.role,
+                "url": r.spec.url,
+                "version": r.version,
+                "disaggregation_mode": r.role,
+                "context_length": r.context_length,
+                "max_total_num_tokens": r.max_total_num_tokens,
+                "max_req_input_len": r.max_req_input_len,
+                "page_size": r.page_size,
+                "transfer_backend": r.transfer_backend,
+                "dp_ranks": len(r.ranks),
+            }
             for r in readings
         ],
     }
@@ -153,23 +162,43 @@ def run_check(
                 observer.log(f"the router lists {len(specs)} worker(s) ({listing.endpoint})")
         if specs:
             read_started = time.monotonic()
-            with observer.step(f"reading metadata of {len(specs)} worker(s), {options.concurrency} at a time",
-                               total=len(specs)) as step:
+            with observer.step(
+                f"reading metadata of {len(specs)} worker(s), {options.concurrency} at a time", total=len(specs)
+            ) as step:
                 results = client.read_nodes(specs, read_deadline_s=options.read_deadline, on_done=step.advance)
             ctx.cost["metadata_read_s"] = round(time.monotonic() - read_started, 3)
             _resolve_roles(specs, results)
             for spec, result in zip(specs, results, strict=True):
                 if isinstance(result, TransportError):
-                    findings.append(error("target", "reachable", spec.label, str(result),
-                                          Evidence(spec.label, "url", result.url, "reachable SGLang worker")))
+                    findings.append(
+                        error(
+                            "target",
+                            "reachable",
+                            spec.label,
+                            str(result),
+                            Evidence(spec.label, "url", result.url, "reachable SGLang worker"),
+                        )
+                    )
                 else:
                     readings.append(result)
-                    findings.append(passed("target", "reachable", spec.label,
-                                           f"SGLang {result.version or '?'} answered {result.info_path}"))
+                    findings.append(
+                        passed(
+                            "target",
+                            "reachable",
+                            spec.label,
+                            f"SGLang {result.version or '?'} answered {result.info_path}",
+                        )
+                    )
             ctx = replace(ctx, listing=listing, attempted=tuple(specs))
             if options.router_url and not options.probes_enabled:
-                findings.append(inconclusive("probes", "setup", f"router {options.router_url}",
-                                             "skipped (--no-probes): nothing was sent through the router"))
+                findings.append(
+                    inconclusive(
+                        "probes",
+                        "setup",
+                        f"router {options.router_url}",
+                        "skipped (--no-probes): nothing was sent through the router",
+                    )
+                )
             for gate in gates:
                 observer.log(f"gate {gate.name}")
                 try:
@@ -177,12 +206,16 @@ def run_check(
                 except TransportError as exc:
                     findings.append(error(gate.name, "transport", exc.url, str(exc)))
                 except Exception as exc:  # noqa: BLE001 - a broken gate must block, never pass
-                    findings.append(Finding(gate.name, "internal", "kvgate", Outcome.ERROR,
-                                            f"gate crashed: {type(exc).__name__}: {exc}"))
+                    findings.append(
+                        Finding(
+                            gate.name, "internal", "kvgate", Outcome.ERROR, f"gate crashed: {type(exc).__name__}: {exc}"
+                        )
+                    )
             if options.write_baseline:
                 unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
-                findings.append(baseline.write(Path(options.write_baseline), readings, findings,
-                                               options.router_url, unread))
+                findings.append(
+                    baseline.write(Path(options.write_baseline), readings, findings, options.router_url, unread)
+                )
     if control and any(f.outcome is not Outcome.PASSED for f in control):
         findings = _distrust_probes(findings, control)
     notes: list[str] = []
@@ -192,9 +225,15 @@ def run_check(
         findings, notes = apply_waivers(findings, options.waivers)
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
-    return Report(command="check", findings=tuple(findings), strict=options.strict,
-                  strict_source=options.strict_source, target=_target_summary(options, readings, listing),
-                  cost=cost, notes=tuple(notes))
+    return Report(
+        command="check",
+        findings=tuple(findings),
+        strict=options.strict,
+        strict_source=options.strict_source,
+        target=_target_summary(options, readings, listing),
+        cost=cost,
+        notes=tuple(notes),
+    )
 
 
 def _list_workers(client: TargetClient, router: str, findings: list[Finding]) -> RouterListing | None:
@@ -203,16 +242,36 @@ def _list_workers(client: TargetClient, router: str, findings: list[Finding]) ->
     try:
         listing = list_router_workers(client, router)
     except TransportError as exc:
-        findings.append(error("fleet", "router-list", node, f"cannot list the router's workers: {exc}",
-                              Evidence(node, "GET /workers | /list_workers", exc.problem, "a worker list")))
+        findings.append(
+            error(
+                "fleet",
+                "router-list",
+                node,
+                f"cannot list the router's workers: {exc}",
+                Evidence(node, "GET /workers | /list_workers", exc.problem, "a worker list"),
+            )
+        )
         return None
     if not listing.workers:
-        findings.append(error("fleet", "router-list", node, f"the router lists no workers ({listing.endpoint})",
-                              Evidence(node, listing.endpoint, 0, ">= 1 worker")))
+        findings.append(
+            error(
+                "fleet",
+                "router-list",
+                node,
+                f"the router lists no workers ({listing.endpoint})",
+                Evidence(node, listing.endpoint, 0, ">= 1 worker"),
+            )
+        )
         return None
-    findings.append(passed("fleet", "router-list", node,
-                           f"{len(listing.by_base_url())} worker(s) listed by {listing.endpoint}",
-                           Evidence(node, listing.endpoint, len(listing.workers), ">= 1 worker")))
+    findings.append(
+        passed(
+            "fleet",
+            "router-list",
+            node,
+            f"{len(listing.by_base_url())} worker(s) listed by {listing.endpoint}",
+            Evidence(node, listing.endpoint, len(listing.workers), ">= 1 worker"),
+        )
+    )
     return listing
 
 
@@ -233,8 +292,12 @@ def run_self_test(settings: ProbeSettings, observer: Observer | None = None) -> 
     except Exception as exc:  # noqa: BLE001 - any start failure means nothing was controlled
         return selftest.not_started(exc)
     try:
-        options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                               router_url=dep.router_url, timeout=30.0)
+        options = CheckOptions(
+            prefill_urls=tuple(dep.prefill_urls),
+            decode_urls=tuple(dep.decode_urls),
+            router_url=dep.router_url,
+            timeout=30.0,
+        )
         report = run_check(options, observer=observer, gates=[ProbeGate(selftest.control_settings(settings))])
     finally:
         dep.stop()
@@ -251,9 +314,13 @@ def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:
 def _self_test_only(options: CheckOptions, observer: Observer) -> Report:
     started = time.time()
     findings = _run_self_test(options, observer)
-    return Report(command="check --self-test", findings=tuple(findings), strict=options.strict,
-                  strict_source=options.strict_source,
-                  cost={"wall_s": round(time.time() - started, 3)})
+    return Report(
+        command="check --self-test",
+        findings=tuple(findings),
+        strict=options.strict,
+        strict_source=options.strict_source,
+        cost={"wall_s": round(time.time() - started, 3)},
+    )
 
 
 def _distrust_probes(findings: list[Finding], control: list[Finding]) -> list[Finding]:
@@ -261,8 +328,11 @@ def _distrust_probes(findings: list[Finding], control: list[Finding]) -> list[Fi
     out = []
     for f in findings:
         if f.gate == "probes" and f.outcome is Outcome.PASSED and f not in control:
-            f = replace(f, outcome=Outcome.INCONCLUSIVE,
-                        summary=f"{f.summary} (not trusted: the positive control did not see the known leak)")
+            f = replace(
+                f,
+                outcome=Outcome.INCONCLUSIVE,
+                summary=f"{f.summary} (not trusted: the positive control did not see the known leak)",
+            )
         out.append(f)
     return out
 

@@ -18,6 +18,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
 def _version_callback(value: bool) -> None:
     if value:
         typer.echo(f"kvgate {__version__}")
@@ -26,8 +27,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True,
-                                 help="Print the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version."
+    ),
 ) -> None:
     """kvgate: make a rejected request that is served from another tenant's KV impossible to ship."""
 

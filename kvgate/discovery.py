@@ -90,7 +90,7 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
     where = router.rstrip("/") + "/workers"
     workers = doc.get("workers") if isinstance(doc, dict) else None
     if not isinstance(workers, list):
-        raise TransportError(where, f"not a worker list: expected {{\"workers\": [...]}}, got {_shape(doc)}")
+        raise TransportError(where, f'not a worker list: expected {{"workers": [...]}}, got {_shape(doc)}')
     out: list[RouterWorker] = []
     for i, entry in enumerate(workers):
         url = entry.get("url") if isinstance(entry, dict) else None
@@ -101,15 +101,18 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
         role = entry.get("worker_type")
         status = entry.get("status")
         healthy = entry.get("is_healthy")
-        out.append(RouterWorker(
-            url=url, base_url=dp_base if isinstance(dp_base, str) else base,
-            role=role if isinstance(role, str) else None,
-            status=status if isinstance(status, str) else None,
-            healthy=healthy if isinstance(healthy, bool) else None,
-            bootstrap_port=_opt_int(entry, "bootstrap_port"),
-            dp_rank=_opt_int(entry, "dp_rank") if _opt_int(entry, "dp_rank") is not None else rank,
-            dp_size=_opt_int(entry, "dp_size"),
-        ))
+        out.append(
+            RouterWorker(
+                url=url,
+                base_url=dp_base if isinstance(dp_base, str) else base,
+                role=role if isinstance(role, str) else None,
+                status=status if isinstance(status, str) else None,
+                healthy=healthy if isinstance(healthy, bool) else None,
+                bootstrap_port=_opt_int(entry, "bootstrap_port"),
+                dp_rank=_opt_int(entry, "dp_rank") if _opt_int(entry, "dp_rank") is not None else rank,
+                dp_size=_opt_int(entry, "dp_size"),
+            )
+        )
     return RouterListing(router=router, endpoint="/workers", workers=tuple(out))
 
 
@@ -117,9 +120,10 @@ def parse_list_workers(router: str, doc: Any) -> RouterListing:
     """The older `GET /list_workers` document: `{"urls": [...]}`, no roles, no states."""
     where = router.rstrip("/") + "/list_workers"
     urls = doc.get("urls") if isinstance(doc, dict) else None
-    if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
-                                             for u in urls):
-        raise TransportError(where, f"not a worker list: expected {{\"urls\": [URL, ...]}}, got {_shape(doc)}")
+    if not isinstance(urls, list) or not all(
+        isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls
+    ):
+        raise TransportError(where, f'not a worker list: expected {{"urls": [URL, ...]}}, got {_shape(doc)}')
     workers = []
     for url in urls:
         base, rank = _split_rank(url)

@@ -85,9 +85,7 @@ def passed(gate: str, check: str, node: str, summary: str, *evidence: Evidence) 
     return Finding(gate, check, node, Outcome.PASSED, summary, tuple(evidence))
 
 
-def failed(
-    gate: str, check: str, node: str, summary: str, *evidence: Evidence, remedy: str | None = None
-) -> Finding:
+def failed(gate: str, check: str, node: str, summary: str, *evidence: Evidence, remedy: str | None = None) -> Finding:
     return Finding(gate, check, node, Outcome.FAILED, summary, tuple(evidence), remedy)
 
 
@@ -161,16 +159,20 @@ class Report:
     @property
     def unobserved(self) -> list[str]:
         """The inconclusive checks that count toward the exit: what this run could not observe."""
-        return [f"{f.test_id} ({f.node})" for f in self.findings
-                if f.outcome is Outcome.INCONCLUSIVE and f.counts_toward_exit]
+        return [
+            f"{f.test_id} ({f.node})"
+            for f in self.findings
+            if f.outcome is Outcome.INCONCLUSIVE and f.counts_toward_exit
+        ]
 
     def strictness_note(self) -> str | None:
         """What opting out of strictness let through, for the report (None when strict)."""
         if self.strict:
             return None
         what = self.unobserved
-        return (f"strictness opted out ({self.strict_source}): {len(what)} inconclusive check(s) did not block"
-                + (": " + "; ".join(what) if what else ""))
+        return f"strictness opted out ({self.strict_source}): {len(what)} inconclusive check(s) did not block" + (
+            ": " + "; ".join(what) if what else ""
+        )
 
     def counts(self) -> dict[str, int]:
         out = {o.value: 0 for o in Outcome}

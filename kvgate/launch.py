@@ -58,15 +58,18 @@ class PDLaunchPlan:
         if self.engine not in ENGINES:
             raise UsageError(f"--engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
         if self.transfer_backend not in BACKENDS:
-            raise UsageError(f"--transfer-backend {self.transfer_backend!r}: choose one of {', '.join(BACKENDS)} "
-                             "(SGLang's prefill refuses 'fake')")
+            raise UsageError(
+                f"--transfer-backend {self.transfer_backend!r}: choose one of {', '.join(BACKENDS)} "
+                "(SGLang's prefill refuses 'fake')"
+            )
         if self.prefill < 1 or self.decode < 1 or self.tp_size < 1:
             raise UsageError("need at least one prefill and one decode worker, and --tp-size >= 1")
         if self.engine == "sim" and self.emulate is None:
             raise UsageError("--engine sim needs --emulate (the SGLang release to reproduce)")
         if self.release is not None and not (self.engine == "sglang" and self.device == "cpu"):
-            raise UsageError("--release picks kvgate's CPU environment of a release: only with --engine sglang "
-                             "--device cpu")
+            raise UsageError(
+                "--release picks kvgate's CPU environment of a release: only with --engine sglang --device cpu"
+            )
 
     def resolved(self) -> PDLaunchPlan:
         """The plan with what `release` implies filled in: the CPU environment's interpreter and process
@@ -116,14 +119,29 @@ def worker_argv(plan: PDLaunchPlan, slot: WorkerSlot) -> list[str]:
     if plan.engine == "sglang":
         argv = [plan.python, "-m", "sglang.launch_server", "--model-path", str(plan.model_path)]
     else:
-        argv = [plan.python, "-m", "kvgate.sim", "worker", "--model-path", str(plan.model_path or "toy"),
-                "--emulate", str(plan.emulate)]
+        argv = [
+            plan.python,
+            "-m",
+            "kvgate.sim",
+            "worker",
+            "--model-path",
+            str(plan.model_path or "toy"),
+            "--emulate",
+            str(plan.emulate),
+        ]
     argv += [
-        "--disaggregation-mode", slot.role,
-        "--host", plan.host, "--port", str(slot.port),
-        "--disaggregation-bootstrap-port", str(slot.bootstrap_port),
-        "--disaggregation-transfer-backend", plan.transfer_backend,
-        "--tp-size", str(plan.tp_size),
+        "--disaggregation-mode",
+        slot.role,
+        "--host",
+        plan.host,
+        "--port",
+        str(slot.port),
+        "--disaggregation-bootstrap-port",
+        str(slot.bootstrap_port),
+        "--disaggregation-transfer-backend",
+        plan.transfer_backend,
+        "--tp-size",
+        str(plan.tp_size),
     ]
     # The simulator accepts (and ignores) the placement flags, so both engines get one command line.
     if plan.device == "gpu":
@@ -191,10 +209,17 @@ class PDDeployment:
             sup.wait_ready(workers, deadline_s=self.plan.ready_deadline_s, poll_s=0.5)
             rport = free_port(self.plan.host)
             self.router_url = f"http://{self.plan.host}:{rport}"
-            router = sup.start("router", router_argv(prefill=prefill_pairs, decode=self.decode_urls,
-                                                     host=self.plan.host, port=rport,
-                                                     prometheus_port=free_port(self.plan.host)),
-                               ready_url=self.router_url + "/readiness")
+            router = sup.start(
+                "router",
+                router_argv(
+                    prefill=prefill_pairs,
+                    decode=self.decode_urls,
+                    host=self.plan.host,
+                    port=rport,
+                    prometheus_port=free_port(self.plan.host),
+                ),
+                ready_url=self.router_url + "/readiness",
+            )
             sup.wait_ready([router], deadline_s=min(300.0, self.plan.ready_deadline_s), poll_s=0.5)
             self._wait_serving(min(120.0, self.plan.ready_deadline_s))
         except BaseException:
@@ -214,8 +239,9 @@ class PDDeployment:
         end = time.monotonic() + deadline_s
         last = ""
         while time.monotonic() < end:
-            req = urllib.request.Request(f"{self.router_url}/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{self.router_url}/generate", data=body, headers={"Content-Type": "application/json"}
+            )
             try:
                 with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - the router we started
                     if resp.status == 200:
@@ -225,8 +251,10 @@ class PDDeployment:
             except OSError as exc:
                 last = str(exc)
             time.sleep(0.5)
-        raise SupervisorError(f"the router at {self.router_url} did not serve a request within {deadline_s:g} s "
-                              f"({last}); see {self.log_dir}")
+        raise SupervisorError(
+            f"the router at {self.router_url} did not serve a request within {deadline_s:g} s "
+            f"({last}); see {self.log_dir}"
+        )
 
     def stop(self) -> None:
         if self.supervisor is not None:
@@ -242,8 +270,12 @@ class PDDeployment:
         return {"*": {"site_packages": str(overlay_dir(self.plan.release))}}
 
     def info(self) -> dict[str, object]:
-        return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,
-                "logs": str(self.log_dir)}
+        return {
+            "router": self.router_url,
+            "prefill": self.prefill_urls,
+            "decode": self.decode_urls,
+            "logs": str(self.log_dir),
+        }
 
     def __enter__(self) -> PDDeployment:
         return self.start()

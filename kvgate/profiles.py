@@ -39,8 +39,20 @@ class Profile:
     deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
-_TOP_KEYS = {"schema", "name", "description", "context_length", "headroom", "timeout", "strict", "probes", "defenses",
-             "waivers", "code", "deployment"}
+_TOP_KEYS = {
+    "schema",
+    "name",
+    "description",
+    "context_length",
+    "headroom",
+    "timeout",
+    "strict",
+    "probes",
+    "defenses",
+    "waivers",
+    "code",
+    "deployment",
+}
 
 
 def resolve(ref: str) -> Path:
@@ -104,8 +116,9 @@ def load(ref: str) -> Profile:
         name=name,
         path=where,
         description=desc,
-        context_length=(None if doc.get("context_length") is None
-                        else _int(where, "context_length", doc["context_length"], 1)),
+        context_length=(
+            None if doc.get("context_length") is None else _int(where, "context_length", doc["context_length"], 1)
+        ),
         headroom=None if doc.get("headroom") is None else _float(where, "headroom", doc["headroom"], 1.0),
         timeout=None if doc.get("timeout") is None else _float(where, "timeout", doc["timeout"], 0.1),
         strict=strict,

@@ -44,8 +44,9 @@ def emit(
     for fmt, dest in pairs:
         if fmt is ReportFormat.TABLE:
             on_stdout = dest is None
-            text = TableFormatter(color=on_stdout and stdout.isatty(), width=width if on_stdout else None,
-                                  verbose=verbose).render(report)
+            text = TableFormatter(
+                color=on_stdout and stdout.isatty(), width=width if on_stdout else None, verbose=verbose
+            ).render(report)
         else:
             text = fmt.formatter().render(report)
         text = redact(text)

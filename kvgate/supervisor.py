@@ -137,8 +137,13 @@ class Supervisor:
         with open(log_path, "ab") as log:
             try:
                 proc.popen = subprocess.Popen(  # noqa: S603 - argv is built by kvgate, never a shell string
-                    proc.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=full_env, cwd=str(cwd) if cwd else None, start_new_session=True,
+                    proc.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=full_env,
+                    cwd=str(cwd) if cwd else None,
+                    start_new_session=True,
                     preexec_fn=_die_with_parent if self.die_with_parent and sys.platform == "linux" else None,
                 )
             except OSError as exc:
@@ -158,8 +163,9 @@ class Supervisor:
 
         Raises SupervisorError naming the process (with its log tail) if one exits or the deadline passes.
         """
-        pending = [p for p in (procs if procs is not None else self.processes)
-                   if p.ready_url is not None or check is not None]
+        pending = [
+            p for p in (procs if procs is not None else self.processes) if p.ready_url is not None or check is not None
+        ]
         end = time.monotonic() + deadline_s
         while pending:
             for proc in list(pending):
@@ -167,7 +173,8 @@ class Supervisor:
                     code = proc.popen.returncode if proc.popen else None
                     raise SupervisorError(
                         f"{proc.name} exited with status {code} before it was ready; log {proc.log_path}:\n"
-                        f"{proc.log_tail()}")
+                        f"{proc.log_tail()}"
+                    )
                 ok = check(proc) if check is not None else http_ok(str(proc.ready_url), timeout=1.0)
                 if ok:
                     pending.remove(proc)
@@ -218,8 +225,9 @@ class Supervisor:
     def __enter__(self) -> Supervisor:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 

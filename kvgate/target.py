@@ -145,8 +145,7 @@ class NodeReading:
 class TargetClient:
     """HTTP access to SGLang workers and routers. Thread-safe; one per run."""
 
-    def __init__(self, timeout: float = 10.0, token: str | None = None,
-                 concurrency: int = DEFAULT_CONCURRENCY) -> None:
+    def __init__(self, timeout: float = 10.0, token: str | None = None, concurrency: int = DEFAULT_CONCURRENCY) -> None:
         self.timeout = timeout
         self.concurrency = concurrency
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -160,8 +159,9 @@ class TargetClient:
         self._lock = threading.Lock()
 
     def _new_http(self) -> httpx.Client:
-        return httpx.Client(timeout=httpx.Timeout(self.timeout), headers=self._headers, follow_redirects=False,
-                            verify=self._ssl)
+        return httpx.Client(
+            timeout=httpx.Timeout(self.timeout), headers=self._headers, follow_redirects=False, verify=self._ssl
+        )
 
     def _session(self) -> httpx.Client:
         """The calling reader thread's own client inside read_nodes, else the shared one."""
@@ -183,8 +183,7 @@ class TargetClient:
         """The underlying client (authorised, bounded timeouts) for gates that send requests."""
         return self._http
 
-    def get_json(self, base: str, path: str, *, missing_ok: bool = False,
-                 deadline: float | None = None) -> Any | None:
+    def get_json(self, base: str, path: str, *, missing_ok: bool = False, deadline: float | None = None) -> Any | None:
         """GET base+path and parse JSON. 404 returns None when `missing_ok`; other failures raise.
 
         `deadline` (time.monotonic()) shortens the request's timeout to what is left of it.
@@ -212,8 +211,9 @@ class TargetClient:
         if not 200 <= resp.status_code < 300:
             # A redirect is not the document: kvgate reads the worker it was pointed at, never another.
             where = resp.headers.get("location", "?")
-            raise TransportError(url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): "
-                                      "point kvgate at the worker itself")
+            raise TransportError(
+                url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): point kvgate at the worker itself"
+            )
         try:
             return json.loads(resp.content, object_pairs_hook=_unique_keys)
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -247,8 +247,13 @@ class TargetClient:
             model_info = get("/get_model_info")
         return parse_node(spec, info_path, info, models, model_info)
 
-    def read_nodes(self, specs: Sequence[NodeSpec], *, read_deadline_s: float | None = None,
-                   on_done: Callable[[], None] | None = None) -> list[NodeReading | TransportError]:
+    def read_nodes(
+        self,
+        specs: Sequence[NodeSpec],
+        *,
+        read_deadline_s: float | None = None,
+        on_done: Callable[[], None] | None = None,
+    ) -> list[NodeReading | TransportError]:
         """Read every node at once, `concurrency` at a time; each slot holds its reading or its error.
 
         Deadlines: each node's read ends within NODE_DEADLINE_REQUESTS x timeout of its start, and
@@ -269,8 +274,11 @@ class TargetClient:
             try:
                 if end is not None:
                     if start >= end:
-                        raise TransportError(spec.url, f"not read: the whole read's deadline ({read_deadline_s:g}s) "
-                                             "passed before its turn (raise --read-deadline or --concurrency)")
+                        raise TransportError(
+                            spec.url,
+                            f"not read: the whole read's deadline ({read_deadline_s:g}s) "
+                            "passed before its turn (raise --read-deadline or --concurrency)",
+                        )
                     deadline = min(deadline, end)
                 return self.read_node(spec, deadline=deadline)
             except TransportError as exc:
@@ -313,8 +321,9 @@ class _Reader:
             self.note(name, "null")
         return value
 
-    def int_field(self, obj: Mapping[str, Any], key: str, name: str, *, required: bool, nullable: bool = False,
-                  minimum: int = 0) -> int | None:
+    def int_field(
+        self, obj: Mapping[str, Any], key: str, name: str, *, required: bool, nullable: bool = False, minimum: int = 0
+    ) -> int | None:
         value = self._value(obj, key, name, required=required, nullable=nullable)
         if value is None:
             return None
@@ -362,8 +371,7 @@ def _context_from_models(r: _Reader, models: Any) -> int | None:
     return r.int_field(data[0], "max_model_len", "/v1/models data[0].max_model_len", required=True, minimum=1)
 
 
-def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: Any,
-               model_info: Any) -> NodeReading:
+def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: Any, model_info: Any) -> NodeReading:
     """Extract a NodeReading from the raw JSON documents of one worker."""
     r = _Reader()
     pool: int | None = None
@@ -394,16 +402,19 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
             if not isinstance(mem, dict):
                 r.note(f"internal_states[{i}].memory_usage", "missing or malformed")
             else:
-                cap = r.int_field(mem, "token_capacity", f"internal_states[{i}].memory_usage.token_capacity",
-                                  required=True, minimum=1)
+                cap = r.int_field(
+                    mem, "token_capacity", f"internal_states[{i}].memory_usage.token_capacity", required=True, minimum=1
+                )
             live = state.get("disaggregation_mode")
             env = state.get("env_vars")
-            ranks.append(RankReading(
-                dp_rank=i,
-                token_capacity=cap,
-                disaggregation_mode=live if isinstance(live, str) else None,
-                env_vars={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else None,
-            ))
+            ranks.append(
+                RankReading(
+                    dp_rank=i,
+                    token_capacity=cap,
+                    disaggregation_mode=live if isinstance(live, str) else None,
+                    env_vars={str(k): str(v) for k, v in env.items()} if isinstance(env, dict) else None,
+                )
+            )
 
     lives = {rk.disaggregation_mode for rk in ranks if rk.disaggregation_mode}
     live_mode = lives.pop() if len(lives) == 1 else None
@@ -428,10 +439,12 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         page_size=r.int_field(info, "page_size", "page_size", required=False, nullable=True, minimum=1),
         disaggregation_mode=r.str_field(info, "disaggregation_mode", "disaggregation_mode", required=True),
         live_disaggregation_mode=live_mode,
-        transfer_backend=r.str_field(info, "disaggregation_transfer_backend", "disaggregation_transfer_backend",
-                                     required=False),
-        bootstrap_port=r.int_field(info, "disaggregation_bootstrap_port", "disaggregation_bootstrap_port",
-                                   required=False, nullable=True),
+        transfer_backend=r.str_field(
+            info, "disaggregation_transfer_backend", "disaggregation_transfer_backend", required=False
+        ),
+        bootstrap_port=r.int_field(
+            info, "disaggregation_bootstrap_port", "disaggregation_bootstrap_port", required=False, nullable=True
+        ),
         kv_checksum=r.bool_field(info, "disaggregation_enable_kv_checksum", "disaggregation_enable_kv_checksum"),
         kv_canary=r.str_field(info, "kv_canary", "kv_canary", required=False),
         tp_size=r.int_field(info, "tp_size", "tp_size", required=False, minimum=1),
@@ -479,7 +492,8 @@ def sizing_settings(reading: NodeReading) -> SizingSettings:
         enable_dp_attention=r.bool_field(info, "enable_dp_attention", "enable_dp_attention"),
         mem_fraction_static=float(frac) if isinstance(frac, (int, float)) and not isinstance(frac, bool) else None,
         kv_cache_dtype=r.str_field(info, "kv_cache_dtype", "kv_cache_dtype", required=False),
-        max_total_tokens=r.int_field(info, "max_total_tokens", "max_total_tokens", required=False, nullable=True,
-                                     minimum=1),
+        max_total_tokens=r.int_field(
+            info, "max_total_tokens", "max_total_tokens", required=False, nullable=True, minimum=1
+        ),
         weight_gib=weight,
     )

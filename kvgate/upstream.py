@@ -27,14 +27,26 @@ RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 #: each release's srt/environ.py: `EnvBool(False)` until #41023 turned it on in 0.5.21.
 DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 DEFERRED_RELEASE_DEFAULT: Mapping[str, bool] = MappingProxyType(
-    {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True})
+    {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True}
+)
 
 
 # What pip prints when it never got an answer from the index (connection, DNS, proxy, TLS, timeout).
 # "No matching distribution" alone is an answer: wrong pins or an unsupported Python, not the network.
-_UNREACHABLE = ("NewConnectionError", "ConnectionError", "ConnectTimeoutError", "ReadTimeoutError",
-                "Network is unreachable", "Temporary failure in name resolution", "Name or service not known",
-                "nodename nor servname", "Connection refused", "ProxyError", "SSLError", "Max retries exceeded")
+_UNREACHABLE = (
+    "NewConnectionError",
+    "ConnectionError",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "Network is unreachable",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "nodename nor servname",
+    "Connection refused",
+    "ProxyError",
+    "SSLError",
+    "Max retries exceeded",
+)
 
 
 def index_unreachable(pip_output: str) -> bool:
@@ -70,14 +82,26 @@ def wheel_path(version: str, package: str = "sglang") -> Path:
         if found:
             return found[0]
         dest.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "-d", str(dest), f"{package}=={version}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+            f"{package}=={version}",
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         found = sorted(dest.glob("*.whl"))
         if proc.returncode != 0 or not found:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise DownloadError(f"pip download {package}=={version}", " | ".join(tail) or "no wheel",
-                                unreachable=index_unreachable(proc.stderr + proc.stdout))
+            raise DownloadError(
+                f"pip download {package}=={version}",
+                " | ".join(tail) or "no wheel",
+                unreachable=index_unreachable(proc.stderr + proc.stdout),
+            )
         return found[0]
 
 

@@ -62,8 +62,12 @@ def _check_pattern(path: str, key: str, pattern: str) -> None:
     if is_wildcard(pattern):
         reached = [p for p in PROTECTED if ((gate == p) if "." not in p else fnmatchcase(p, pattern))]
         if reached:
-            raise ProfileError(path, key, f"{pattern!r} is a wildcard over {reached[0]}: pool/context and "
-                               "correctness-fix checks can only be waived one exact id at a time")
+            raise ProfileError(
+                path,
+                key,
+                f"{pattern!r} is a wildcard over {reached[0]}: pool/context and "
+                "correctness-fix checks can only be waived one exact id at a time",
+            )
 
 
 def parse_waivers(raw: Any, path: str, today: dt.date | None = None) -> tuple[Waiver, ...]:
@@ -95,8 +99,12 @@ def parse_waivers(raw: Any, path: str, today: dt.date | None = None) -> tuple[Wa
             raise ProfileError(path, f"{key}.expires", f"required: a date YYYY-MM-DD, got {entry.get('expires')!r}")
         horizon = today + dt.timedelta(days=MAX_HORIZON_DAYS)
         if expires > horizon:
-            raise ProfileError(path, f"{key}.expires", f"{expires.isoformat()} is more than {MAX_HORIZON_DAYS} days "
-                               f"ahead (latest allowed: {horizon.isoformat()}); waivers are temporary")
+            raise ProfileError(
+                path,
+                f"{key}.expires",
+                f"{expires.isoformat()} is more than {MAX_HORIZON_DAYS} days "
+                f"ahead (latest allowed: {horizon.isoformat()}); waivers are temporary",
+            )
         node = entry.get("node", "*")
         if not isinstance(node, str) or not node:
             raise ProfileError(path, f"{key}.node", f"expected a glob pattern string, got {node!r}")

@@ -19,8 +19,13 @@ POOL = 2_040_000
 
 
 def set_worker(srv: PayloadServer, mode: str, pool: int = POOL, **kw: Any) -> PayloadServer:
-    srv.routes.update({"/server_info": Route(P.server_info("0.5.22", mode=mode, pool=pool, **kw)),
-                       "/v1/models": Route(P.v1_models()), "/model_info": Route(P.model_info("0.5.22", mode))})
+    srv.routes.update(
+        {
+            "/server_info": Route(P.server_info("0.5.22", mode=mode, pool=pool, **kw)),
+            "/v1/models": Route(P.v1_models()),
+            "/model_info": Route(P.model_info("0.5.22", mode)),
+        }
+    )
     return srv
 
 
@@ -34,7 +39,8 @@ def baseline_findings(res: Any) -> list[dict[str, Any]]:
 
 
 def test_round_trip_then_a_pool_change_fails_naming_worker_and_both_values(
-        payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:
+    payload_server: Callable[..., PayloadServer], tmp_path: Path
+) -> None:
     p, d = set_worker(payload_server(), "prefill"), set_worker(payload_server(), "decode")
     nodes = ["--prefill-url", p.url, "--decode-url", d.url]
     base = tmp_path / "baseline.json"
@@ -51,7 +57,10 @@ def test_round_trip_then_a_pool_change_fails_naming_worker_and_both_values(
     assert rec["context"] == 1_048_576 and rec["page_size"] == 64 and rec["tp_size"] == 8
     assert rec["transfer_backend"] == "mooncake" and rec["max_req_input_len"] == 1_048_570
     assert rec["code"]["code"] == "version string 0.5.22 only, code not read" and set(rec["defenses"]) == {
-        "kv_checksum", "kv_canary", "deferred_release_env"}
+        "kv_checksum",
+        "kv_canary",
+        "deferred_release_env",
+    }
 
     same = check(*nodes, "--baseline", str(base))
     assert same.exit_code == ExitStatus.PASSED, same.output
@@ -80,22 +89,26 @@ def test_workers_added_and_removed_are_named(payload_server: Callable[..., Paylo
     added = check("--prefill-url", p.url, "--decode-url", d.url, "--decode-url", extra.url, "--baseline", str(base))
     assert added.exit_code == ExitStatus.GATE_FAILED
     assert [(f["check"], f["node"]) for f in baseline_findings(added) if f["outcome"] == "failed"] == [
-        ("added", f"decode[1] {extra.url}")]
+        ("added", f"decode[1] {extra.url}")
+    ]
     removed = check("--prefill-url", p.url, "--baseline", str(base))
     assert removed.exit_code == ExitStatus.GATE_FAILED
     assert [(f["check"], f["node"]) for f in baseline_findings(removed) if f["outcome"] == "failed"] == [
-        ("removed", f"worker {d.url}")]
+        ("removed", f"worker {d.url}")
+    ]
 
 
 def test_an_unread_worker_is_unknown_not_removed_and_blocks_writing(
-        payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:
+    payload_server: Callable[..., PayloadServer], tmp_path: Path
+) -> None:
     p, d = set_worker(payload_server(), "prefill"), set_worker(payload_server(), "decode")
     base = tmp_path / "b.json"
     assert check("--prefill-url", p.url, "--decode-url", d.url, "--write-baseline", str(base)).exit_code == 0
     d.routes["/server_info"] = Route({"detail": "down"}, status=503)
     renewed = tmp_path / "renewed.json"
-    res = check("--prefill-url", p.url, "--decode-url", d.url, "--baseline", str(base),
-                "--write-baseline", str(renewed))
+    res = check(
+        "--prefill-url", p.url, "--decode-url", d.url, "--baseline", str(base), "--write-baseline", str(renewed)
+    )
     assert res.exit_code == ExitStatus.TRANSPORT_ERROR
     got = {(f["check"], f["outcome"]) for f in baseline_findings(res) if d.url in f["node"] or f["check"] == "write"}
     assert got == {("drift", "inconclusive"), ("write", "inconclusive")}
@@ -103,8 +116,12 @@ def test_an_unread_worker_is_unknown_not_removed_and_blocks_writing(
 
 
 def test_bad_baseline_files_are_usage_errors_naming_the_file(tmp_path: Path) -> None:
-    cases = {"missing.json": None, "garbage.json": "{nope", "other.json": '{"kind": "x"}',
-             "future.json": '{"kind": "kvgate-baseline", "schema_version": 99, "workers": {}}'}
+    cases = {
+        "missing.json": None,
+        "garbage.json": "{nope",
+        "other.json": '{"kind": "x"}',
+        "future.json": '{"kind": "kvgate-baseline", "schema_version": 99, "workers": {}}',
+    }
     for name, text in cases.items():
         path = tmp_path / name
         if text is not None:

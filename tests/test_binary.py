@@ -24,8 +24,9 @@ BINARY = ROOT / "dist" / "kvgate"
 @pytest.fixture(scope="module")
 def binary() -> Path:
     """Build dist/kvgate with the documented command (tools/build_binary.py)."""
-    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "build_binary.py")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "build_binary.py")], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert BINARY.is_file() and os.access(BINARY, os.X_OK)
     return BINARY
@@ -40,8 +41,9 @@ def bare_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = {"PATH": path, "HOME": str(home), "SHIV_ROOT": str(home / ".shiv"), "LANG": "C.UTF-8"}
     python3 = shutil.which("python3", path=path)
     assert python3, "the binary needs a python3 on PATH"
-    probe = subprocess.run([python3, "-c", "import sys; print(sys.prefix != sys.base_prefix)"],
-                           capture_output=True, text=True, env=env)
+    probe = subprocess.run(
+        [python3, "-c", "import sys; print(sys.prefix != sys.base_prefix)"], capture_output=True, text=True, env=env
+    )
     assert probe.stdout.strip() == "False", "python3 on the bare PATH is a virtual environment"
     return env
 
@@ -50,8 +52,9 @@ def _run(binary: Path, env: dict[str, str], *args: str, cwd: Path) -> subprocess
     return subprocess.run([str(binary), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
-def test_binary_runs_without_the_venv(binary: Path, bare_env: dict[str, str], tmp_path: Path,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_binary_runs_without_the_venv(
+    binary: Path, bare_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     first = _run(binary, bare_env, "--help", cwd=tmp_path)  # unpacks into SHIV_ROOT
     assert first.returncode == 0 and "check" in first.stdout, first.stderr
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -62,8 +65,10 @@ def test_binary_runs_without_the_venv(binary: Path, bare_env: dict[str, str], tm
     version = _run(binary, bare_env, "--version", cwd=tmp_path)
     assert version.stdout.startswith("kvgate "), version.stderr
     with capsys.disabled():
-        print(f"\ndist/kvgate: {binary.stat().st_size / 1e6:.1f} MB; `--help` {cpu * 1000:.0f} ms CPU "
-              f"(bench/startup.py --binary dist/kvgate for the ratio)")
+        print(
+            f"\ndist/kvgate: {binary.stat().st_size / 1e6:.1f} MB; `--help` {cpu * 1000:.0f} ms CPU "
+            f"(bench/startup.py --binary dist/kvgate for the ratio)"
+        )
 
 
 def test_binary_says_which_extra_is_missing(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
@@ -74,15 +79,21 @@ def test_binary_says_which_extra_is_missing(binary: Path, bare_env: dict[str, st
 
 @pytest.fixture
 def sim(deployment: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
-    yield lambda emulate, pool: deployment(emulate=emulate, context_length=8192, prefill_pool=pool,
-                                           decode_pool=65536)
+    yield lambda emulate, pool: deployment(emulate=emulate, context_length=8192, prefill_pool=pool, decode_pool=65536)
 
 
-@pytest.mark.parametrize(("emulate", "pool", "status"), [("0.5.19", 4096, ExitStatus.GATE_FAILED),
-                                                         ("0.5.22", 16384, ExitStatus.PASSED)])
-def test_binary_gates_a_simulated_deployment(binary: Path, bare_env: dict[str, str], tmp_path: Path,
-                                             sim: Callable[..., Any], emulate: str, pool: int,
-                                             status: ExitStatus) -> None:
+@pytest.mark.parametrize(
+    ("emulate", "pool", "status"), [("0.5.19", 4096, ExitStatus.GATE_FAILED), ("0.5.22", 16384, ExitStatus.PASSED)]
+)
+def test_binary_gates_a_simulated_deployment(
+    binary: Path,
+    bare_env: dict[str, str],
+    tmp_path: Path,
+    sim: Callable[..., Any],
+    emulate: str,
+    pool: int,
+    status: ExitStatus,
+) -> None:
     dep = sim(emulate, pool)
     report = tmp_path / "kvgate.json"
     args = [a for u in dep.prefill_urls for a in ("--prefill-url", u)]
@@ -90,9 +101,29 @@ def test_binary_gates_a_simulated_deployment(binary: Path, bare_env: dict[str, s
     # What this test is about is the single file gating for real, not probe sensitivity: the simulator
     # runs no sglang code (--trust-version), does not expose its env (--deferred-release-env), and its
     # 8k context is too short for the latency test, so doubt is opted out of, as the report then says.
-    res = _run(binary, bare_env, "check", *args, "--router-url", dep.router_url, "--tenants", "8", "-q",
-               "--trust-version", "--deferred-release-env", "--no-strict",
-               "-f", "table", "-f", "json", "-o", str(tmp_path / "kvgate.txt"), "-o", str(report), cwd=tmp_path)
+    res = _run(
+        binary,
+        bare_env,
+        "check",
+        *args,
+        "--router-url",
+        dep.router_url,
+        "--tenants",
+        "8",
+        "-q",
+        "--trust-version",
+        "--deferred-release-env",
+        "--no-strict",
+        "-f",
+        "table",
+        "-f",
+        "json",
+        "-o",
+        str(tmp_path / "kvgate.txt"),
+        "-o",
+        str(report),
+        cwd=tmp_path,
+    )
     assert res.returncode == status, res.stdout + res.stderr
     doc = json.loads(report.read_text())
     import jsonschema

@@ -35,11 +35,17 @@ class Recorder:
 
 
 def test_the_fleet_read_reports_n_of_m(payload_server: Callable[..., PayloadServer]) -> None:
-    urls = [payload_server({"/server_info": Route(P.server_info("0.5.22", mode="decode", pool=2_040_000)),
-                            "/v1/models": Route(P.v1_models())}).url for _ in range(5)]
+    urls = [
+        payload_server(
+            {
+                "/server_info": Route(P.server_info("0.5.22", mode="decode", pool=2_040_000)),
+                "/v1/models": Route(P.v1_models()),
+            }
+        ).url
+        for _ in range(5)
+    ]
     urls.append("http://127.0.0.1:9")  # an unreachable one counts as done too
     rec = Recorder()
     run_check(CheckOptions(decode_urls=tuple(urls), timeout=2.0), observer=rec)
     assert rec.steps == [("reading metadata of 6 worker(s), 64 at a time", 6)]
     assert rec.advanced == 6
-

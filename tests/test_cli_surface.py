@@ -105,7 +105,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     block = re.search(r"```bash\n(.*?)\n```", section, flags=re.S).group(1).strip()  # type: ignore[union-attr]
     commands = [ln.strip() for ln in block.splitlines()]
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    assert ci[-len(commands):] == commands
+    assert ci[-len(commands) :] == commands
     assert commands[-1] == ".venv/bin/pytest -q"  # the tests come last, after install and checks
     assert any("pip install" in c for c in commands) and any("ruff check" in c and "mypy" in c for c in commands)
     assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
@@ -113,13 +113,15 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
 
 def test_usage_errors_read_the_same_in_every_command(tmp_path: Path) -> None:
     """A usage error found after the flags parse: `kvgate: error: ...` on stderr, exit 2, and the report."""
-    cases = [["check", "--prefill-url", "ftp://x"],
-             ["fixes", "--rev", "HEAD"],
-             ["backport", "--to", "v0.5.20"]]
+    cases = [["check", "--prefill-url", "ftp://x"], ["fixes", "--rev", "HEAD"], ["backport", "--to", "v0.5.20"]]
     for argv in cases:
         out = tmp_path / f"{argv[0]}.json"
-        res = runner.invoke(app, [*argv, "-q", "-f", "json", "-o", str(out)] if argv[0] == "check"
-                            else [*argv, "-f", "json", "-o", str(out)])
+        res = runner.invoke(
+            app,
+            [*argv, "-q", "-f", "json", "-o", str(out)]
+            if argv[0] == "check"
+            else [*argv, "-f", "json", "-o", str(out)],
+        )
         assert res.exit_code == 2, (argv, res.output)
         assert res.stderr.startswith("kvgate: error: ") and "Traceback" not in res.output, (argv, res.stderr)
         doc = json.loads(out.read_text())
@@ -128,9 +130,11 @@ def test_usage_errors_read_the_same_in_every_command(tmp_path: Path) -> None:
 
 
 def test_usage_errors_exit_2_without_a_traceback_in_every_command() -> None:
-    cases = [["check", "--prefill-url", "http://x", "-o", "a", "-o", "b"],
-             ["fixes", "--version", "0.5.20", "-o", "a", "-o", "b"],
-             ["backport", "--to", "v0.5.20", "-o", "a", "-o", "b"]]
+    cases = [
+        ["check", "--prefill-url", "http://x", "-o", "a", "-o", "b"],
+        ["fixes", "--version", "0.5.20", "-o", "a", "-o", "b"],
+        ["backport", "--to", "v0.5.20", "-o", "a", "-o", "b"],
+    ]
     for argv in cases:
         res = runner.invoke(app, argv)
         assert res.exit_code == 2, (argv, res.output)

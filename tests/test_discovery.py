@@ -24,8 +24,13 @@ BIG = 2_040_000
 
 
 def worker(make: Callable[..., PayloadServer], mode: str, pool: int = BIG, **kw: Any) -> PayloadServer:
-    return make({"/server_info": Route(P.server_info("0.5.22", mode=mode, pool=pool, **kw)),
-                 "/v1/models": Route(P.v1_models()), "/model_info": Route(P.model_info("0.5.22", mode))})
+    return make(
+        {
+            "/server_info": Route(P.server_info("0.5.22", mode=mode, pool=pool, **kw)),
+            "/v1/models": Route(P.v1_models()),
+            "/model_info": Route(P.model_info("0.5.22", mode)),
+        }
+    )
 
 
 def router(make: Callable[..., PayloadServer], path: str, doc: Any = None, raw: bytes | None = None) -> PayloadServer:
@@ -49,10 +54,12 @@ def free_port() -> int:
 
 def test_parse_smg_dp_aware_entries_group_by_worker() -> None:
     doc = R.smg_workers(
-        R.smg_entry("http://p0:30000@0", "prefill", bootstrap_port=8998, dp_base_url="http://p0:30000", dp_rank=0,
-                    dp_size=2),
-        R.smg_entry("http://p0:30000@1", "prefill", bootstrap_port=8998, dp_base_url="http://p0:30000", dp_rank=1,
-                    dp_size=2),
+        R.smg_entry(
+            "http://p0:30000@0", "prefill", bootstrap_port=8998, dp_base_url="http://p0:30000", dp_rank=0, dp_size=2
+        ),
+        R.smg_entry(
+            "http://p0:30000@1", "prefill", bootstrap_port=8998, dp_base_url="http://p0:30000", dp_rank=1, dp_size=2
+        ),
         R.smg_entry("http://d0:30001@0", "decode"),  # an @rank URL without the dp_* keys
     )
     listing = parse_workers("http://router", doc)
@@ -62,8 +69,10 @@ def test_parse_smg_dp_aware_entries_group_by_worker() -> None:
     assert groups["http://d0:30001"][0].dp_rank == 0 and groups["http://p0:30000"][0].dp_size == 2
 
 
-@pytest.mark.parametrize("doc", [[], {"urls": ["http://x"]}, {"workers": {"a": 1}}, {"workers": [{"id": 1}]},
-                                 {"workers": [{"url": "ftp://x"}]}])
+@pytest.mark.parametrize(
+    "doc",
+    [[], {"urls": ["http://x"]}, {"workers": {"a": 1}}, {"workers": [{"id": 1}]}, {"workers": [{"url": "ftp://x"}]}],
+)
 def test_parse_smg_garbage_is_a_transport_error(doc: Any) -> None:
     with pytest.raises(TransportError, match="/workers"):
         parse_workers("http://router", doc)
@@ -102,18 +111,28 @@ def test_list_workers_worker_without_a_role_fails_closed(payload_server: Callabl
     assert [f["check"] for f in bad] == ["router-role"] and odd.url in bad[0]["node"]
 
 
-@pytest.mark.parametrize("status,healthy,outcome,code", [
-    ("failed", False, "failed", ExitStatus.GATE_FAILED),
-    ("not_ready", False, "failed", ExitStatus.GATE_FAILED),
-    ("draining", True, "inconclusive", ExitStatus.INCONCLUSIVE),
-    ("pending", True, "inconclusive", ExitStatus.INCONCLUSIVE),
-])
-def test_router_state_of_a_worker_is_a_finding(payload_server: Callable[..., PayloadServer], status: str,
-                                               healthy: bool, outcome: str, code: ExitStatus) -> None:
+@pytest.mark.parametrize(
+    "status,healthy,outcome,code",
+    [
+        ("failed", False, "failed", ExitStatus.GATE_FAILED),
+        ("not_ready", False, "failed", ExitStatus.GATE_FAILED),
+        ("draining", True, "inconclusive", ExitStatus.INCONCLUSIVE),
+        ("pending", True, "inconclusive", ExitStatus.INCONCLUSIVE),
+    ],
+)
+def test_router_state_of_a_worker_is_a_finding(
+    payload_server: Callable[..., PayloadServer], status: str, healthy: bool, outcome: str, code: ExitStatus
+) -> None:
     p, d, d2 = worker(payload_server, "prefill"), worker(payload_server, "decode"), worker(payload_server, "decode")
-    r = router(payload_server, "/workers", R.smg_workers(
-        R.smg_entry(p.url, "prefill", bootstrap_port=8998), R.smg_entry(d.url, "decode"),
-        R.smg_entry(d2.url, "decode", status=status, healthy=healthy)))
+    r = router(
+        payload_server,
+        "/workers",
+        R.smg_workers(
+            R.smg_entry(p.url, "prefill", bootstrap_port=8998),
+            R.smg_entry(d.url, "decode"),
+            R.smg_entry(d2.url, "decode", status=status, healthy=healthy),
+        ),
+    )
     res = check("--router-url", r.url, "--format", "json", "--strict", "--deferred-release-env")
     states = [f for f in findings(res) if f["check"] == "router-status" and f["outcome"] != "passed"]
     assert len(states) == 1 and states[0]["outcome"] == outcome and d2.url in states[0]["node"]
@@ -124,8 +143,13 @@ def test_router_state_of_a_worker_is_a_finding(payload_server: Callable[..., Pay
 
 def test_router_role_differs_from_the_worker_role(payload_server: Callable[..., PayloadServer]) -> None:
     p, d = worker(payload_server, "prefill"), worker(payload_server, "decode")
-    r = router(payload_server, "/workers", R.smg_workers(
-        R.smg_entry(p.url, "prefill", bootstrap_port=8998), R.smg_entry(d.url, "prefill", bootstrap_port=8998)))
+    r = router(
+        payload_server,
+        "/workers",
+        R.smg_workers(
+            R.smg_entry(p.url, "prefill", bootstrap_port=8998), R.smg_entry(d.url, "prefill", bootstrap_port=8998)
+        ),
+    )
     res = check("--router-url", r.url, "--decode-url", d.url, "--prefill-url", p.url, "--format", "json")
     assert res.exit_code == ExitStatus.GATE_FAILED
     bad = [f for f in findings(res) if f["outcome"] == "failed"]
@@ -143,10 +167,17 @@ def test_unreachable_router_exits_4_and_writes_the_report(tmp_path: Path) -> Non
     assert any(f["check"] == "router-list" and f["outcome"] == "error" and url in f["node"] for f in doc["findings"])
 
 
-@pytest.mark.parametrize("route", [Route(raw=b"<html>502 Bad Gateway</html>"), Route({"workers": "all of them"}),
-                                   Route({"detail": "boom"}, status=500)])
-def test_router_garbage_exits_4_and_writes_the_report(payload_server: Callable[..., PayloadServer], route: Route,
-                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "route",
+    [
+        Route(raw=b"<html>502 Bad Gateway</html>"),
+        Route({"workers": "all of them"}),
+        Route({"detail": "boom"}, status=500),
+    ],
+)
+def test_router_garbage_exits_4_and_writes_the_report(
+    payload_server: Callable[..., PayloadServer], route: Route, tmp_path: Path
+) -> None:
     r = payload_server({"/workers": route})
     out = tmp_path / "r.xml"
     res = check("--router-url", r.url, "-f", "junit", "-o", str(out))
@@ -166,11 +197,16 @@ def test_router_with_no_worker_list_and_an_empty_one_exit_4(payload_server: Call
 
 def test_router_get_server_info_is_never_read(payload_server: Callable[..., PayloadServer]) -> None:
     p, d = worker(payload_server, "prefill"), worker(payload_server, "decode")
-    r = payload_server({"/workers": Route(R.smg_workers(R.smg_entry(p.url, "prefill", bootstrap_port=8998),
-                                                        R.smg_entry(d.url, "decode"))),
-                        # what smg proxies in PD mode: the FIRST prefill's document, not a worker of its own
-                        "/get_server_info": Route(P.server_info("0.5.22", pool=10)),
-                        "/server_info": Route(P.server_info("0.5.22", pool=10))})
+    r = payload_server(
+        {
+            "/workers": Route(
+                R.smg_workers(R.smg_entry(p.url, "prefill", bootstrap_port=8998), R.smg_entry(d.url, "decode"))
+            ),
+            # what smg proxies in PD mode: the FIRST prefill's document, not a worker of its own
+            "/get_server_info": Route(P.server_info("0.5.22", pool=10)),
+            "/server_info": Route(P.server_info("0.5.22", pool=10)),
+        }
+    )
     res = check("--router-url", r.url, "--format", "json")
     assert res.exit_code == ExitStatus.PASSED, res.output
     assert {n["url"] for n in json.loads(res.stdout)["target"]["nodes"]} == {p.url, d.url}

@@ -43,7 +43,7 @@ def shell_commands(text: str) -> Iterator[list[str]]:
         for i, w in enumerate(words):
             if at_start and (w == "kvgate" or w.endswith("/kvgate")):
                 argv: list[str] = []
-                for a in words[i + 1:]:
+                for a in words[i + 1 :]:
                     if a in SHELL_OPS:
                         break
                     argv.append(a)
@@ -198,8 +198,12 @@ def test_kubernetes_manifests_validate_against_the_kubernetes_schema() -> None:
             checked += 1
         elif d["kind"] == "AnalysisTemplate":
             for m in d["spec"]["metrics"]:
-                job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "analysis"},
-                       "spec": m["provider"]["job"]["spec"]}
+                job = {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": "analysis"},
+                    "spec": m["provider"]["job"]["spec"],
+                }
                 kv.validate(job, K8S_VERSION, strict=True)
                 checked += 1
     assert checked >= 3

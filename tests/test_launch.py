@@ -21,9 +21,17 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def test_sglang_argv_uses_sglang_flags_and_places_gpus() -> None:
-    plan = PDLaunchPlan(model_path="zai-org/GLM-5.3", prefill=2, decode=1, tp_size=4, context_length=1_048_576,
-                        prefill_max_total_tokens=2_040_000, transfer_backend="nixl", ib_device="mlx5_0",
-                        python="/opt/py/bin/python")
+    plan = PDLaunchPlan(
+        model_path="zai-org/GLM-5.3",
+        prefill=2,
+        decode=1,
+        tp_size=4,
+        context_length=1_048_576,
+        prefill_max_total_tokens=2_040_000,
+        transfer_backend="nixl",
+        ib_device="mlx5_0",
+        python="/opt/py/bin/python",
+    )
     slots = plan_slots(plan)
     argvs = [worker_argv(plan, s) for s in slots]
     assert [a[:3] for a in argvs] == [["/opt/py/bin/python", "-m", "sglang.launch_server"]] * 3
@@ -40,8 +48,9 @@ def test_sglang_argv_uses_sglang_flags_and_places_gpus() -> None:
     sim_plan = dataclasses.replace(plan, engine="sim", emulate="0.5.20")
     sim = worker_argv(sim_plan, slots[2])
     assert sim[1:4] == ["-m", "kvgate.sim", "worker"]
-    tail = argvs[2][argvs[2].index("--disaggregation-mode"):]
-    assert sim[sim.index("--disaggregation-mode"):] == tail
+    tail = argvs[2][argvs[2].index("--disaggregation-mode") :]
+    assert sim[sim.index("--disaggregation-mode") :] == tail
+
 
 @pytest.mark.parametrize("kw", [{"engine": "vllm"}, {"transfer_backend": "fake"}, {"engine": "sim"}, {"decode": 0}])
 def test_invalid_plans_are_usage_errors(kw: dict) -> None:
@@ -52,9 +61,30 @@ def test_invalid_plans_are_usage_errors(kw: dict) -> None:
 @pytest.mark.slow
 def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    res = runner.invoke(app, ["up", "--engine", "sim", "--emulate", "0.5.22", "--model-path", "toy",
-                              "--context-length", "8192", "--prefill-pool", "16384", "--decode-pool", "16384",
-                              "--gate", "-q", "-f", "json", "-o", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "up",
+            "--engine",
+            "sim",
+            "--emulate",
+            "0.5.22",
+            "--model-path",
+            "toy",
+            "--context-length",
+            "8192",
+            "--prefill-pool",
+            "16384",
+            "--decode-pool",
+            "16384",
+            "--gate",
+            "-q",
+            "-f",
+            "json",
+            "-o",
+            str(out),
+        ],
+    )
     doc = json.loads(out.read_text())
     # Strict by default: a pass needs every check observed; an unobserved probe is exit 3, said so.
     unobserved = [f for f in doc["findings"] if f["outcome"] == "inconclusive"]
@@ -67,7 +97,24 @@ def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_up_gate_fails_a_leaky_release(tmp_path: Path) -> None:
-    res = runner.invoke(app, ["up", "--engine", "sim", "--emulate", "0.5.19", "--model-path", "toy",
-                              "--context-length", "8192", "--prefill-pool", "4096", "--decode-pool", "16384",
-                              "--gate", "-q"])
+    res = runner.invoke(
+        app,
+        [
+            "up",
+            "--engine",
+            "sim",
+            "--emulate",
+            "0.5.19",
+            "--model-path",
+            "toy",
+            "--context-length",
+            "8192",
+            "--prefill-pool",
+            "4096",
+            "--decode-pool",
+            "16384",
+            "--gate",
+            "-q",
+        ],
+    )
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output

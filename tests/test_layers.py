@@ -18,9 +18,22 @@ PACKAGE = ROOT / "kvgate"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, the
     # release wheels, the process supervisor, progress observers, the check-ID pages.
-    ("foundation", ("kvgate", "kvgate.exitcodes", "kvgate.errors", "kvgate.defaults", "kvgate.paths",
-                    "kvgate.redact", "kvgate.extras", "kvgate.upstream", "kvgate.supervisor", "kvgate.progress",
-                    "kvgate.checkdocs")),
+    (
+        "foundation",
+        (
+            "kvgate",
+            "kvgate.exitcodes",
+            "kvgate.errors",
+            "kvgate.defaults",
+            "kvgate.paths",
+            "kvgate.redact",
+            "kvgate.extras",
+            "kvgate.upstream",
+            "kvgate.supervisor",
+            "kvgate.progress",
+            "kvgate.checkdocs",
+        ),
+    ),
     # What the workers and the router say about themselves.
     ("target", ("kvgate.target", "kvgate.discovery")),
     # Results: frozen findings and the report, waivers over them, the baseline file.
@@ -120,7 +133,10 @@ def test_architecture_md_names_every_layer_and_only_files_that_exist() -> None:
     text = (ROOT / "ARCHITECTURE.md").read_text(encoding="utf-8")
     rows = {m.group(1) for m in re.finditer(r"^\| (\w+) \|", text, flags=re.M)}
     assert {name for name, _ in LAYERS} <= rows, f"layers missing from ARCHITECTURE.md: {set(dict(LAYERS)) - rows}"
-    named = {t for t in re.findall(r"`([^`\s]+)`", text)
-             if ("/" in t or t.endswith(".py")) and not re.search(r"[<>*]|^(srt/|python/|/)", t)}
+    named = {
+        t
+        for t in re.findall(r"`([^`\s]+)`", text)
+        if ("/" in t or t.endswith(".py")) and not re.search(r"[<>*]|^(srt/|python/|/)", t)
+    }
     missing = [t for t in sorted(named) if not (ROOT / t).exists() and not (PACKAGE / t).exists()]
     assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"

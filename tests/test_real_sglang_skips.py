@@ -13,11 +13,15 @@ from kvgate.upstream import DownloadError, index_unreachable
 from tests.assets.real_sglang import skip_only_if_unreachable
 
 # What pip prints in each case (shapes of pip 24/25 output).
-NO_MATCH = ("ERROR: Could not find a version that satisfies the requirement sglang==0.5.99 (from versions: 0.5.19, "
-            "0.5.20)\nERROR: No matching distribution found for sglang==0.5.99")
-OFFLINE = ("WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection "
-           "broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object>: Failed to "
-           "establish a new connection: [Errno 101] Network is unreachable')': /simple/sglang/\n" + NO_MATCH)
+NO_MATCH = (
+    "ERROR: Could not find a version that satisfies the requirement sglang==0.5.99 (from versions: 0.5.19, "
+    "0.5.20)\nERROR: No matching distribution found for sglang==0.5.99"
+)
+OFFLINE = (
+    "WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection "
+    "broken by 'NewConnectionError('<pip._vendor.urllib3.connection.HTTPSConnection object>: Failed to "
+    "establish a new connection: [Errno 101] Network is unreachable')': /simple/sglang/\n" + NO_MATCH
+)
 
 
 def test_pip_output_is_classified() -> None:

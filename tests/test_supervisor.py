@@ -47,11 +47,12 @@ def test_teardown_kills_the_whole_group_including_sigterm_ignoring_grandchildren
 
 def test_wait_ready_polls_http_until_the_service_answers(tmp_path: Path) -> None:
     port = free_port()
-    script = ("import time, http.server; time.sleep(0.5); "
-              f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')")
+    script = (
+        "import time, http.server; time.sleep(0.5); "
+        f"http.server.test(HandlerClass=http.server.SimpleHTTPRequestHandler, port={port}, bind='127.0.0.1')"
+    )
     with Supervisor(log_dir=tmp_path) as sup:
-        proc = sup.start("web", [sys.executable, "-c", script], ready_url=f"http://127.0.0.1:{port}/",
-                         cwd=tmp_path)
+        proc = sup.start("web", [sys.executable, "-c", script], ready_url=f"http://127.0.0.1:{port}/", cwd=tmp_path)
         sup.wait_ready(deadline_s=30)
         assert proc.alive()
     # The child's stderr went to its own log: the readiness request is in it.
@@ -60,16 +61,22 @@ def test_wait_ready_polls_http_until_the_service_answers(tmp_path: Path) -> None
 
 def test_wait_ready_reports_an_early_exit_with_the_log_tail(tmp_path: Path) -> None:
     with Supervisor(log_dir=tmp_path) as sup:
-        sup.start("broken", [sys.executable, "-c", "print('boom: bad flag'); raise SystemExit(3)"],
-                  ready_url=f"http://127.0.0.1:{free_port()}/")
+        sup.start(
+            "broken",
+            [sys.executable, "-c", "print('boom: bad flag'); raise SystemExit(3)"],
+            ready_url=f"http://127.0.0.1:{free_port()}/",
+        )
         with pytest.raises(SupervisorError, match="boom: bad flag"):
             sup.wait_ready(deadline_s=30)
 
 
 def test_wait_ready_deadline(tmp_path: Path) -> None:
     with Supervisor(log_dir=tmp_path, grace_s=0.5) as sup:
-        sup.start("silent", [sys.executable, "-c", "import time; time.sleep(60)"],
-                  ready_url=f"http://127.0.0.1:{free_port()}/")
+        sup.start(
+            "silent",
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            ready_url=f"http://127.0.0.1:{free_port()}/",
+        )
         with pytest.raises(SupervisorError, match="not ready within"):
             sup.wait_ready(deadline_s=0.5)
 

@@ -70,6 +70,7 @@ def test_null_required_strings_are_problems() -> None:
 
 # --- reading a fleet: the concurrency bound and the deadlines, against a real loopback server ------------
 
+
 class _FleetServer:
     """One HTTP server standing in for many workers at `/w<N>`; counts requests in flight."""
 
@@ -82,8 +83,13 @@ class _FleetServer:
         lock = threading.Lock()
         owner = self
         info, model = P.server_info("0.5.22", pool=2_040_000), P.model_info("0.5.22")
-        docs = {"/server_info": info, "/get_server_info": info, "/v1/models": P.v1_models(),
-                "/model_info": model, "/get_model_info": model}
+        docs = {
+            "/server_info": info,
+            "/get_server_info": info,
+            "/v1/models": P.v1_models(),
+            "/model_info": model,
+            "/get_model_info": model,
+        }
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:

@@ -36,9 +36,20 @@ def build(output: Path, build_dir: Path) -> Path:
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", SHIV], check=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [str(env_dir / "bin" / "shiv"), "--console-script", "kvgate", "--output-file", str(output),
-         "--python", "/usr/bin/env python3", "--compressed", "--reproducible",
-         "--disable-pip-version-check", "-q", str(ROOT)],
+        [
+            str(env_dir / "bin" / "shiv"),
+            "--console-script",
+            "kvgate",
+            "--output-file",
+            str(output),
+            "--python",
+            "/usr/bin/env python3",
+            "--compressed",
+            "--reproducible",
+            "--disable-pip-version-check",
+            "-q",
+            str(ROOT),
+        ],
         check=True,
     )
     return output

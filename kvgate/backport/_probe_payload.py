@@ -258,8 +258,19 @@ def _prefill_case(w: World, name: str, req: Any, expect: str) -> dict[str, Any]:
             q.finalize_bootstrap(req)  # what pop_bootstrapped does once the handshake is ready
         elif handshake_ready and req.metadata_buffer_index < 0:
             req.metadata_buffer_index = alloc.alloc()  # 0.5.19's pop_bootstrapped allocates inline
-    return _case(name, "prefill", expect, req, queued, senders, alloc.available_size(), free_before,
-                 sched.streamed, log, extra={"handshake_ready": handshake_ready})
+    return _case(
+        name,
+        "prefill",
+        expect,
+        req,
+        queued,
+        senders,
+        alloc.available_size(),
+        free_before,
+        sched.streamed,
+        log,
+        extra={"handshake_ready": handshake_ready},
+    )
 
 
 def _decode_case(w: World, name: str, req: Any, expect: str, **add_kwargs: Any) -> dict[str, Any]:
@@ -271,12 +282,34 @@ def _decode_case(w: World, name: str, req: Any, expect: str, **add_kwargs: Any) 
     receivers = _count(w.fake_receiver_cls) - receivers_before
     queued = [d.req.rid for d in q.queue] + [d.req.rid for d in q.pending_reqs] + [r.rid for r in q.retracted_queue]
     # Decode takes its metadata slot later (pop_preallocated); nothing to count at the door.
-    return _case(name, "decode", expect, req, queued, receivers, 0, 0,
-                 sched.streamed, log, extra={"retracted_queue": len(q.retracted_queue)})
+    return _case(
+        name,
+        "decode",
+        expect,
+        req,
+        queued,
+        receivers,
+        0,
+        0,
+        sched.streamed,
+        log,
+        extra={"retracted_queue": len(q.retracted_queue)},
+    )
 
 
-def _case(name: str, door: str, expect: str, req: Any, queued: list[str], endpoints: int, free_after: int,
-          free_before: int, streamed: list[Any], log: list[Any], extra: dict[str, Any]) -> dict[str, Any]:
+def _case(
+    name: str,
+    door: str,
+    expect: str,
+    req: Any,
+    queued: list[str],
+    endpoints: int,
+    free_after: int,
+    free_before: int,
+    streamed: list[Any],
+    log: list[Any],
+    extra: dict[str, Any],
+) -> dict[str, Any]:
     in_queue = req.rid in queued
     if in_queue or endpoints:
         outcome = "ADMITTED"
@@ -359,21 +392,24 @@ def hardening(w: World) -> dict[str, Any]:
         tq.scheduler = sched
         tq.tree_cache = sched.tree_cache
         tq.spec_algorithm = _NoSpec()
-        receiver = w.fake_receiver_cls(mgr=w.kv_manager("DECODE"), bootstrap_addr="10.255.255.1:8998",
-                                       bootstrap_room=d_req.bootstrap_room)
+        receiver = w.fake_receiver_cls(
+            mgr=w.kv_manager("DECODE"), bootstrap_addr="10.255.255.1:8998", bootstrap_room=d_req.bootstrap_room
+        )
         dreq = decode_mod.DecodeRequest(req=d_req, kv_receiver=receiver)
         dreq.metadata_buffer_index = 1
         tq._commit_transfer_to_req(dreq)
         aborted = d_req.finished_reason is not None and type(d_req.finished_reason).__name__ == "FINISH_ABORT"
-        cases.append({
-            "name": name,
-            "expect": expect,
-            "outcome": "ABORTED" if aborted else ("COMMITTED" if d_req.output_ids else "UNKNOWN"),
-            "prefill_tokens": prefill_len,
-            "decode_reserved": len(d_req.origin_input_ids),
-            "output_ids": list(d_req.output_ids),
-            "client_error": _reason(d_req.finished_reason),
-        })
+        cases.append(
+            {
+                "name": name,
+                "expect": expect,
+                "outcome": "ABORTED" if aborted else ("COMMITTED" if d_req.output_ids else "UNKNOWN"),
+                "prefill_tokens": prefill_len,
+                "decode_reserved": len(d_req.origin_input_ids),
+                "output_ids": list(d_req.output_ids),
+                "client_error": _reason(d_req.finished_reason),
+            }
+        )
     return {"status": "ok", "cases": cases}
 
 
@@ -399,8 +435,10 @@ def retire_results(w: World) -> dict[str, Any]:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     cases = []
-    for name, aborted, expect in (("aborted_final_result", True, "RETIRED"), ("valid_final_result", False,
-                                                                             "HANDED_OFF")):
+    for name, aborted, expect in (
+        ("aborted_final_result", True, "RETIRED"),
+        ("valid_final_result", False, "HANDED_OFF"),
+    ):
         log: list[tuple[str, str, Any]] = []
         sched = w.scheduler(log)
         q = w.prefill_queue(sched)
@@ -413,7 +451,8 @@ def retire_results(w: World) -> dict[str, Any]:
             w.reject(req)
         sends: list[Any] = []
         sched.send_kv_chunk = lambda r, last_chunk=False, end_idx=None: sends.append(  # noqa: B023 - called in this case only
-            (r.rid, last_chunk))
+            (r.rid, last_chunk)
+        )
         sched.req_to_metadata_buffer_idx_allocator = q.req_to_metadata_buffer_idx_allocator
         sched.batch_result_processor = Recorder("batch_result_processor", log)
         sched.metrics_reporter = Recorder("metrics_reporter", log)
@@ -424,24 +463,36 @@ def retire_results(w: World) -> dict[str, Any]:
         sched.enable_overlap = False
         sched.return_health_check_ipcs = None
         result = types.SimpleNamespace(
-            logits_output=None, next_token_ids=torch.tensor([7]), extend_input_len_per_req=None,
-            extend_logprob_start_len_per_req=None, copy_done=None, auxiliary_host_output=None,
-            routed_experts_output=None, indexer_topk_output=None, next_draft_input=None, can_run_cuda_graph=False)
+            logits_output=None,
+            next_token_ids=torch.tensor([7]),
+            extend_input_len_per_req=None,
+            extend_logprob_start_len_per_req=None,
+            copy_done=None,
+            auxiliary_host_output=None,
+            routed_experts_output=None,
+            indexer_topk_output=None,
+            next_draft_input=None,
+            can_run_cuda_graph=False,
+        )
         batch = types.SimpleNamespace(reqs=[req], spec_info=None, prefill_stats=None, dp_cooperation_info=None)
         free_before = q.req_to_metadata_buffer_idx_allocator.available_size()
         sched.process_batch_result_disagg_prefill(batch, result)
         handed_off = any(rid == req.rid and last for rid, last in sends) or req in sched.disagg_prefill_inflight_queue
         retired = not handed_off and bool(sched.streamed) and req.finished()
-        cases.append({
-            "name": name, "door": "prefill-result", "expect": expect,
-            "outcome": "HANDED_OFF" if handed_off else "RETIRED" if retired else "DROPPED",
-            "kv_chunks_sent": len(sends),
-            "in_inflight_queue": req in sched.disagg_prefill_inflight_queue,
-            "metadata_slots_released": q.req_to_metadata_buffer_idx_allocator.available_size() - free_before,
-            "sender_aborted": req.disagg_kv_sender.poll() == KVPoll.Failed,
-            "streamed": len(sched.streamed),
-            "client_error": next((x["reason"] for x in sched.streamed if x["rid"] == req.rid), None),
-        })
+        cases.append(
+            {
+                "name": name,
+                "door": "prefill-result",
+                "expect": expect,
+                "outcome": "HANDED_OFF" if handed_off else "RETIRED" if retired else "DROPPED",
+                "kv_chunks_sent": len(sends),
+                "in_inflight_queue": req in sched.disagg_prefill_inflight_queue,
+                "metadata_slots_released": q.req_to_metadata_buffer_idx_allocator.available_size() - free_before,
+                "sender_aborted": req.disagg_kv_sender.poll() == KVPoll.Failed,
+                "streamed": len(sched.streamed),
+                "client_error": next((x["reason"] for x in sched.streamed if x["rid"] == req.rid), None),
+            }
+        )
     return {"status": "ok", "cases": cases}
 
 
@@ -451,8 +502,12 @@ MODES = {"admission": admission, "hardening": hardening, "retire_results": retir
 def _error(exc: BaseException) -> dict[str, Any]:
     # AttributeError/ImportError name what is missing; anything else still is an error, never a verdict.
     missing = getattr(exc, "name", None) if isinstance(exc, (AttributeError, ImportError)) else None
-    return {"status": "error", "error": f"{type(exc).__name__}: {exc}", "missing": missing,
-            "traceback": traceback.format_exc(limit=6)}
+    return {
+        "status": "error",
+        "error": f"{type(exc).__name__}: {exc}",
+        "missing": missing,
+        "traceback": traceback.format_exc(limit=6),
+    }
 
 
 def _run_mode(name: str, world: World) -> dict[str, Any]:
@@ -477,8 +532,12 @@ def main(argv: list[str]) -> int:
             out = {"status": "ok", "suite": {name: _run_mode(name, world) for name in MODES}}
         else:
             out = _run_mode(mode, world)
-        out.update(version=world.version, sglang_path=world.path, torchvision_stub=stubbed,
-                   published_config=world.published_config)
+        out.update(
+            version=world.version,
+            sglang_path=world.path,
+            torchvision_stub=stubbed,
+            published_config=world.published_config,
+        )
     except Exception as exc:
         out = _error(exc)
     out["import_and_run_s"] = round(time.monotonic() - started, 2)

@@ -38,10 +38,33 @@ BASE_PINS: tuple[str, ...] = (
     "triton==3.7.0",
 )
 BASE_PACKAGES: tuple[str, ...] = (
-    "orjson", "psutil", "pybase64", "requests", "packaging", "pillow", "starlette", "msgspec", "pyzmq",
-    "tqdm", "IPython", "pydantic", "aiohttp", "transformers", "dill", "compressed-tensors", "gguf", "openai",
-    "partial-json-parser", "xgrammar", "sentencepiece", "einops", "triton", "setproctitle", "uvicorn",
-    "fastapi", "regex",
+    "orjson",
+    "psutil",
+    "pybase64",
+    "requests",
+    "packaging",
+    "pillow",
+    "starlette",
+    "msgspec",
+    "pyzmq",
+    "tqdm",
+    "IPython",
+    "pydantic",
+    "aiohttp",
+    "transformers",
+    "dill",
+    "compressed-tensors",
+    "gguf",
+    "openai",
+    "partial-json-parser",
+    "xgrammar",
+    "sentencepiece",
+    "einops",
+    "triton",
+    "setproctitle",
+    "uvicorn",
+    "fastapi",
+    "regex",
 )
 # What a release needs over the base (installed --no-deps into its overlay so it shadows the base).
 OVERLAY_EXTRAS: dict[str, tuple[str, ...]] = {
@@ -150,8 +173,22 @@ def cpu_env(version: str) -> CpuEnv:
             pins = pins_file()
             env = pip_env(pins)
             env.pop("PIP_CONSTRAINT")  # the overlay's extras deliberately differ from the base pins
-            run_step([str(py), "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(whl),
-                  *OVERLAY_EXTRAS[version]], env, f"pip install --target sglang {version}")
+            run_step(
+                [
+                    str(py),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--no-deps",
+                    "--target",
+                    str(target),
+                    str(whl),
+                    *OVERLAY_EXTRAS[version],
+                ],
+                env,
+                f"pip install --target sglang {version}",
+            )
             marker.write_text(version)
     return CpuEnv(version=version, python=str(py), pythonpath=(str(target), str(STUB_DIR)))
 

@@ -83,7 +83,7 @@ def apply(text: str, diff: FileDiff) -> str:
     pos = 0
     for start, old, new in diff.hunks:
         at = start - 1 if old else start
-        if at < pos or src[at:at + len(old)] != list(old):
+        if at < pos or src[at : at + len(old)] != list(old):
             raise PatchApplyError(f"{diff.path}: hunk at line {start} does not match")
         out.extend(src[pos:at])
         out.extend(new)

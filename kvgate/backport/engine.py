@@ -134,8 +134,7 @@ def read_current(target: Target, patches: tuple[Patch, ...]) -> dict[str, bytes 
     return out
 
 
-def applied_count(target: Target, series: Series, patches: tuple[Patch, ...],
-                  current: dict[str, bytes | None]) -> int:
+def applied_count(target: Target, series: Series, patches: tuple[Patch, ...], current: dict[str, bytes | None]) -> int:
     """How many patches of `patches` the target already carries; refuse (naming the file) otherwise."""
     hashes = {p: (sha256_bytes(b) if b is not None else None) for p, b in current.items()}
     for k in range(len(patches), -1, -1):
@@ -150,15 +149,18 @@ def applied_count(target: Target, series: Series, patches: tuple[Patch, ...],
         if h not in known[path]:
             raise BackportRefused(
                 f"{shown}: sha256 {h[:12]}… does not match sglang {series.base_release} as the {series.name} "
-                f"manifest expects (modified locally, or another release); refusing to patch")
+                f"manifest expects (modified locally, or another release); refusing to patch"
+            )
     stages = sorted(hashes)
     raise BackportRefused(
         f"{target.rel(files[stages[0]])} and others are at different stages of {series.name} "
-        f"(partially patched by hand?); refusing to patch")
+        f"(partially patched by hand?); refusing to patch"
+    )
 
 
-def _render(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
-            current: dict[str, bytes | None]) -> list[tuple[Patch, dict[str, bytes]]]:
+def _render(
+    target: Target, series: Series, patches: tuple[Patch, ...], k: int, current: dict[str, bytes | None]
+) -> list[tuple[Patch, dict[str, bytes]]]:
     """New contents after each pending patch, verified against the manifest, all in memory."""
     state = {p: b for p, b in current.items() if b is not None}
     steps: list[tuple[Patch, dict[str, bytes]]] = []
@@ -174,8 +176,10 @@ def _render(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
                 raise BackportRefused(f"{target.rel(pf)}: {patch.id} does not apply: {exc}") from exc
             data = text.encode("utf-8")
             if sha256_bytes(data) != pf.sha256_after:
-                raise UsageError(f"{series.name}: {patch.id} leaves {pf.path} with an unexpected sha256 "
-                                 f"(manifest and patch disagree)")
+                raise UsageError(
+                    f"{series.name}: {patch.id} leaves {pf.path} with an unexpected sha256 "
+                    f"(manifest and patch disagree)"
+                )
             state[pf.path] = data
             changed[pf.path] = data
         steps.append((patch, changed))
@@ -195,8 +199,9 @@ def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
                 shutil.copymode(path, tmp)
             temps.append((tmp, path))
         for tmp, path in temps:
-            originals.append((path, path.read_bytes() if path.exists() else None,
-                              path.stat().st_mode if path.exists() else None))
+            originals.append(
+                (path, path.read_bytes() if path.exists() else None, path.stat().st_mode if path.exists() else None)
+            )
             os.replace(tmp, path)
     except BaseException:
         for path, saved, mode in reversed(originals):
@@ -219,16 +224,21 @@ def _read_marker(target: Target) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def _apply_site(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
-                current: dict[str, bytes | None]) -> BackportResult:
+def _apply_site(
+    target: Target, series: Series, patches: tuple[Patch, ...], k: int, current: dict[str, bytes | None]
+) -> BackportResult:
     steps = _render(target, series, patches, k, current)
     files = _files(patches)
     final: dict[str, bytes] = {}
     for _, changed in steps:
         final.update(changed)
     backup_dir = target.marker_dir / "backup"
-    marker = _read_marker(target) or {"series": series.name, "base_release": series.base_release, "patches": [],
-                                       "files": {}}
+    marker = _read_marker(target) or {
+        "series": series.name,
+        "base_release": series.base_release,
+        "patches": [],
+        "files": {},
+    }
     new_backups: list[Path] = []
     fresh = not target.marker_dir.exists()
     try:
@@ -258,8 +268,9 @@ def _apply_site(target: Target, series: Series, patches: tuple[Patch, ...], k: i
         raise
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for patch, _ in steps:
-        marker["patches"].append({"id": patch.id, "title": patch.title, "applied_at": now,
-                                  "files": [target.rel(f) for f in patch.files]})
+        marker["patches"].append(
+            {"id": patch.id, "title": patch.title, "applied_at": now, "files": [target.rel(f) for f in patch.files]}
+        )
     for p, data in final.items():
         marker["files"][p]["sha256_patched"] = sha256_bytes(data)
     marker["kvgate_version"] = __version__
@@ -267,12 +278,21 @@ def _apply_site(target: Target, series: Series, patches: tuple[Patch, ...], k: i
     tmp = marker_path.with_name(MARKER_FILE + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, marker_path)
-    outcomes = tuple(PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
-                     for p in patches[:k])
-    outcomes += tuple(PatchOutcome(p.id, p.title, "applied", tuple(target.rel(f) for f in p.files))
-                      for p, _ in steps)
-    return BackportResult("apply", target.layout, target.root, series.name, outcomes, True,
-                          f"applied {len(steps)} patch(es) to {target.root}", backup=backup_dir, marker=marker_path)
+    outcomes = tuple(
+        PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files)) for p in patches[:k]
+    )
+    outcomes += tuple(PatchOutcome(p.id, p.title, "applied", tuple(target.rel(f) for f in p.files)) for p, _ in steps)
+    return BackportResult(
+        "apply",
+        target.layout,
+        target.root,
+        series.name,
+        outcomes,
+        True,
+        f"applied {len(steps)} patch(es) to {target.root}",
+        backup=backup_dir,
+        marker=marker_path,
+    )
 
 
 def _revert_site(target: Target, series: Series) -> BackportResult:
@@ -280,8 +300,9 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
     if marker is None:
         raise BackportRefused(f"{target.root}: no kvgate backport recorded ({MARKER_DIR}/{MARKER_FILE} missing)")
     if marker.get("base_release") != series.base_release:
-        raise BackportRefused(f"{target.root}: the recorded backport is for {marker.get('base_release')}, "
-                              f"not {series.base_release}")
+        raise BackportRefused(
+            f"{target.root}: the recorded backport is for {marker.get('base_release')}, not {series.base_release}"
+        )
     restores: list[tuple[Path, bytes]] = []
     for info in marker["files"].values():
         live = target.root / info["site_path"]
@@ -296,8 +317,15 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
     shutil.rmtree(target.marker_dir)
     ids = {p["id"]: p for p in marker["patches"]}
     outcomes = tuple(PatchOutcome(pid, p["title"], "reverted", tuple(p["files"])) for pid, p in ids.items())
-    return BackportResult("revert", target.layout, target.root, series.name, outcomes, True,
-                          f"restored {len(restores)} file(s) in {target.root} byte for byte")
+    return BackportResult(
+        "revert",
+        target.layout,
+        target.root,
+        series.name,
+        outcomes,
+        True,
+        f"restored {len(restores)} file(s) in {target.root} byte for byte",
+    )
 
 
 # -- git ------------------------------------------------------------------------------------------------
@@ -332,12 +360,15 @@ def _commit_actor(repo: git.Repo) -> git.Actor | None:
 
 def _commit_message(series: Series, patch: Patch) -> str:
     stands = ", ".join(patch.stands_in_for) or "none"
-    return (f"kvgate backport {series.name}: {patch.title}\n\n{patch.fixes}\n\n"
-            f"Stands in for: {stands}\n\nKvgate-Patch: {patch.id}\nKvgate-Series: {series.name}\n")
+    return (
+        f"kvgate backport {series.name}: {patch.title}\n\n{patch.fixes}\n\n"
+        f"Stands in for: {stands}\n\nKvgate-Patch: {patch.id}\nKvgate-Series: {series.name}\n"
+    )
 
 
-def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: int,
-               current: dict[str, bytes | None]) -> BackportResult:
+def _apply_git(
+    target: Target, series: Series, patches: tuple[Patch, ...], k: int, current: dict[str, bytes | None]
+) -> BackportResult:
     repo = _repo(target.root)
     steps = _render(target, series, patches, k, current)
     branch = branch_name(series)
@@ -347,8 +378,9 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
     created = None
     if not on_branch:
         if branch in [h.name for h in repo.heads]:
-            raise BackportRefused(f"{target.root}: branch {branch} already exists; check it out to continue "
-                                  f"or delete it")
+            raise BackportRefused(
+                f"{target.root}: branch {branch} already exists; check it out to continue or delete it"
+            )
         created = repo.create_head(branch, original_head)
         created.checkout()
     outcomes = [PatchOutcome(p.id, p.title, "already applied", tuple(p_.path for p_ in p.files)) for p in patches[:k]]
@@ -371,8 +403,16 @@ def _apply_git(target: Target, series: Series, patches: tuple[Patch, ...], k: in
         if isinstance(exc, (KvgateError, KeyboardInterrupt)):
             raise
         raise BackportFailed(f"applying {series.name} to {target.root} failed, checkout restored: {exc}") from exc
-    return BackportResult("apply", target.layout, target.root, series.name, tuple(outcomes), True,
-                          f"applied {len(steps)} patch(es) on branch {branch}", branch=branch)
+    return BackportResult(
+        "apply",
+        target.layout,
+        target.root,
+        series.name,
+        tuple(outcomes),
+        True,
+        f"applied {len(steps)} patch(es) on branch {branch}",
+        branch=branch,
+    )
 
 
 def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> BackportResult:
@@ -403,12 +443,22 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
     repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
     ids = [pid for pid, _ in reversed(ours)]
     actor = _commit_actor(repo)
-    commit = repo.index.commit(f"Revert kvgate backport {series.name}\n\nRestores the sglang "
-                               f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
-                               author=actor, committer=actor)
+    commit = repo.index.commit(
+        f"Revert kvgate backport {series.name}\n\nRestores the sglang "
+        f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
+        author=actor,
+        committer=actor,
+    )
     outcomes = tuple(PatchOutcome(pid, pid, "reverted", (), commit.hexsha[:12]) for pid in ids)
-    return BackportResult("revert", target.layout, target.root, series.name, outcomes, True,
-                          f"reverted {len(ids)} patch(es) in commit {commit.hexsha[:12]}")
+    return BackportResult(
+        "revert",
+        target.layout,
+        target.root,
+        series.name,
+        outcomes,
+        True,
+        f"reverted {len(ids)} patch(es) in commit {commit.hexsha[:12]}",
+    )
 
 
 # -- entry points -------------------------------------------------------------------------------------
@@ -431,18 +481,36 @@ def apply_series(target: Target, series: Series, with_hardening: bool = False, c
     current = read_current(target, series.patches)
     k = applied_count(target, series, series.patches, current)
     if k >= len(patches):
-        done = tuple(PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
-                     for p in series.patches[:k])
-        return BackportResult("check" if check else "apply", target.layout, target.root, series.name, done, False,
-                              f"already applied: {series.name} ({k} patch(es)) on {target.root}")
-    done = tuple(PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
-                 for p in patches[:k])
+        done = tuple(
+            PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files))
+            for p in series.patches[:k]
+        )
+        return BackportResult(
+            "check" if check else "apply",
+            target.layout,
+            target.root,
+            series.name,
+            done,
+            False,
+            f"already applied: {series.name} ({k} patch(es)) on {target.root}",
+        )
+    done = tuple(
+        PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files)) for p in patches[:k]
+    )
     if check:
         _render(target, series, patches, k, current)  # proves every hunk applies, writes nothing
-        todo = tuple(PatchOutcome(p.id, p.title, "would apply", tuple(target.rel(f) for f in p.files))
-                     for p in patches[k:])
-        return BackportResult("check", target.layout, target.root, series.name, done + todo, False,
-                              f"{len(patches) - k} patch(es) would apply cleanly to {target.root}")
+        todo = tuple(
+            PatchOutcome(p.id, p.title, "would apply", tuple(target.rel(f) for f in p.files)) for p in patches[k:]
+        )
+        return BackportResult(
+            "check",
+            target.layout,
+            target.root,
+            series.name,
+            done + todo,
+            False,
+            f"{len(patches) - k} patch(es) would apply cleanly to {target.root}",
+        )
     if target.layout is Layout.GIT:
         return _apply_git(target, series, patches, k, current)
     return _apply_site(target, series, patches, k, current)

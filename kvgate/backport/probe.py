@@ -92,8 +92,9 @@ class HandoffProbeReport:
     python: str
 
 
-def _run_payload(mode: str, python: str, extra_pythonpath: Sequence[str | os.PathLike[str]],
-                 timeout: float) -> tuple[dict[str, Any], float]:
+def _run_payload(
+    mode: str, python: str, extra_pythonpath: Sequence[str | os.PathLike[str]], timeout: float
+) -> tuple[dict[str, Any], float]:
     if os.sep in python and not os.path.isabs(python):
         python = os.path.abspath(python)  # the payload runs in another directory; keep venv symlinks as given
     env = dict(os.environ)
@@ -106,8 +107,14 @@ def _run_payload(mode: str, python: str, extra_pythonpath: Sequence[str | os.Pat
     env.setdefault("PYTHONDONTWRITEBYTECODE", "1")
     started = time.monotonic()
     try:
-        proc = subprocess.run([python, str(PAYLOAD), mode, str(STUB_FILE)], capture_output=True, text=True,
-                              env=env, timeout=timeout, cwd=str(_HERE))
+        proc = subprocess.run(
+            [python, str(PAYLOAD), mode, str(STUB_FILE)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            cwd=str(_HERE),
+        )
     except FileNotFoundError:
         return {"status": "error", "error": f"interpreter not found: {python}", "missing": python}, 0.0
     except subprocess.TimeoutExpired:
@@ -115,23 +122,34 @@ def _run_payload(mode: str, python: str, extra_pythonpath: Sequence[str | os.Pat
     elapsed = time.monotonic() - started
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_TAG):
-            return json.loads(line[len(RESULT_TAG):]), elapsed
+            return json.loads(line[len(RESULT_TAG) :]), elapsed
     tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
-    return {"status": "error", "error": f"probe exited {proc.returncode} without a result: {tail}",
-            "missing": None}, elapsed
+    return {
+        "status": "error",
+        "error": f"probe exited {proc.returncode} without a result: {tail}",
+        "missing": None,
+    }, elapsed
 
 
 def _cases(raw: dict[str, Any]) -> tuple[ProbeCase, ...]:
     out = []
     for c in raw.get("cases", []):
         observed = {k: v for k, v in c.items() if k not in ("name", "door", "expect", "outcome")}
-        out.append(ProbeCase(name=c["name"], door=c.get("door", "decode-commit"), expect=c["expect"],
-                             outcome=c["outcome"], observed=observed))
+        out.append(
+            ProbeCase(
+                name=c["name"],
+                door=c.get("door", "decode-commit"),
+                expect=c["expect"],
+                outcome=c["outcome"],
+                observed=observed,
+            )
+        )
     return tuple(out)
 
 
-def run_admission_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                        timeout: float = 300.0) -> DoorProbeReport:
+def run_admission_probe(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> DoorProbeReport:
     """Push a rejected, a valid and re-entering requests through the real PD doors of the sglang that
     `python` imports (with `extra_pythonpath` first on its path)."""
     raw, elapsed = _run_payload("admission", python, extra_pythonpath, timeout)
@@ -140,10 +158,19 @@ def run_admission_probe(python: str, extra_pythonpath: Sequence[str | os.PathLik
 
 def _admission(raw: dict[str, Any], elapsed: float, python: str) -> DoorProbeReport:
     if raw.get("status") != "ok":
-        return DoorProbeReport(status=ERROR, version=raw.get("version"), sglang_path=raw.get("sglang_path"),
-                               cases=(), controls_ok=False, client_error=None, error=raw.get("error"),
-                               missing=raw.get("missing"), duration_s=round(elapsed, 2),
-                               torchvision_stub=bool(raw.get("torchvision_stub")), python=python)
+        return DoorProbeReport(
+            status=ERROR,
+            version=raw.get("version"),
+            sglang_path=raw.get("sglang_path"),
+            cases=(),
+            controls_ok=False,
+            client_error=None,
+            error=raw.get("error"),
+            missing=raw.get("missing"),
+            duration_s=round(elapsed, 2),
+            torchvision_stub=bool(raw.get("torchvision_stub")),
+            python=python,
+        )
     cases = _cases(raw)
     rejected = [c for c in cases if c.name == "rejected"]
     outcomes = {c.outcome for c in rejected}
@@ -158,16 +185,23 @@ def _admission(raw: dict[str, Any], elapsed: float, python: str) -> DoorProbeRep
     controls = [c for c in cases if c.name != "rejected"]
     client_error = next((c.observed.get("client_error") for c in rejected if c.observed.get("client_error")), None)
     return DoorProbeReport(
-        status=status, version=raw.get("version"), sglang_path=raw.get("sglang_path"), cases=cases,
-        controls_ok=bool(controls) and all(c.ok for c in controls), client_error=client_error,
+        status=status,
+        version=raw.get("version"),
+        sglang_path=raw.get("sglang_path"),
+        cases=cases,
+        controls_ok=bool(controls) and all(c.ok for c in controls),
+        client_error=client_error,
         error=None if status != ERROR else "a rejected request was neither admitted nor answered",
-        missing=None, duration_s=round(elapsed, 2), torchvision_stub=bool(raw.get("torchvision_stub")),
+        missing=None,
+        duration_s=round(elapsed, 2),
+        torchvision_stub=bool(raw.get("torchvision_stub")),
         python=python,
     )
 
 
-def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                        timeout: float = 300.0) -> HandoffProbeReport:
+def run_hardening_probe(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> HandoffProbeReport:
     """Publish a short (1-token) and a full handoff with the real `MetadataBuffers.set_buf` and commit
     each through the real `DecodeTransferQueue._commit_transfer_to_req`."""
     raw, elapsed = _run_payload("hardening", python, extra_pythonpath, timeout)
@@ -176,9 +210,16 @@ def run_hardening_probe(python: str, extra_pythonpath: Sequence[str | os.PathLik
 
 def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HandoffProbeReport:
     if raw.get("status") != "ok":
-        return HandoffProbeReport(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
-                                  error=raw.get("error"), missing=raw.get("missing"),
-                                  duration_s=round(elapsed, 2), python=python)
+        return HandoffProbeReport(
+            status=ERROR,
+            version=raw.get("version"),
+            cases=(),
+            client_error=None,
+            error=raw.get("error"),
+            missing=raw.get("missing"),
+            duration_s=round(elapsed, 2),
+            python=python,
+        )
     cases = _cases(raw)
     short = next(c for c in cases if c.name == "short_handoff")
     full = next(c for c in cases if c.name == "full_handoff")
@@ -188,10 +229,17 @@ def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HandoffProbe
         status = UNVERIFIED
     else:
         status = ERROR
-    return HandoffProbeReport(status=status, version=raw.get("version"), cases=cases,
-                              client_error=short.observed.get("client_error"),
-                              error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} "
-                              f"full={full.outcome}", missing=None, duration_s=round(elapsed, 2), python=python)
+    return HandoffProbeReport(
+        status=status,
+        version=raw.get("version"),
+        cases=cases,
+        client_error=short.observed.get("client_error"),
+        error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} full={full.outcome}",
+        missing=None,
+        duration_s=round(elapsed, 2),
+        python=python,
+    )
+
 
 HANDED_OFF = "HANDED_OFF"
 
@@ -212,8 +260,9 @@ class RetireProbeReport:
     python: str
 
 
-def run_result_retire_probe(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                            timeout: float = 300.0) -> RetireProbeReport:
+def run_result_retire_probe(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> RetireProbeReport:
     """Feed an aborted and a valid final prefill result through the real post-forward path."""
     raw, elapsed = _run_payload("retire_results", python, extra_pythonpath, timeout)
     return _result_retire(raw, elapsed, python)
@@ -221,9 +270,16 @@ def run_result_retire_probe(python: str, extra_pythonpath: Sequence[str | os.Pat
 
 def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> RetireProbeReport:
     if raw.get("status") != "ok":
-        return RetireProbeReport(status=ERROR, version=raw.get("version"), cases=(), client_error=None,
-                                 error=raw.get("error"), missing=raw.get("missing"),
-                                 duration_s=round(elapsed, 2), python=python)
+        return RetireProbeReport(
+            status=ERROR,
+            version=raw.get("version"),
+            cases=(),
+            client_error=None,
+            error=raw.get("error"),
+            missing=raw.get("missing"),
+            duration_s=round(elapsed, 2),
+            python=python,
+        )
     cases = _cases(raw)
     aborted = next(c for c in cases if c.name == "aborted_final_result")
     valid = next(c for c in cases if c.name == "valid_final_result")
@@ -231,9 +287,16 @@ def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> RetirePr
         status, error = ERROR, f"unexpected outcomes: aborted={aborted.outcome} valid={valid.outcome}"
     else:
         status, error = aborted.outcome, None
-    return RetireProbeReport(status=status, version=raw.get("version"), cases=cases,
-                             client_error=aborted.observed.get("client_error"), error=error, missing=None,
-                             duration_s=round(elapsed, 2), python=python)
+    return RetireProbeReport(
+        status=status,
+        version=raw.get("version"),
+        cases=cases,
+        client_error=aborted.observed.get("client_error"),
+        error=error,
+        missing=None,
+        duration_s=round(elapsed, 2),
+        python=python,
+    )
 
 
 @dataclass(frozen=True)
@@ -246,8 +309,9 @@ class ProbeSuite:
     duration_s: float
 
 
-def run_all_probes(python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
-                   timeout: float = 300.0) -> ProbeSuite:
+def run_all_probes(
+    python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
+) -> ProbeSuite:
     """Run the admission, hardening and post-forward probes in one interpreter process."""
     raw, elapsed = _run_payload("all", python, extra_pythonpath, timeout)
     suite = raw.get("suite") if raw.get("status") == "ok" else None
@@ -261,10 +325,12 @@ def run_all_probes(python: str, extra_pythonpath: Sequence[str | os.PathLike[str
     def took(name: str) -> float:
         return float(suite[name].get("duration_s", 0.0)) if suite else elapsed
 
-    return ProbeSuite(admission=_admission(part("admission"), took("admission"), python),
-                      hardening=_hardening(part("hardening"), took("hardening"), python),
-                      result_retire=_result_retire(part("retire_results"), took("retire_results"), python),
-                      duration_s=round(elapsed, 2))
+    return ProbeSuite(
+        admission=_admission(part("admission"), took("admission"), python),
+        hardening=_hardening(part("hardening"), took("hardening"), python),
+        result_retire=_result_retire(part("retire_results"), took("retire_results"), python),
+        duration_s=round(elapsed, 2),
+    )
 
 
 def detect_by_behaviour(

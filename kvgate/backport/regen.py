@@ -43,7 +43,7 @@ def recompute(release: str) -> list[PatchHashes]:
     for patch in series.patches:
         files: list[FileHashes] = []
         for d in parse(patch.diff_text()):
-            site_rel = d.path[len("python/"):] if d.path.startswith("python/") else d.path
+            site_rel = d.path[len("python/") :] if d.path.startswith("python/") else d.path
             before = state.get(d.path) or (root / site_rel).read_bytes()
             after = apply(before.decode("utf-8"), d).encode("utf-8")
             state[d.path] = after

@@ -65,8 +65,12 @@ class Assessment:
     def unproven_correctness(self, require_code: bool = False) -> tuple[FixStatus, ...]:
         """Correctness fixes that cannot pass: unknown, present only by weak evidence, or (when the code
         is required) present only by a version string."""
-        return tuple(s for s in self.correctness() if s.presence is Presence.UNKNOWN or (
-            s.presence is Presence.PRESENT and (s.weak or (require_code and s.version_only))))
+        return tuple(
+            s
+            for s in self.correctness()
+            if s.presence is Presence.UNKNOWN
+            or (s.presence is Presence.PRESENT and (s.weak or (require_code and s.version_only)))
+        )
 
 
 def _version_detections(cat: Catalogue, raw: str | None, notes: list[str]) -> list[Detection]:
@@ -102,17 +106,28 @@ def assess_version(raw: str | None, *, backend: str | None = None, target: str |
     no version at all leaves every entry unknown."""
     cat = load_catalogue()
     if not raw:
-        return assess([], target=target or "sglang (no version)", release=None, backend=backend, catalogue=cat,
-                      notes=["no version reported: nothing can be told without reading the code"])
+        return assess(
+            [],
+            target=target or "sglang (no version)",
+            release=None,
+            backend=backend,
+            catalogue=cat,
+            notes=["no version reported: nothing can be told without reading the code"],
+        )
     rel = parse_release(raw)
     dets = [d for d in detect_by_version(cat, rel).values() if not cat.get(d.fix_id).is_backport]
-    notes = ["version string only, code not read: kvgate backports and other patches are invisible; "
-             "--site-packages PATH or --python COMMAND reads the code the server runs"]
+    notes = [
+        "version string only, code not read: kvgate backports and other patches are invisible; "
+        "--site-packages PATH or --python COMMAND reads the code the server runs"
+    ]
     return assess(dets, target=target or f"sglang {raw}", release=raw, backend=backend, notes=notes, catalogue=cat)
 
 
 def assess_code(
-    scan: CodeScan, *, backend: str | None = None, behaviour: Iterable[Detection] = (),
+    scan: CodeScan,
+    *,
+    backend: str | None = None,
+    behaviour: Iterable[Detection] = (),
     series: tuple[Series, ...] | None = None,
 ) -> Assessment:
     """Method 3 (source signatures of upstream fixes, code of kvgate backports) on a code scan, plus
@@ -126,10 +141,11 @@ def assess_code(
     dets = list(detect_by_source(cat, scan).values()) + detect_backports(cat, scan, "source", series)
     dets += list(behaviour) + _version_detections(cat, scan.version, notes)
     for pid, files in unknown_markers(cat, scan).items():
-        notes.append(f"marker '{MARKER_PREFIX}{pid}' in {', '.join(files[:3])}: no kvgate backport has that "
-                     "id; a label, not evidence")
-    return assess(dets, target=str(scan.package_dir), release=scan.version, backend=backend,
-                  notes=notes, catalogue=cat)
+        notes.append(
+            f"marker '{MARKER_PREFIX}{pid}' in {', '.join(files[:3])}: no kvgate backport has that "
+            "id; a label, not evidence"
+        )
+    return assess(dets, target=str(scan.package_dir), release=scan.version, backend=backend, notes=notes, catalogue=cat)
 
 
 assess_installed = assess_code  # the name callers of the site-packages path know
@@ -195,9 +211,10 @@ def status_evidence(node: str, s: FixStatus, required: bool) -> list[Evidence]:
     ]
     if not fix.is_backport:
         ev.append(Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"))
-    ev += [Evidence(node, f"by_{d.method}",
-                    f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
-           for d in s.detections]
+    ev += [
+        Evidence(node, f"by_{d.method}", f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
+        for d in s.detections
+    ]
     if fix.uncertain:
         ev.append(Evidence(node, "uncertain", "; ".join(fix.uncertain)))
     if fix.notes:
@@ -205,12 +222,15 @@ def status_evidence(node: str, s: FixStatus, required: bool) -> list[Evidence]:
     return ev
 
 
-READ_THE_CODE = "read the code the server runs: --site-packages PATH, or --python COMMAND (e.g. 'kubectl exec -i " \
-                "-n NS POD -- python3')"
+READ_THE_CODE = (
+    "read the code the server runs: --site-packages PATH, or --python COMMAND (e.g. 'kubectl exec -i "
+    "-n NS POD -- python3')"
+)
 
 
-def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None,
-                require_code: bool = False) -> list[Finding]:
+def to_findings(
+    a: Assessment, *, gate: str = GATE, node: str | None = None, require_code: bool = False
+) -> list[Finding]:
     """One finding per catalogue entry. Correctness fixes gate: absent -> failed; unknown, weak or (with
     `require_code`) version-only -> inconclusive. A tampered backport fails whatever it stands for."""
     node = node or a.target
@@ -228,8 +248,17 @@ def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None,
         summary = f"{describe(s)} ({role})"  # no square brackets: the table renders with Rich (markup)
         ev = status_evidence(node, s, required)
         if s.presence is Presence.TAMPERED:
-            out.append(failed(gate, fix.id, node, summary, *ev, remedy="the marker claims a backport whose code is "
-                              "not there: re-apply it (kvgate backport --to <release> ...) or remove the marker"))
+            out.append(
+                failed(
+                    gate,
+                    fix.id,
+                    node,
+                    summary,
+                    *ev,
+                    remedy="the marker claims a backport whose code is "
+                    "not there: re-apply it (kvgate backport --to <release> ...) or remove the marker",
+                )
+            )
         elif s.presence is Presence.UNKNOWN:
             out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE))
         elif s.presence is Presence.ABSENT and required:
@@ -237,8 +266,16 @@ def to_findings(a: Assessment, *, gate: str = GATE, node: str | None = None,
         elif required and s.presence is Presence.PRESENT and s.weak:
             out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE))
         elif required and s.presence is Presence.PRESENT and require_code and s.version_only:
-            out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE + "; or accept the "
-                                    "version string with --trust-version"))
+            out.append(
+                inconclusive(
+                    gate,
+                    fix.id,
+                    node,
+                    summary,
+                    *ev,
+                    remedy=READ_THE_CODE + "; or accept the version string with --trust-version",
+                )
+            )
         elif s.presence is Presence.ABSENT:
             out.append(info(gate, fix.id, node, summary, *ev))  # absent and not required here: not a pass
         else:

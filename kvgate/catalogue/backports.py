@@ -37,8 +37,11 @@ class FileCheck:
         if self.missing:
             state = "unpatched release file" if self.pristine else "code missing"
             return f"{self.path}: {state} ({', '.join(repr(m) for m in self.missing)})"
-        how = "byte-identical to the series' output" if self.identical else \
-            "code signatures found; file differs from the series' output (hand-applied or changed since)"
+        how = (
+            "byte-identical to the series' output"
+            if self.identical
+            else "code signatures found; file differs from the series' output (hand-applied or changed since)"
+        )
         return f"{self.path}: {how}"
 
 
@@ -64,9 +67,10 @@ class BackportCheck:
     def evidence(self) -> tuple[str, ...]:
         head = {
             Presence.PRESENT: f"code verified against series {self.series} ({self.label()}"
-                              + ("" if self.marked else ": a hand-applied equivalent") + ")",
+            + ("" if self.marked else ": a hand-applied equivalent")
+            + ")",
             Presence.TAMPERED: f"tampered or partial backport: {self.label()}, but the code of series "
-                               f"{self.series} is not (all) there",
+            f"{self.series} is not (all) there",
             Presence.ABSENT: f"not applied (code of series {self.series} not found; {self.label()})",
         }[self.presence]
         return (head,) + tuple(f.describe() for f in self.files)
@@ -84,7 +88,7 @@ def check_variant(scan: CodeScan, series: Series, index: int) -> tuple[FileCheck
     patch: Patch = series.patches[index]
     out = []
     for f in patch.files:
-        rel = f.site_path[len("sglang/"):]
+        rel = f.site_path[len("sglang/") :]
         facts = scan.files.get(rel)
         if facts is None:
             out.append(FileCheck(rel, False, f.code, False, False))
@@ -107,8 +111,12 @@ def check_backport(scan: CodeScan, backport_id: str, series: tuple[Series, ...])
     def rank(v: tuple[Series, int]) -> tuple[bool, bool, int, int]:
         """Verified first, then the series of the declared release, then the closest to its output."""
         checks = check_variant(scan, *v)
-        return (all(c.code_ok for c in checks), declared == v[0].base_release,
-                sum(c.identical for c in checks), sum(c.code_ok for c in checks))
+        return (
+            all(c.code_ok for c in checks),
+            declared == v[0].base_release,
+            sum(c.identical for c in checks),
+            sum(c.code_ok for c in checks),
+        )
 
     best = max(variants, key=rank)
     checks = check_variant(scan, *best)

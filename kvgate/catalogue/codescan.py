@@ -51,16 +51,16 @@ def build_request(cat: Catalogue, series: tuple[Series, ...]) -> dict[str, Any]:
     for fix in cat.fixes:
         for sig in fix.signatures:
             if sig.is_glob:
-                globs.append({"id": glob_id(sig), "path_regex": glob_regex(sig.file).pattern,
-                              "pattern": pattern_of(sig)})
+                globs.append(
+                    {"id": glob_id(sig), "path_regex": glob_regex(sig.file).pattern, "pattern": pattern_of(sig)}
+                )
             else:
                 files.setdefault(sig.file, []).append(pattern_of(sig))
     for s in series:
         for p in s.patches:
             for f in p.files:
-                files.setdefault(f.site_path[len("sglang/"):], []).extend(code_pattern(c) for c in f.code)
-    return {"files": {k: sorted(set(v)) for k, v in files.items()},
-            "globs": list({g["id"]: g for g in globs}.values())}
+                files.setdefault(f.site_path[len("sglang/") :], []).extend(code_pattern(c) for c in f.code)
+    return {"files": {k: sorted(set(v)) for k, v in files.items()}, "globs": list({g["id"]: g for g in globs}.values())}
 
 
 def glob_id(sig: Signature) -> str:
@@ -115,9 +115,16 @@ def parse_answer(doc: Any, where: str) -> CodeScan:
         globs = {str(k): tuple(str(x) for x in v) for k, v in dict(doc.get("globs") or {}).items()}
         markers = {str(k): tuple(str(x) for x in v) for k, v in dict(doc.get("markers") or {}).items()}
         version = doc.get("version")
-        return CodeScan(source=where, package_dir=Path(str(doc["package_dir"])), found_by=str(doc.get("found_by")),
-                        version=str(version) if version is not None else None, files=files, globs=globs,
-                        markers=markers, python=doc.get("python"))
+        return CodeScan(
+            source=where,
+            package_dir=Path(str(doc["package_dir"])),
+            found_by=str(doc.get("found_by")),
+            version=str(version) if version is not None else None,
+            files=files,
+            globs=globs,
+            markers=markers,
+            python=doc.get("python"),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise TransportError(where, f"malformed kvgate code scan: {type(exc).__name__}: {exc}") from None
 
@@ -140,8 +147,9 @@ def _run_bounded(argv: list[str], stdin: bytes, timeout: float, limit: int) -> t
     The command runs in its own session so a hang kills its children too; stdout beyond `limit`
     bytes stops the run.
     """
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
     out = bytearray()
     err = bytearray()
     problem: list[str] = []
@@ -232,8 +240,14 @@ def _ask(argv: list[str], where: str, program: str, timeout: float, limit: int) 
     raise TransportError(where, f"did not answer with a kvgate code scan on stdout (got {shown!r})")
 
 
-def scan_command(command: str, cat: Catalogue, series: tuple[Series, ...] | None = None, *,
-                 timeout: float = SCAN_TIMEOUT_S, limit: int = SCAN_OUTPUT_LIMIT) -> CodeScan:
+def scan_command(
+    command: str,
+    cat: Catalogue,
+    series: tuple[Series, ...] | None = None,
+    *,
+    timeout: float = SCAN_TIMEOUT_S,
+    limit: int = SCAN_OUTPUT_LIMIT,
+) -> CodeScan:
     """Run the scan program through `command` (its stdin); a command that fails, hangs or answers
     garbage is a TransportError naming it (exit 4)."""
     where = f"--python {command!r}"
@@ -258,8 +272,14 @@ def locate_package(interpreter: str, *, timeout: float = SCAN_TIMEOUT_S) -> Path
     return Path(str(doc["package_dir"]))
 
 
-def scan_tree(tree: SourceTree, where: str, package_dir: Path, version: str | None, cat: Catalogue,
-              series: tuple[Series, ...] | None = None) -> CodeScan:
+def scan_tree(
+    tree: SourceTree,
+    where: str,
+    package_dir: Path,
+    version: str | None,
+    cat: Catalogue,
+    series: tuple[Series, ...] | None = None,
+) -> CodeScan:
     """The same facts from a SourceTree (a git commit): files read one by one, globs and markers by search."""
     req = build_request(cat, series if series is not None else all_series())
     files = {}
@@ -275,5 +295,12 @@ def scan_tree(tree: SourceTree, where: str, package_dir: Path, version: str | No
         for pid in scanprog.markers_in(tree.read_bytes(rel) or b""):
             markers.setdefault(pid, []).append(rel)
     globs = {glob_id(s): found.get(s, ()) for s in sigs}
-    return CodeScan(source=where, package_dir=package_dir, found_by=where, version=version, files=files,
-                    globs=globs, markers={k: tuple(v) for k, v in markers.items()})
+    return CodeScan(
+        source=where,
+        package_dir=package_dir,
+        found_by=where,
+        version=version,
+        files=files,
+        globs=globs,
+        markers={k: tuple(v) for k, v in markers.items()},
+    )

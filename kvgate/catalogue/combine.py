@@ -56,8 +56,11 @@ class FixStatus:
             text += " (weak evidence: assumed by release order)"
         if self.via_backport:
             text += f", by kvgate backport {self.via_backport}, code verified"
-        others = [d for d in self.detections if d.method != self.decided_by and d.presence is not self.presence
-                  and d.presence is not Presence.UNKNOWN]
+        others = [
+            d
+            for d in self.detections
+            if d.method != self.decided_by and d.presence is not self.presence and d.presence is not Presence.UNKNOWN
+        ]
         if others:
             text += " (trusted over " + ", ".join(f"{d.method}, which says {d.presence.value}" for d in others) + ")"
         return text
@@ -82,7 +85,9 @@ def apply_backports(
             continue  # the upstream signatures match too (the backport's code carries them): keep both
         upstream_ev = tuple(f"upstream signatures: {e}" for e in (up.evidence if up else ()))
         table[(method, fix.backports)] = Detection(
-            fix.backports, method, Presence.PRESENT,
+            fix.backports,
+            method,
+            Presence.PRESENT,
             (f"kvgate backport {fix.id} stands in for it (code verified)",) + d.evidence + upstream_ev,
         )
     return list(table.values()), used

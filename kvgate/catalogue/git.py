@@ -57,7 +57,7 @@ class GitTree(SourceTree):
             files = []
             for line in text.splitlines():
                 path = line.split(":", 1)[1] if ":" in line else line
-                rel = path[len(self.prefix):] if path.startswith(self.prefix) else path
+                rel = path[len(self.prefix) :] if path.startswith(self.prefix) else path
                 if rx.match(rel):
                     files.append(rel)
             out[sig] = tuple(sorted(files))
@@ -146,8 +146,8 @@ def detect_by_git(cat: Catalogue, path: Path, rev: str = "HEAD") -> tuple[Checko
                     ev.append("its squash commit is an ancestor but the signatures are gone (reverted or refactored?)")
             else:
                 cherry = "; present by signatures (cherry-pick or other subject)"
-                ev.append(f"no ancestor subject carries (#{fix.number})"
-                          + (cherry if presence is Presence.PRESENT else ""))
+                ev.append(
+                    f"no ancestor subject carries (#{fix.number})" + (cherry if presence is Presence.PRESENT else "")
+                )
         out[fix.id] = Detection(fix.id, "git", presence, tuple(ev))
     return co, out, tree
-

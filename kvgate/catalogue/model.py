@@ -192,8 +192,10 @@ def parse_catalogue(doc: dict[str, Any]) -> Catalogue:
         if not sigs and kind != "backport":
             raise CatalogueError(f"fixes.yaml: {where}: no signatures")
         if sigs and kind == "backport":
-            raise CatalogueError(f"fixes.yaml: {where}: a backport is recognised by the code signatures of its "
-                                 "series manifest (backports/), not by catalogue signatures")
+            raise CatalogueError(
+                f"fixes.yaml: {where}: a backport is recognised by the code signatures of its "
+                "series manifest (backports/), not by catalogue signatures"
+            )
         fixes.append(
             Fix(
                 id=str(_req(e, "id", where)),
@@ -204,8 +206,9 @@ def parse_catalogue(doc: dict[str, Any]) -> Catalogue:
                 state_evidence=_choice(_req(e, "state_evidence", where), _EVIDENCE, "state_evidence", where),
                 failure_class=_choice(_req(e, "failure_class", where), _CLASSES, "failure_class", where),
                 first_release=_version(e.get("first_release"), where),
-                first_release_bound=_choice(e.get("first_release_bound", "exact"), _BOUNDS, "first_release_bound",
-                                            where),
+                first_release_bound=_choice(
+                    e.get("first_release_bound", "exact"), _BOUNDS, "first_release_bound", where
+                ),
                 correctness=bool(_req(e, "correctness", where)),
                 signatures=sigs,
                 backends=tuple(e.get("backends") or ()),

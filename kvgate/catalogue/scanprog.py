@@ -31,7 +31,8 @@ _MAX_LIST = 64  # files listed per glob or marker id; the answer stays small wha
 
 def _is_package_dir(path):
     return os.path.isdir(os.path.join(path, "srt")) and (
-        os.path.isfile(os.path.join(path, "__init__.py")) or os.path.isfile(os.path.join(path, "_version.py")))
+        os.path.isfile(os.path.join(path, "__init__.py")) or os.path.isfile(os.path.join(path, "_version.py"))
+    )
 
 
 def find_package(root=None):
@@ -42,7 +43,7 @@ def find_package(root=None):
                 return os.path.realpath(cand), "path " + root
         return None, "no sglang package under " + root
     spec = importlib.util.find_spec("sglang")
-    for loc in (list(spec.submodule_search_locations or []) if spec else []):
+    for loc in list(spec.submodule_search_locations or []) if spec else []:
         if _is_package_dir(loc):
             return os.path.realpath(loc), "importlib.util.find_spec('sglang') in " + sys.executable
     return None, "sglang is not importable by " + sys.executable
@@ -114,8 +115,13 @@ def _read(package_dir, rel):
 def scan(request, root=None):
     """The answer to `request` for the sglang package under `root` (None: the one this Python imports)."""
     package_dir, found_by = find_package(root)
-    out = {"kvgate_scan": SCAN_SCHEMA, "python": sys.version.split()[0], "executable": sys.executable,
-           "package_dir": package_dir, "found_by": found_by}
+    out = {
+        "kvgate_scan": SCAN_SCHEMA,
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "package_dir": package_dir,
+        "found_by": found_by,
+    }
     if package_dir is None:
         out["error"] = found_by
         return out

@@ -37,7 +37,7 @@ class PatchFile:
     @property
     def site_path(self) -> str:
         """The same file in a site-packages layout (`python/sglang/x` -> `sglang/x`)."""
-        return self.path[len("python/"):] if self.path.startswith("python/") else self.path
+        return self.path[len("python/") :] if self.path.startswith("python/") else self.path
 
 
 @dataclass(frozen=True)
@@ -104,16 +104,19 @@ _FILE_KEYS = {"path", "sha256_before", "sha256_after", "code"}
 def _known_keys(raw: dict, allowed: set[str], where: str) -> None:
     unread = sorted(set(raw) - allowed)
     if unread:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(unread)} "
-                         f"(kvgate reads only {', '.join(sorted(allowed))})")
+        raise ValueError(
+            f"{where}: unknown key(s) {', '.join(unread)} (kvgate reads only {', '.join(sorted(allowed))})"
+        )
 
 
 def _patch_file(raw: dict, patch_id: str) -> PatchFile:
     _known_keys(raw, _FILE_KEYS, f"{patch_id}: {raw.get('path')}")
     code = tuple(str(c) for c in raw.get("code") or ())
     if not code or any(not c.strip() or MARKER_PREFIX.strip() in c for c in code):
-        raise ValueError(f"{patch_id}: {raw.get('path')}: `code` must list the substrings the patch adds "
-                         "(never the marker): a backport is recognised by its code")
+        raise ValueError(
+            f"{patch_id}: {raw.get('path')}: `code` must list the substrings the patch adds "
+            "(never the marker): a backport is recognised by its code"
+        )
     return PatchFile(raw["path"], raw["sha256_before"], raw["sha256_after"], code)
 
 
@@ -136,16 +139,19 @@ def load_series(release: str, root: Path | None = None) -> Series:
             diff = directory / raw["file"]
             if not diff.is_file():
                 raise ValueError(f"patch file {raw['file']} is missing")
-            patches.append(Patch(
-                id=str(raw["id"]),
-                file=diff,
-                title=str(raw["title"]),
-                optional=bool(raw.get("optional", False)),
-                stands_in_for=tuple(raw.get("stands_in_for", ())),
-                fixes=str(raw.get("fixes", "")),
-                files=tuple(_patch_file(f, str(raw["id"])) for f in raw["files"]),
-            ))
+            patches.append(
+                Patch(
+                    id=str(raw["id"]),
+                    file=diff,
+                    title=str(raw["title"]),
+                    optional=bool(raw.get("optional", False)),
+                    stands_in_for=tuple(raw.get("stands_in_for", ())),
+                    fixes=str(raw.get("fixes", "")),
+                    files=tuple(_patch_file(f, str(raw["id"])) for f in raw["files"]),
+                )
+            )
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:
         raise UsageError(f"{path}: invalid manifest: {exc}") from exc
-    return Series(name=str(data.get("series", f"v{release}")), base_release=release, directory=directory,
-                  patches=tuple(patches))
+    return Series(
+        name=str(data.get("series", f"v{release}")), base_release=release, directory=directory, patches=tuple(patches)
+    )

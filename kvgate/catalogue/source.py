@@ -75,9 +75,18 @@ def signature_results(cat: Catalogue, scan: CodeScan) -> dict[str, SignatureResu
 def detect_by_source(cat: Catalogue, scan: CodeScan) -> dict[str, Detection]:
     """Method 3 for every upstream entry (backports: kvgate.catalogue.backports)."""
     where = f"package {scan.package_dir} ({scan.source})"
-    return {fid: Detection(fid, "source", r.presence, (where,) + r.evidence())
-            for fid, r in signature_results(cat, scan).items()}
+    return {
+        fid: Detection(fid, "source", r.presence, (where,) + r.evidence())
+        for fid, r in signature_results(cat, scan).items()
+    }
 
 
-__all__ = ["Presence", "auto_detect", "detect_by_source", "from_python", "from_site_packages", "read_declared_version",
-           "signature_results"]
+__all__ = [
+    "Presence",
+    "auto_detect",
+    "detect_by_source",
+    "from_python",
+    "from_site_packages",
+    "read_declared_version",
+    "signature_results",
+]

@@ -93,17 +93,25 @@ def detect_fix(cat: Catalogue, rel: ReleaseString, fix: Fix) -> Detection:
 
     if fix.is_backport:
         return d(Presence.UNKNOWN, "a version string cannot show kvgate backports; read the source")
-    first = "in no verified release" if fix.first_release is None else (
-        f"first in {fix.first_release}" + (" or earlier" if fix.first_release_bound == "at-or-before" else "")
+    first = (
+        "in no verified release"
+        if fix.first_release is None
+        else (f"first in {fix.first_release}" + (" or earlier" if fix.first_release_bound == "at-or-before" else ""))
     )
     if rel.version > newest and rel.base > newest:
         if _in_verified(fix, newest):
-            return d(Presence.PRESENT, f"assumed present by release order: newer than the newest verified release "
-                     f"{newest}, which carries it ({first}); weak evidence, read the code", weak=True)
+            return d(
+                Presence.PRESENT,
+                f"assumed present by release order: newer than the newest verified release "
+                f"{newest}, which carries it ({first}); weak evidence, read the code",
+                weak=True,
+            )
         return d(Presence.UNKNOWN, f"newer than the newest verified release {newest} ({first}); read the code")
     if rel.base < oldest:
-        if fix.first_release is None or fix.first_release > oldest or (
-            fix.first_release == oldest and fix.first_release_bound == "exact"
+        if (
+            fix.first_release is None
+            or fix.first_release > oldest
+            or (fix.first_release == oldest and fix.first_release_bound == "exact")
         ):
             return d(Presence.ABSENT, f"older than {oldest}, which lacks it ({first}); inferred")
         return d(Presence.UNKNOWN, f"older than the oldest verified release {oldest} ({first})")

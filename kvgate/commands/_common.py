@@ -18,8 +18,10 @@ from kvgate.redact import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-STRICT_HELP = ("Inconclusive checks block (exit 3): the default. --no-strict lets them pass; the report then says "
-               "so and lists what was not observed.")
+STRICT_HELP = (
+    "Inconclusive checks block (exit 3): the default. --no-strict lets them pass; the report then says "
+    "so and lists what was not observed."
+)
 # The report options every reporting command names one of these ways.
 _FORMAT_KWARGS = ("fmt", "formats")
 _OUTPUT_KWARGS = ("output", "outputs")

@@ -25,15 +25,20 @@ def backport(
     to: str = typer.Option(..., "--to", help="Release whose series to use, e.g. v0.5.20."),
     repo: Path | None = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
     site_packages: Path | None = typer.Option(
-        None, "--site-packages", help="A site-packages directory holding the installed sglang/."),
+        None, "--site-packages", help="A site-packages directory holding the installed sglang/."
+    ),
     python: str | None = typer.Option(
-        None, "--python", help="An interpreter whose installed sglang to patch (or, with --site-packages, "
-        "to run --verify's probe in)."),
+        None,
+        "--python",
+        help="An interpreter whose installed sglang to patch (or, with --site-packages, to run --verify's probe in).",
+    ),
     with_hardening: bool = typer.Option(
-        False, "--with-hardening", help="Also apply the opt-in decode-side handoff coverage check."),
+        False, "--with-hardening", help="Also apply the opt-in decode-side handoff coverage check."
+    ),
     check: bool = typer.Option(False, "--check", help="Say whether the series would apply; change nothing."),
     verify: bool = typer.Option(
-        False, "--verify", help="Check the series is applied and run sglang's real admission code against it."),
+        False, "--verify", help="Check the series is applied and run sglang's real admission code against it."
+    ),
     revert: bool = typer.Option(False, "--revert", help="Undo the series (byte-for-byte restore)."),
     probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
     fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
@@ -102,9 +107,12 @@ def _report(series: Series, target: Target, result: BackportResult) -> Report:
         notes.append(f"backup of the original files: {result.backup}")
     if result.marker:
         notes.append(f"marker listing what was applied: {result.marker}")
-    return Report(command=f"backport {result.action} {series.name}", findings=tuple(findings),
-                  target={"layout": target.layout.value, "root": node, "series": series.name,
-                          "changed": result.changed}, notes=tuple(notes))
+    return Report(
+        command=f"backport {result.action} {series.name}",
+        findings=tuple(findings),
+        target={"layout": target.layout.value, "root": node, "series": series.name, "changed": result.changed},
+        notes=tuple(notes),
+    )
 
 
 def _verify(series: Series, target: Target, python: str | None, extra: list[str], timeout: float) -> Report:
@@ -122,8 +130,9 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
         elif p.optional:
             findings.append(passed(GATE, p.id, node, f"not applied (opt-in, --with-hardening): {p.title}"))
         else:
-            findings.append(failed(GATE, p.id, node, f"not applied: {p.title}",
-                                   remedy=f"kvgate backport --to {series.name} ..."))
+            findings.append(
+                failed(GATE, p.id, node, f"not applied: {p.title}", remedy=f"kvgate backport --to {series.name} ...")
+            )
     with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as tmp:
         if python is None:
             from kvgate.backport.cpuenv import cpu_env
@@ -138,58 +147,123 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
     adm = suite.admission
     ev = [Evidence(c.door, f"{c.door}.{c.name}", c.outcome, c.expect) for c in adm.cases]
     if adm.client_error:
-        ev.append(Evidence(node, "client_error", f"{adm.client_error.get('status_code')} "
-                           f"{adm.client_error.get('message')}"))
+        ev.append(
+            Evidence(node, "client_error", f"{adm.client_error.get('status_code')} {adm.client_error.get('message')}")
+        )
     if adm.status == ERROR:
-        findings.append(inconclusive(f"{GATE}-probe", "admission", node,
-                                     f"probe error (no verdict): {adm.error}", *ev,
-                                     remedy=f"missing: {adm.missing}" if adm.missing else None))
+        findings.append(
+            inconclusive(
+                f"{GATE}-probe",
+                "admission",
+                node,
+                f"probe error (no verdict): {adm.error}",
+                *ev,
+                remedy=f"missing: {adm.missing}" if adm.missing else None,
+            )
+        )
     elif adm.safe:
-        findings.append(passed(f"{GATE}-probe", "admission", node,
-                               f"{adm.status}: a rejected request is retired at both PD doors with its original "
-                               f"error; valid and re-entering requests admitted", *ev))
+        findings.append(
+            passed(
+                f"{GATE}-probe",
+                "admission",
+                node,
+                f"{adm.status}: a rejected request is retired at both PD doors with its original "
+                f"error; valid and re-entering requests admitted",
+                *ev,
+            )
+        )
     else:
-        findings.append(failed(f"{GATE}-probe", "admission", node,
-                               f"{adm.status}: rejected request admitted or a control case misbehaved", *ev,
-                               remedy=f"kvgate backport --to {series.name}"))
+        findings.append(
+            failed(
+                f"{GATE}-probe",
+                "admission",
+                node,
+                f"{adm.status}: rejected request admitted or a control case misbehaved",
+                *ev,
+                remedy=f"kvgate backport --to {series.name}",
+            )
+        )
     if "kvgate-retire-aborted-results" in {p.id for p in series.patches}:
         ret = suite.result_retire
         rev = [Evidence("prefill", c.name, c.outcome, c.expect) for c in ret.cases]
         if ret.status == RETIRED:
-            findings.append(passed(f"{GATE}-probe", "retire-aborted-results", node,
-                                   "RETIRED: an aborted request's final prefill result is released and answered, "
-                                   "no KV handoff", *rev))
+            findings.append(
+                passed(
+                    f"{GATE}-probe",
+                    "retire-aborted-results",
+                    node,
+                    "RETIRED: an aborted request's final prefill result is released and answered, no KV handoff",
+                    *rev,
+                )
+            )
         elif ret.status == ERROR:
-            findings.append(inconclusive(f"{GATE}-probe", "retire-aborted-results", node,
-                                         f"probe error (no verdict): {ret.error}", *rev))
+            findings.append(
+                inconclusive(
+                    f"{GATE}-probe", "retire-aborted-results", node, f"probe error (no verdict): {ret.error}", *rev
+                )
+            )
         else:
-            findings.append(failed(f"{GATE}-probe", "retire-aborted-results", node,
-                                   f"{ret.status}: an aborted request's KV is handed off after the forward", *rev))
+            findings.append(
+                failed(
+                    f"{GATE}-probe",
+                    "retire-aborted-results",
+                    node,
+                    f"{ret.status}: an aborted request's KV is handed off after the forward",
+                    *rev,
+                )
+            )
     if any(p.optional and p.id in have_ids for p in series.patches):
         hard = suite.hardening
         hev = [Evidence("decode", c.name, c.outcome, c.expect) for c in hard.cases]
         if hard.client_error:
-            hev.append(Evidence(node, "client_error", f"{hard.client_error.get('status_code')} "
-                                f"{hard.client_error.get('message')}"))
+            hev.append(
+                Evidence(
+                    node, "client_error", f"{hard.client_error.get('status_code')} {hard.client_error.get('message')}"
+                )
+            )
         if hard.status == VERIFIED:
-            findings.append(passed(f"{GATE}-probe", "handoff-coverage", node,
-                                   "VERIFIED: a short handoff is aborted before commit, a full one committed", *hev))
+            findings.append(
+                passed(
+                    f"{GATE}-probe",
+                    "handoff-coverage",
+                    node,
+                    "VERIFIED: a short handoff is aborted before commit, a full one committed",
+                    *hev,
+                )
+            )
         elif hard.status == ERROR:
-            findings.append(inconclusive(f"{GATE}-probe", "handoff-coverage", node,
-                                         f"probe error (no verdict): {hard.error}", *hev))
+            findings.append(
+                inconclusive(f"{GATE}-probe", "handoff-coverage", node, f"probe error (no verdict): {hard.error}", *hev)
+            )
         else:
-            findings.append(failed(f"{GATE}-probe", "handoff-coverage", node,
-                                   f"{hard.status}: a short handoff was committed", *hev))
+            findings.append(
+                failed(f"{GATE}-probe", "handoff-coverage", node, f"{hard.status}: a short handoff was committed", *hev)
+            )
     from kvgate.paths import cache_dir, left_behind
 
-    notes = (f"probes ran in {adm.python} (sglang {adm.version}, {suite.duration_s}s"
-             f"{', torchvision STUB' if adm.torchvision_stub else ''})",
-             left_behind("kvgate cache (real sglang wheels, CPU environments)", cache_dir(),
-                         "rm -rf it to free the space; it is rebuilt on next use (KVGATE_CACHE_DIR moves it)"))
-    return Report(command=f"backport verify {series.name}", findings=tuple(findings), strict=True,
-                  target={"layout": target.layout.value, "root": node, "series": series.name,
-                          "probe_status": adm.status, "client_error": adm.client_error,
-                          "applied": sorted(have_ids)}, notes=notes)
+    notes = (
+        f"probes ran in {adm.python} (sglang {adm.version}, {suite.duration_s}s"
+        f"{', torchvision STUB' if adm.torchvision_stub else ''})",
+        left_behind(
+            "kvgate cache (real sglang wheels, CPU environments)",
+            cache_dir(),
+            "rm -rf it to free the space; it is rebuilt on next use (KVGATE_CACHE_DIR moves it)",
+        ),
+    )
+    return Report(
+        command=f"backport verify {series.name}",
+        findings=tuple(findings),
+        strict=True,
+        target={
+            "layout": target.layout.value,
+            "root": node,
+            "series": series.name,
+            "probe_status": adm.status,
+            "client_error": adm.client_error,
+            "applied": sorted(have_ids),
+        },
+        notes=notes,
+    )
 
 
 __all__ = ["backport"]

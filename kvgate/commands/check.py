@@ -26,7 +26,8 @@ def check(
     prefill_url: list[str] = typer.Option([], "--prefill-url", help="Prefill worker URL (repeatable)."),
     decode_url: list[str] = typer.Option([], "--decode-url", help="Decode worker URL (repeatable)."),
     router_url: str | None = typer.Option(
-        None, "--router-url",
+        None,
+        "--router-url",
         help="Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates.",
     ),
     profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
@@ -34,14 +35,17 @@ def check(
         None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
     ),
     headroom: float | None = typer.Option(
-        None, "--headroom", min=1.0,
+        None,
+        "--headroom",
+        min=1.0,
         help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value).",
     ),
     timeout: float | None = typer.Option(
         None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
     ),
-    fmt: list[ReportFormat] = typer.Option([], "--format", "-f",
-                                           help="Report format (repeatable): table, json, junit, markdown."),
+    fmt: list[ReportFormat] = typer.Option(
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."
+    ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     token_env: str | None = typer.Option(
@@ -52,12 +56,17 @@ def check(
     probe_deadline: float | None = typer.Option(
         None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
     ),
-    tenants: int | None = typer.Option(None, "--tenants", min=1,
-                                       help="Concurrent canary tenants per round (default 32)."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak "
-                                    "or once the deployment stopped answering."),
+    tenants: int | None = typer.Option(
+        None, "--tenants", min=1, help="Concurrent canary tenants per round (default 32)."
+    ),
+    keep_going: bool = typer.Option(
+        False,
+        "--keep-going",
+        help="Run every probe even after a confirmed leak or once the deployment stopped answering.",
+    ),
     deferred_release_env: bool | None = typer.Option(
-        None, "--deferred-release-env/--no-deferred-release-env",
+        None,
+        "--deferred-release-env/--no-deferred-release-env",
         help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not "
         "expose it.",
     ),
@@ -65,15 +74,18 @@ def check(
         None, "--model-arch", help="Model architecture (e.g. GlmMoeDsaForCausalLM) when workers do not report it."
     ),
     self_test: bool = typer.Option(
-        False, "--self-test",
+        False,
+        "--self-test",
         help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router].",
     ),
     site_packages: str | None = typer.Option(
         None, "--site-packages", help="Folder holding the sglang/ package every worker runs (read for the fixes)."
     ),
     python: str | None = typer.Option(
-        None, "--python", help="Command running the workers' Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
-        "kvgate's scan program goes to its stdin."
+        None,
+        "--python",
+        help="Command running the workers' Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
+        "kvgate's scan program goes to its stdin.",
     ),
     scan_timeout: float | None = typer.Option(
         None, "--scan-timeout", min=1.0, help=f"Seconds the --python command may take (default {SCAN_TIMEOUT_S:g})."
@@ -88,7 +100,9 @@ def check(
         DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers whose metadata is read at once."
     ),
     read_deadline: float | None = typer.Option(
-        None, "--read-deadline", min=0.1,
+        None,
+        "--read-deadline",
+        min=0.1,
         help=f"Seconds the whole metadata read may take (default {DEFAULT_READ_DEADLINE:g}); each worker's read "
         f"also ends within {NODE_DEADLINE_REQUESTS}x --timeout.",
     ),
@@ -137,11 +151,17 @@ def check(
             if "*" not in code:
                 raise UsageError("--scan-timeout needs --python (per-source timeouts go in the profile's code:)")
             code["*"] = {**code["*"], "timeout": scan_timeout}
-        options = replace(options, probes=probe_settings, defenses=defenses, code=code, probes_enabled=probes,
-                          concurrency=concurrency,
-                          read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
-                          baseline=str(baseline) if baseline else None,
-                          write_baseline=str(write_baseline) if write_baseline else None)
+        options = replace(
+            options,
+            probes=probe_settings,
+            defenses=defenses,
+            code=code,
+            probes_enabled=probes,
+            concurrency=concurrency,
+            read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
+            baseline=str(baseline) if baseline else None,
+            write_baseline=str(write_baseline) if write_baseline else None,
+        )
         options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
@@ -154,8 +174,11 @@ def _with_model_config(options: CheckOptions, flag: Path | None) -> CheckOptions
     """The model config from the flag, else the profile's deployment; loaded now so a bad one exits 2 early."""
     from kvgate.plan.model import load_shape
 
-    path = str(flag) if flag is not None else next(
-        (d["model_config"] for d in options.deployment.values() if d.get("model_config")), None)
+    path = (
+        str(flag)
+        if flag is not None
+        else next((d["model_config"] for d in options.deployment.values() if d.get("model_config")), None)
+    )
     if path is None:
         return options
     load_shape(Path(path))

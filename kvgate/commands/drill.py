@@ -26,16 +26,32 @@ DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 
-def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: int, prefill_pool: int,
-                decode_pool: int, page_size: int, deferred_release: bool | None,
-                skip_tokenizer_init: bool) -> Any:
+def _deployment(
+    engine: str,
+    emulate: str,
+    prefill: int,
+    decode: int,
+    context: int,
+    prefill_pool: int,
+    decode_pool: int,
+    page_size: int,
+    deferred_release: bool | None,
+    skip_tokenizer_init: bool,
+) -> Any:
     """A started-on-enter deployment of `engine`."""
     if engine == "sim":
         from kvgate.sim.deploy import SimDeployment
 
         return SimDeployment(
-            emulate=emulate, prefill=prefill, decode=decode, context_length=context, prefill_pool=prefill_pool,
-            decode_pool=decode_pool, page_size=page_size, deferred_release=deferred_release, expose_env_vars=True,
+            emulate=emulate,
+            prefill=prefill,
+            decode=decode,
+            context_length=context,
+            prefill_pool=prefill_pool,
+            decode_pool=decode_pool,
+            page_size=page_size,
+            deferred_release=deferred_release,
+            expose_env_vars=True,
             skip_tokenizer_init=skip_tokenizer_init,
         )
     from kvgate.launch import PDDeployment, PDLaunchPlan
@@ -44,11 +60,23 @@ def _deployment(engine: str, emulate: str, prefill: int, decode: int, context: i
     env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1"}
     if deferred_release is not None:
         env[DEFERRED_ENV] = "1" if deferred_release else "0"
-    return PDDeployment(PDLaunchPlan(
-        model_path=None, prefill=prefill, decode=decode, context_length=context,
-        prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool, page_size=page_size,
-        engine="sglang", device="cpu", release=emulate, skip_tokenizer_init=skip_tokenizer_init, env=env,
-        ready_deadline_s=900.0))
+    return PDDeployment(
+        PDLaunchPlan(
+            model_path=None,
+            prefill=prefill,
+            decode=decode,
+            context_length=context,
+            prefill_max_total_tokens=prefill_pool,
+            decode_max_total_tokens=decode_pool,
+            page_size=page_size,
+            engine="sglang",
+            device="cpu",
+            release=emulate,
+            skip_tokenizer_init=skip_tokenizer_init,
+            env=env,
+            ready_deadline_s=900.0,
+        )
+    )
 
 
 @handle_errors
@@ -56,22 +84,31 @@ def drill(
     emulate: str = typer.Option("0.5.19", "--emulate", help="SGLang release to reproduce (0.5.19-0.5.23)."),
     engine: str = typer.Option("sim", "--engine", help="sim (the simulator) or sglang (the real server on CPU)."),
     context_length: int | None = typer.Option(
-        None, "--context-length", min=16, help="Context of every worker [sim: 1,048,576; sglang: 8,192]."),
+        None, "--context-length", min=16, help="Context of every worker [sim: 1,048,576; sglang: 8,192]."
+    ),
     prefill_pool: int | None = typer.Option(
-        None, "--prefill-pool", min=16, help="Prefill KV pool in tokens [sim: 681,280; sglang: 4,096]."),
+        None, "--prefill-pool", min=16, help="Prefill KV pool in tokens [sim: 681,280; sglang: 4,096]."
+    ),
     decode_pool: int | None = typer.Option(
-        None, "--decode-pool", min=16, help="Decode KV pool in tokens [sim: 2,097,152; sglang: 10,240]."),
+        None, "--decode-pool", min=16, help="Decode KV pool in tokens [sim: 2,097,152; sglang: 10,240]."
+    ),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
     page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size [sim: 16; sglang: 1]."),
-    skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
-                                             help="sglang engine: workers answer output_ids only."),
+    skip_tokenizer_init: bool = typer.Option(
+        False, "--skip-tokenizer-init", help="sglang engine: workers answer output_ids only."
+    ),
     deferred_release: bool | None = typer.Option(
-        None, "--deferred-release/--no-deferred-release",
-        help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's)."),
+        None,
+        "--deferred-release/--no-deferred-release",
+        help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's).",
+    ),
     tenants: int | None = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every probe even after a confirmed leak "
-                                    "or once the deployment stopped answering."),
+    keep_going: bool = typer.Option(
+        False,
+        "--keep-going",
+        help="Run every probe even after a confirmed leak or once the deployment stopped answering.",
+    ),
     fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
@@ -113,26 +150,45 @@ def drill(
         context_length = context_length or d["context"]
         prefill_pool = prefill_pool or d["prefill_pool"]
         decode_pool = decode_pool or d["decode_pool"]
-        dep = _deployment(engine, emulate, prefill, decode, context_length, prefill_pool, decode_pool,
-                          page_size or d["page_size"], deferred_release, skip_tokenizer_init)
+        dep = _deployment(
+            engine,
+            emulate,
+            prefill,
+            decode,
+            context_length,
+            prefill_pool,
+            decode_pool,
+            page_size or d["page_size"],
+            deferred_release,
+            skip_tokenizer_init,
+        )
         if observer:
             what = "simulated" if engine == "sim" else "REAL (on CPU)"
-            observer.log(f"starting a {what} SGLang {emulate} deployment: context {context_length:,}, "
-                         f"prefill pool {prefill_pool:,}, decode pool {decode_pool:,}")
+            observer.log(
+                f"starting a {what} SGLang {emulate} deployment: context {context_length:,}, "
+                f"prefill pool {prefill_pool:,}, decode pool {decode_pool:,}"
+            )
         with dep:
             assert dep.router_url is not None
             options = CheckOptions(
-                prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                router_url=dep.router_url, timeout=30.0, strict=is_strict, strict_source=strict_source,
-                profile_name=f"drill {engine} {emulate}", probes=probes, code=dep.code_sources(),
+                prefill_urls=tuple(dep.prefill_urls),
+                decode_urls=tuple(dep.decode_urls),
+                router_url=dep.router_url,
+                timeout=30.0,
+                strict=is_strict,
+                strict_source=strict_source,
+                profile_name=f"drill {engine} {emulate}",
+                probes=probes,
+                code=dep.code_sources(),
                 # The simulator runs no sglang code: the release it emulates is all there is to judge.
                 defenses={"trust_version": True} if engine == "sim" else {},
             )
             report = replace(run_check(options, observer=observer), command="drill")
         if dep.log_dir is not None:
             what = "simulator logs" if engine == "sim" else "server logs"
-            report = replace(report, notes=report.notes + (
-                left_behind(what, dep.log_dir, f"delete with rm -rf {dep.log_dir}"),))
+            report = replace(
+                report, notes=report.notes + (left_behind(what, dep.log_dir, f"delete with rm -rf {dep.log_dir}"),)
+            )
     except ImportError as exc:
         report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"))
     except KvgateError as exc:

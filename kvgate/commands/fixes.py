@@ -37,8 +37,9 @@ def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: fl
 
     validate_url("--url", url)
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
-    a = assess_version(version, backend=backend or reported_backend,
-                       target=f"{url} (sglang {version})" if version else url)
+    a = assess_version(
+        version, backend=backend or reported_backend, target=f"{url} (sglang {version})" if version else url
+    )
     read = f"version read from {url}{path}" if version else f"{url}{path} reports no 'version'"
     return replace(a, notes=a.notes + (read,))
 
@@ -49,25 +50,33 @@ def fixes(
     repo: Path | None = typer.Option(None, "--repo", help="An sglang git checkout (python/sglang layout)."),
     rev: str | None = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
     site_packages: str | None = typer.Option(
-        None, "--site-packages", help="Folder holding the installed sglang/ package, or 'auto' (this interpreter)."),
+        None, "--site-packages", help="Folder holding the installed sglang/ package, or 'auto' (this interpreter)."
+    ),
     python: str | None = typer.Option(
-        None, "--python", help="Command running the server's Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
-        "kvgate's scan program goes to its stdin."),
+        None,
+        "--python",
+        help="Command running the server's Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
+        "kvgate's scan program goes to its stdin.",
+    ),
     url: str | None = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
     backend: str | None = typer.Option(
-        None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."),
+        None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."
+    ),
     formats: list[ReportFormat] = typer.Option([], "--format", "-f", help="table (default), json, junit, markdown."),
     outputs: list[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: str | None = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    scan_timeout: float = typer.Option(SCAN_TIMEOUT_S, "--scan-timeout", min=1.0,
-                                       help="Seconds the --python scan may take."),
+    scan_timeout: float = typer.Option(
+        SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe: bool = typer.Option(
-        False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."),
-    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0,
-                                        help="Seconds for the behaviour probes (one interpreter runs them all)."),
+        False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."
+    ),
+    probe_timeout: float = typer.Option(
+        300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."
+    ),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
@@ -84,16 +93,28 @@ def fixes(
 
     pairs = pair_outputs(list(formats), list(outputs))
     try:
-        chosen = [name for name, val in (("--version", version), ("--repo", repo), ("--site-packages", site_packages),
-                                         ("--python", python), ("--url", url)) if val is not None]
+        chosen = [
+            name
+            for name, val in (
+                ("--version", version),
+                ("--repo", repo),
+                ("--site-packages", site_packages),
+                ("--python", python),
+                ("--url", url),
+            )
+            if val is not None
+        ]
         # --site-packages PATH --python INTERP --probe: read PATH, probe it with INTERP (e.g. a CPU environment).
         probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
         if len(chosen) > 1 and not probe_pair:
-            raise UsageError("give one of --version, --repo, --site-packages, --python, --url "
-                             f"(got {', '.join(chosen)})")
+            raise UsageError(
+                f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})"
+            )
         if probe and (python is None or len(command_argv(python)) != 1):
-            raise UsageError("--probe needs --python INTERPRETER, a local interpreter path (one that imports sglang, "
-                             "with --site-packages PATH when the package is not on its own path)")
+            raise UsageError(
+                "--probe needs --python INTERPRETER, a local interpreter path (one that imports sglang, "
+                "with --site-packages PATH when the package is not on its own path)"
+            )
         if rev is not None and repo is None:
             raise UsageError("--rev needs --repo")
         token = token_from_env(token_env)
@@ -128,8 +149,11 @@ def fixes(
         unproven = a.unproven_correctness()
         # Here strictness is about informational entries only: a correctness fix that is unknown or only
         # weakly evidenced blocks whatever the setting (never a silent pass); --strict adds the rest.
-        is_strict, strict_source = (resolve_strict(strict) if strict is not None
-                                    else (False, "default: correctness fixes block, informational entries do not"))
+        is_strict, strict_source = (
+            resolve_strict(strict)
+            if strict is not None
+            else (False, "default: correctness fixes block, informational entries do not")
+        )
         if unproven and not is_strict:
             strict_source += "; overridden: a correctness fix is unproven, which blocks whatever the setting"
         report = Report(
@@ -137,11 +161,17 @@ def fixes(
             findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
             strict=is_strict or bool(unproven),
             strict_source=strict_source,
-            target={"target": a.target, "release": a.release, "reads_as": a.reads_as(), "backend": a.backend,
-                    "methods": list(a.methods), "backports": list(a.backports_present()),
-                    "missing_correctness": [s.fix.id for s in a.missing_correctness()],
-                    "unproven_correctness": [s.fix.id for s in unproven],
-                    "tampered_backports": [s.fix.id for s in a.tampered()]},
+            target={
+                "target": a.target,
+                "release": a.release,
+                "reads_as": a.reads_as(),
+                "backend": a.backend,
+                "methods": list(a.methods),
+                "backports": list(a.backports_present()),
+                "missing_correctness": [s.fix.id for s in a.missing_correctness()],
+                "unproven_correctness": [s.fix.id for s in unproven],
+                "tampered_backports": [s.fix.id for s in a.tampered()],
+            },
             cost={"wall_s": round(time.time() - started, 3)},
             notes=tuple(notes),
         )

@@ -20,43 +20,63 @@ ROLES = ("prefill", "decode")
 def plan(
     model_config: Path | None = typer.Option(None, "--model-config", help="The model's config.json (or its folder)."),
     gpu_memory_gib: float | None = typer.Option(
-        None, "--gpu-memory-gib", help="Free GiB per GPU before the weights load (e.g. 139.5 on an H200)."),
+        None, "--gpu-memory-gib", help="Free GiB per GPU before the weights load (e.g. 139.5 on an H200)."
+    ),
     gpus_per_worker: int | None = typer.Option(
-        None, "--gpus-per-worker", min=1, help="GPUs of one worker (default tp x pp)."),
+        None, "--gpus-per-worker", min=1, help="GPUs of one worker (default tp x pp)."
+    ),
     tp: int | None = typer.Option(None, "--tp", min=1, help="--tp-size of the workers."),
     dp: int | None = typer.Option(None, "--dp", min=1, help="--dp-size of the workers (default 1)."),
     attention_dp: bool = typer.Option(False, "--attention-dp", help="--enable-dp-attention: one pool per DP rank."),
     pp: int | None = typer.Option(None, "--pp", min=1, help="--pp-size of the workers (default 1)."),
     mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="As given to the workers."),
-    kv_cache_dtype: str | None = typer.Option(
-        None, "--kv-cache-dtype", help="auto (default), bfloat16 or fp8_e4m3."),
+    kv_cache_dtype: str | None = typer.Option(None, "--kv-cache-dtype", help="auto (default), bfloat16 or fp8_e4m3."),
     page_size: int | None = typer.Option(
-        None, "--page-size", min=1, help="The page size server_info reports (default 1)."),
+        None, "--page-size", min=1, help="The page size server_info reports (default 1)."
+    ),
     context_length: int | None = typer.Option(
-        None, "--context-length", min=1, help="Advertised context the pool must hold."),
+        None, "--context-length", min=1, help="Advertised context the pool must hold."
+    ),
     headroom: float | None = typer.Option(
-        None, "--headroom", min=1.0, help="Required pool / context ratio (default 1.25)."),
+        None, "--headroom", min=1.0, help="Required pool / context ratio (default 1.25)."
+    ),
     weights_gib: float | None = typer.Option(
-        None, "--weights-gib", min=0.0, help="Measured weight GiB per GPU (default: estimated from the config)."),
+        None, "--weights-gib", min=0.0, help="Measured weight GiB per GPU (default: estimated from the config)."
+    ),
     max_total_tokens: int | None = typer.Option(
-        None, "--max-total-tokens", min=1, help="The workers' pool cap, if any."),
+        None, "--max-total-tokens", min=1, help="The workers' pool cap, if any."
+    ),
     release: str | None = typer.Option(
-        None, "--release", help="SGLang release whose sizing code to follow (default 0.5.23)."),
+        None, "--release", help="SGLang release whose sizing code to follow (default 0.5.23)."
+    ),
     gpu_sm: int | None = typer.Option(
-        None, "--gpu-sm", help="GPU compute capability x10 (90 Hopper, 100 Blackwell); decides DSA's auto KV dtype."),
+        None, "--gpu-sm", help="GPU compute capability x10 (90 Hopper, 100 Blackwell); decides DSA's auto KV dtype."
+    ),
     profile: str | None = typer.Option(None, "--profile", help="Gate profile whose deployment: section to plan."),
     fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."),
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."
+    ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
 ) -> None:
     """Predict the KV pool SGLang sizes for a deployment; exit 1 when it cannot hold context x headroom."""
     pairs = pair_outputs(list(fmt), list(output))
     flags = {
-        "model_config": None if model_config is None else str(model_config), "gpu_memory_gib": gpu_memory_gib,
-        "gpus_per_worker": gpus_per_worker, "tp": tp, "dp": dp, "attention_dp": attention_dp or None, "pp": pp,
-        "mem_fraction_static": mem_fraction_static, "kv_cache_dtype": kv_cache_dtype, "page_size": page_size,
-        "weights_gib": weights_gib, "max_total_tokens": max_total_tokens, "release": release, "gpu_sm": gpu_sm,
-        "context_length": context_length, "headroom": headroom,
+        "model_config": None if model_config is None else str(model_config),
+        "gpu_memory_gib": gpu_memory_gib,
+        "gpus_per_worker": gpus_per_worker,
+        "tp": tp,
+        "dp": dp,
+        "attention_dp": attention_dp or None,
+        "pp": pp,
+        "mem_fraction_static": mem_fraction_static,
+        "kv_cache_dtype": kv_cache_dtype,
+        "page_size": page_size,
+        "weights_gib": weights_gib,
+        "max_total_tokens": max_total_tokens,
+        "release": release,
+        "gpu_sm": gpu_sm,
+        "context_length": context_length,
+        "headroom": headroom,
     }
     try:
         from kvgate.plan.planner import plan_worker
@@ -86,8 +106,11 @@ def role_inputs(flags: dict[str, Any], profile_ref: str | None) -> dict[str, Any
         if prof.headroom is not None:
             merged.setdefault("headroom", prof.headroom)
         merged.update(given)
-        missing = [k for k in ("model_config", "gpu_memory_gib", "tp", "mem_fraction_static", "context_length")
-                   if merged.get(k) is None]
+        missing = [
+            k
+            for k in ("model_config", "gpu_memory_gib", "tp", "mem_fraction_static", "context_length")
+            if merged.get(k) is None
+        ]
         if missing:
             where = f" (profile {prof.path} has no deployment.{missing[0]})" if profile_ref else ""
             raise UsageError(f"kvgate plan needs --{missing[0].replace('_', '-')}{where}")

@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # the launcher and the pipeline load when the command runs, n
 @handle_errors
 def up(
     model_path: str | None = typer.Option(
-        None, "--model-path", help="Model for every worker (SGLang --model-path; --device cpu: kvgate's tiny model)."),
+        None, "--model-path", help="Model for every worker (SGLang --model-path; --device cpu: kvgate's tiny model)."
+    ),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
     tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
@@ -29,16 +30,19 @@ def up(
     decode_pool: int | None = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
     mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
     page_size: int | None = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
-    transfer_backend: str = typer.Option("mooncake", "--transfer-backend",
-                                         help="mooncake, nixl, ascend, mori, mooncake_tcp."),
+    transfer_backend: str = typer.Option(
+        "mooncake", "--transfer-backend", help="mooncake, nixl, ascend, mori, mooncake_tcp."
+    ),
     ib_device: str | None = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
     python: str | None = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
     engine: str = typer.Option("sglang", "--engine", help="sglang (real workers) or sim (the simulator)."),
     device: str = typer.Option("gpu", "--device", help="gpu, or cpu: the real server on this CPU (needs --release)."),
-    release: str | None = typer.Option(None, "--release",
-                                          help="With --device cpu: the SGLang release to run (0.5.19-0.5.23)."),
-    skip_tokenizer_init: bool = typer.Option(False, "--skip-tokenizer-init",
-                                             help="Workers take input_ids and answer output_ids only."),
+    release: str | None = typer.Option(
+        None, "--release", help="With --device cpu: the SGLang release to run (0.5.19-0.5.23)."
+    ),
+    skip_tokenizer_init: bool = typer.Option(
+        False, "--skip-tokenizer-init", help="Workers take input_ids and answer output_ids only."
+    ),
     emulate: str | None = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
     ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
     log_dir: Path | None = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
@@ -46,8 +50,9 @@ def up(
     fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
-    profile: str | None = typer.Option(None, "--profile",
-                                          help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."),
+    profile: str | None = typer.Option(
+        None, "--profile", help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     worker_arg: list[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
@@ -62,12 +67,25 @@ def up(
 
     pairs = pair_outputs(list(fmt), list(output))
     plan = PDLaunchPlan(
-        model_path=model_path, prefill=prefill, decode=decode, tp_size=tp_size, context_length=context_length,
-        prefill_max_total_tokens=prefill_pool, decode_max_total_tokens=decode_pool,
-        mem_fraction_static=mem_fraction_static, page_size=page_size, transfer_backend=transfer_backend,
-        ib_device=ib_device, python=python or sys.executable, engine=engine, emulate=emulate,
-        device=device, release=release, skip_tokenizer_init=skip_tokenizer_init,
-        extra_worker_args=tuple(worker_arg), ready_deadline_s=ready_deadline,
+        model_path=model_path,
+        prefill=prefill,
+        decode=decode,
+        tp_size=tp_size,
+        context_length=context_length,
+        prefill_max_total_tokens=prefill_pool,
+        decode_max_total_tokens=decode_pool,
+        mem_fraction_static=mem_fraction_static,
+        page_size=page_size,
+        transfer_backend=transfer_backend,
+        ib_device=ib_device,
+        python=python or sys.executable,
+        engine=engine,
+        emulate=emulate,
+        device=device,
+        release=release,
+        skip_tokenizer_init=skip_tokenizer_init,
+        extra_worker_args=tuple(worker_arg),
+        ready_deadline_s=ready_deadline,
         # So that the defenses gate can read the deferred-release setting the workers really run with.
         env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1"},
     )
@@ -105,20 +123,28 @@ def up(
         dep.stop()
 
 
-def _gate_options(dep: PDDeployment, profile: str | None, strict: bool | None, context_length: int | None,
-                  engine: str) -> CheckOptions:
+def _gate_options(
+    dep: PDDeployment, profile: str | None, strict: bool | None, context_length: int | None, engine: str
+) -> CheckOptions:
     """What `up --gate` checks on the deployment it started: its URLs, the profile, the flags."""
     from kvgate.gates.base import CheckOptions
     from kvgate.profiles import load as load_profile
 
     prof = load_profile(profile) if profile else None
     is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)
-    return CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                        router_url=dep.router_url, strict=is_strict, strict_source=strict_source, timeout=30.0,
-                        context_len=context_length, profile_name=prof.name if prof else None,
-                        headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
-                        probes=prof.probes if prof else {},
-                        # The simulator runs no sglang code: its emulated release is the evidence.
-                        defenses={**(prof.defenses if prof else {}),
-                                  **({"trust_version": True} if engine == "sim" else {})},
-                        waivers=prof.waivers if prof else (), code=dep.code_sources())
+    return CheckOptions(
+        prefill_urls=tuple(dep.prefill_urls),
+        decode_urls=tuple(dep.decode_urls),
+        router_url=dep.router_url,
+        strict=is_strict,
+        strict_source=strict_source,
+        timeout=30.0,
+        context_len=context_length,
+        profile_name=prof.name if prof else None,
+        headroom=prof.headroom if prof and prof.headroom else CheckOptions.headroom,
+        probes=prof.probes if prof else {},
+        # The simulator runs no sglang code: its emulated release is the evidence.
+        defenses={**(prof.defenses if prof else {}), **({"trust_version": True} if engine == "sim" else {})},
+        waivers=prof.waivers if prof else (),
+        code=dep.code_sources(),
+    )

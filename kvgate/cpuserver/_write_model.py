@@ -18,13 +18,23 @@ SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 def config(spec: dict) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": spec["hidden"], "intermediate_size": spec["hidden"] * 2,
-        "num_hidden_layers": spec["layers"], "num_attention_heads": spec["heads"],
-        "num_key_value_heads": spec["kv_heads"], "head_dim": spec["hidden"] // spec["heads"],
-        "vocab_size": spec["vocab"], "max_position_embeddings": spec["max_positions"],
-        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3, "tie_word_embeddings": False,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": spec["hidden"],
+        "intermediate_size": spec["hidden"] * 2,
+        "num_hidden_layers": spec["layers"],
+        "num_attention_heads": spec["heads"],
+        "num_key_value_heads": spec["kv_heads"],
+        "head_dim": spec["hidden"] // spec["heads"],
+        "vocab_size": spec["vocab"],
+        "max_position_embeddings": spec["max_positions"],
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+        "tie_word_embeddings": False,
         "torch_dtype": "float32",
     }
 
@@ -43,13 +53,19 @@ def weights(cfg: dict, seed: int, std: float) -> dict[str, torch.Tensor]:
     out = {"model.embed_tokens.weight": rnd(v, h), "model.norm.weight": torch.ones(h), "lm_head.weight": rnd(v, h)}
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        out.update({
-            p + "self_attn.q_proj.weight": rnd(q, h), p + "self_attn.k_proj.weight": rnd(kv, h),
-            p + "self_attn.v_proj.weight": rnd(kv, h), p + "self_attn.o_proj.weight": rnd(h, q),
-            p + "mlp.gate_proj.weight": rnd(inter, h), p + "mlp.up_proj.weight": rnd(inter, h),
-            p + "mlp.down_proj.weight": rnd(h, inter),
-            p + "input_layernorm.weight": torch.ones(h), p + "post_attention_layernorm.weight": torch.ones(h),
-        })
+        out.update(
+            {
+                p + "self_attn.q_proj.weight": rnd(q, h),
+                p + "self_attn.k_proj.weight": rnd(kv, h),
+                p + "self_attn.v_proj.weight": rnd(kv, h),
+                p + "self_attn.o_proj.weight": rnd(h, q),
+                p + "mlp.gate_proj.weight": rnd(inter, h),
+                p + "mlp.up_proj.weight": rnd(inter, h),
+                p + "mlp.down_proj.weight": rnd(h, inter),
+                p + "input_layernorm.weight": torch.ones(h),
+                p + "post_attention_layernorm.weight": torch.ones(h),
+            }
+        )
     return out
 
 
@@ -58,8 +74,12 @@ def tokenizer(corpus: list[str], vocab: int) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus, trainer=trainer)
     if tok.get_vocab_size() != vocab:
         raise SystemExit(f"tokenizer trained to {tok.get_vocab_size()} ids, the model has {vocab}: corpus too small")
@@ -77,15 +97,26 @@ def main() -> None:
     save_file(weights(cfg, spec["seed"], spec["std"]), str(out / "model.safetensors"), metadata={"format": "pt"})
     corpus = [Path(f).read_text(errors="replace") for f in corpus_files]
     tokenizer(corpus, cfg["vocab_size"]).save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-        "unk_token": "<unk>", "pad_token": "<pad>", "model_max_length": spec["max_positions"],
-        "add_bos_token": False, "add_eos_token": False,
-        "chat_template": "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}assistant: {% endif %}",
-    }, indent=2))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "pad_token": "<pad>",
+                "model_max_length": spec["max_positions"],
+                "add_bos_token": False,
+                "add_eos_token": False,
+                "chat_template": "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant: {% endif %}",
+            },
+            indent=2,
+        )
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"})
+    )
 
 
 if __name__ == "__main__":

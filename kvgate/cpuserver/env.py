@@ -23,7 +23,12 @@ STUB_DIR = Path(__file__).resolve().parent / "_stub"
 """`sitecustomize.py` (torchvision STUB + the 0.5.23 Mooncake host-pinning workaround) and the sgl_kernel STUB."""
 
 SERVER_PACKAGES: tuple[str, ...] = (
-    "uvloop", "jsonschema", "soundfile", "python-multipart", "prometheus_client", "msgpack",
+    "uvloop",
+    "jsonschema",
+    "soundfile",
+    "python-multipart",
+    "prometheus_client",
+    "msgpack",
     "mooncake-transfer-engine-non-cuda==0.3.13.post1",
 )
 SYSTEM_LIBS = ("ibverbs", "rdmacm")
@@ -42,8 +47,17 @@ SERVER_ENV: dict[str, str] = {
 
 
 CPU_MEM_FRACTION_STATIC = 0.05
-_CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph",
-              "--sampling-backend", "pytorch", "--load-format", "auto")
+_CPU_FLAGS = (
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--disable-cuda-graph",
+    "--sampling-backend",
+    "pytorch",
+    "--load-format",
+    "auto",
+)
 _CPU_ROLE_FLAGS = {
     # Overlap scheduling reaches torch.cuda.Event() in disaggregation/prefill.py on a prefix-cache hit.
     "prefill": ("--disable-overlap-schedule",),
@@ -83,8 +97,11 @@ def _server_packages(py: Path) -> None:
     with locked(root() / "server.lock"):
         if marker.is_file() and marker.read_text() == repr(SERVER_PACKAGES):
             return
-        run_step([str(py), "-m", "pip", "install", "-q", *SERVER_PACKAGES], pip_env(pins_file()),
-             "pip install the sglang server's runtime packages and Mooncake (TCP)")
+        run_step(
+            [str(py), "-m", "pip", "install", "-q", *SERVER_PACKAGES],
+            pip_env(pins_file()),
+            "pip install the sglang server's runtime packages and Mooncake (TCP)",
+        )
         marker.write_text(repr(SERVER_PACKAGES))
 
 
@@ -97,16 +114,20 @@ def _system_libs() -> tuple[str, ...]:
     with locked(root() / "debs.lock"):
         if not marker.is_file():
             if not shutil.which("apt-get") or not shutil.which("dpkg-deb"):
-                raise CpuEnvError("Mooncake needs libibverbs.so.1 and librdmacm.so.1: install the Debian packages "
-                                  f"{' '.join(SYSTEM_DEBS[:2])} (apt-get install)")
+                raise CpuEnvError(
+                    "Mooncake needs libibverbs.so.1 and librdmacm.so.1: install the Debian packages "
+                    f"{' '.join(SYSTEM_DEBS[:2])} (apt-get install)"
+                )
             if dest.exists():
                 shutil.rmtree(dest)
             dl = dest / "download"
             dl.mkdir(parents=True)
             proc = subprocess.run(["apt-get", "download", *SYSTEM_DEBS], cwd=dl, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise CpuEnvError(f"apt-get download {' '.join(SYSTEM_DEBS)} failed (run `apt-get update` first, or "
-                                  f"apt-get install {' '.join(SYSTEM_DEBS[:2])}): {proc.stderr.strip()[-400:]}")
+                raise CpuEnvError(
+                    f"apt-get download {' '.join(SYSTEM_DEBS)} failed (run `apt-get update` first, or "
+                    f"apt-get install {' '.join(SYSTEM_DEBS[:2])}): {proc.stderr.strip()[-400:]}"
+                )
             for deb in sorted(dl.glob("*.deb")):
                 run_step(["dpkg-deb", "-x", str(deb), str(dest / "root")], what=f"dpkg-deb -x {deb.name}")
             marker.write_text("ok")
@@ -118,5 +139,9 @@ def server_env(version: str) -> ServerEnv:
     env = cpu_env(version)
     py = base_python()
     _server_packages(py)
-    return ServerEnv(version=version, python=env.python,
-                     pythonpath=(str(STUB_DIR), str(env.site_packages)), ld_library_path=_system_libs())
+    return ServerEnv(
+        version=version,
+        python=env.python,
+        pythonpath=(str(STUB_DIR), str(env.site_packages)),
+        ld_library_path=_system_libs(),
+    )

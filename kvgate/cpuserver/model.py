@@ -22,8 +22,18 @@ from kvgate.upstream import locked
 
 _WRITER = Path(__file__).resolve().parent / "_write_model.py"
 # Fixed local training text for the tokenizer: standard-library sources, present on every Python.
-_CORPUS_MODULES = ("textwrap.py", "argparse.py", "difflib.py", "pydoc.py", "inspect.py", "typing.py",
-                   "subprocess.py", "email/message.py", "http/client.py", "json/decoder.py")
+_CORPUS_MODULES = (
+    "textwrap.py",
+    "argparse.py",
+    "difflib.py",
+    "pydoc.py",
+    "inspect.py",
+    "typing.py",
+    "subprocess.py",
+    "email/message.py",
+    "http/client.py",
+    "json/decoder.py",
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,9 @@ def tiny_model(spec: TinyModelSpec = TinyModelSpec()) -> Path:
         if dest.exists():
             shutil.rmtree(dest)
         py = base_python()
-        proc = subprocess.run([str(py), str(_WRITER), str(dest), json.dumps(asdict(spec)), *_corpus()],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [str(py), str(_WRITER), str(dest), json.dumps(asdict(spec)), *_corpus()], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise CpuEnvError("writing the tiny model failed:\n" + "\n".join(proc.stderr.strip().splitlines()[-8:]))
         marker.write_text(key)

@@ -36,8 +36,12 @@ def verdict_line(report: Report) -> str:
 
 def counts_line(report: Report) -> str:
     c = report.counts()
-    parts = [f"{c['failed']} failed", f"{c['error']} errors", f"{c['inconclusive']} inconclusive",
-             f"{c['passed']} passed"] + ([f"{c['info']} info"] if c["info"] else [])
+    parts = [
+        f"{c['failed']} failed",
+        f"{c['error']} errors",
+        f"{c['inconclusive']} inconclusive",
+        f"{c['passed']} passed",
+    ] + ([f"{c['info']} info"] if c["info"] else [])
     return ", ".join(parts) + (f" ({c['waived']} waived)" if c["waived"] else "")
 
 

@@ -6,8 +6,13 @@ from kvgate.findings import Outcome, Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import counts_line, doc_ref, evidence_line, headlines, verdict_line
 
-_ICON = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR",
-         Outcome.INFO: "INFO"}
+_ICON = {
+    Outcome.PASSED: "PASS",
+    Outcome.FAILED: "FAIL",
+    Outcome.INCONCLUSIVE: "INCONCLUSIVE",
+    Outcome.ERROR: "ERROR",
+    Outcome.INFO: "INFO",
+}
 
 
 def _cell(text: object) -> str:

@@ -25,10 +25,20 @@ from kvgate.formats.digest import (
     verdict_line,
 )
 
-_STYLE = {Outcome.PASSED: "green", Outcome.FAILED: "bold red", Outcome.INCONCLUSIVE: "yellow", Outcome.ERROR: "magenta",
-          Outcome.INFO: "cyan"}
-_LABEL = {Outcome.PASSED: "PASS", Outcome.FAILED: "FAIL", Outcome.INCONCLUSIVE: "INCONCLUSIVE", Outcome.ERROR: "ERROR",
-          Outcome.INFO: "INFO"}
+_STYLE = {
+    Outcome.PASSED: "green",
+    Outcome.FAILED: "bold red",
+    Outcome.INCONCLUSIVE: "yellow",
+    Outcome.ERROR: "magenta",
+    Outcome.INFO: "cyan",
+}
+_LABEL = {
+    Outcome.PASSED: "PASS",
+    Outcome.FAILED: "FAIL",
+    Outcome.INCONCLUSIVE: "INCONCLUSIVE",
+    Outcome.ERROR: "ERROR",
+    Outcome.INFO: "INFO",
+}
 _QUIET = (Outcome.PASSED, Outcome.INFO)  # one digest line each unless --verbose
 FILE_WIDTH = 100  # a report written to a file has no terminal; wide enough for a log viewer
 
@@ -46,8 +56,14 @@ class TableFormatter(Formatter):
 
     def render(self, report: Report) -> str:
         buf = io.StringIO()
-        console = Console(file=buf, force_terminal=self.color, no_color=not self.color, width=self.width,
-                          soft_wrap=False, highlight=False)
+        console = Console(
+            file=buf,
+            force_terminal=self.color,
+            no_color=not self.color,
+            width=self.width,
+            soft_wrap=False,
+            highlight=False,
+        )
         self.print_to(console, report)
         return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"
 
@@ -66,8 +82,10 @@ class TableFormatter(Formatter):
             grid.add_column(no_wrap=True)
             grid.add_column(overflow="fold")
             for h in lines:
-                grid.add_row(f"[{_STYLE[h.outcome]}]{_LABEL[h.outcome]}[/]",
-                             f"[bold]{escape(h.check_id)}[/] {escape(h.where)}: {escape(h.summary)}")
+                grid.add_row(
+                    f"[{_STYLE[h.outcome]}]{_LABEL[h.outcome]}[/]",
+                    f"[bold]{escape(h.check_id)}[/] {escape(h.where)}: {escape(h.summary)}",
+                )
             console.print(grid)
             if more:
                 console.print(f"... and {more} more below")
@@ -77,8 +95,9 @@ class TableFormatter(Formatter):
         shown = [f for f in report.findings if self.verbose or f.outcome not in _QUIET or f.waived]
         if shown:
             console.print()
-            console.rule("detail" if self.verbose else "detail (what did not pass; --verbose for all)",
-                         style="dim", align="left")
+            console.rule(
+                "detail" if self.verbose else "detail (what did not pass; --verbose for all)", style="dim", align="left"
+            )
         for f in shown:
             console.print(f"{self._label(f)} [bold]{escape(f.test_id)}[/] {escape(f.node)}")
             grid = Table.grid(padding=(0, 0))

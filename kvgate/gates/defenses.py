@@ -50,15 +50,33 @@ _CHECKSUM_SAFE_FROM = Version("0.5.23")
 
 # Architectures whose KV pool is MLA (MLATokenToKVPool) or DSA (DSATokenToKVPool): the canary has no
 # attacher for them. From sglang 0.5.23 configs/model_config.py (the unconditional MLA list).
-MLA_DSA_ARCHITECTURES = frozenset({
-    "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN", "DeepseekV32ForCausalLM",
-    "Glm4MoeLiteForCausalLM", "Glm4MoeLiteForCausalLMNextN", "GlmMoeDsaForCausalLM", "GlmMoeDsaForCausalLMNextN",
-    "Glm5NextForConditionalGeneration", "Glm5NextForConditionalGenerationNextN", "LongcatFlashForCausalLM",
-    "LongcatFlashForCausalLMNextN", "HYV4ForCausalLM", "HYV4ForCausalLMNextN", "DotsVLMForCausalLM",
-    "Dots3NoteForCausalLM", "Dots3NoteForCausalLMNextN", "MistralLarge3ForCausalLM", "MistralLarge3ForCausalLMEagle",
-    "KimiK25ForConditionalGeneration", "Eagle3DeepseekV2ForCausalLM", "GigaChat35ForCausalLM",
-    "GigaChat35ForCausalLMNextN",
-})
+MLA_DSA_ARCHITECTURES = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3ForCausalLMNextN",
+        "DeepseekV32ForCausalLM",
+        "Glm4MoeLiteForCausalLM",
+        "Glm4MoeLiteForCausalLMNextN",
+        "GlmMoeDsaForCausalLM",
+        "GlmMoeDsaForCausalLMNextN",
+        "Glm5NextForConditionalGeneration",
+        "Glm5NextForConditionalGenerationNextN",
+        "LongcatFlashForCausalLM",
+        "LongcatFlashForCausalLMNextN",
+        "HYV4ForCausalLM",
+        "HYV4ForCausalLMNextN",
+        "DotsVLMForCausalLM",
+        "Dots3NoteForCausalLM",
+        "Dots3NoteForCausalLMNextN",
+        "MistralLarge3ForCausalLM",
+        "MistralLarge3ForCausalLMEagle",
+        "KimiK25ForConditionalGeneration",
+        "Eagle3DeepseekV2ForCausalLM",
+        "GigaChat35ForCausalLM",
+        "GigaChat35ForCausalLMNextN",
+    }
+)
 
 _TRUE = {"true", "1", "yes", "y"}
 _FALSE = {"false", "0", "no", "n"}
@@ -130,6 +148,7 @@ def _env_bool(value: str) -> bool | None:
 
 # --- release / correctness fixes --------------------------------------------------------------
 
+
 def _check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
     """The correctness fixes this node's code carries: from its code when read, else its version string.
 
@@ -140,8 +159,13 @@ def _check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
     cat = load_catalogue()
     backend = _backend(n)
     if n.code_error is not None:
-        return error(GATE, "release", n.node, f"could not read the code this node runs: {n.code_error}",
-                     Evidence(n.node, "code", n.code_error, "a kvgate code scan"))
+        return error(
+            GATE,
+            "release",
+            n.node,
+            f"could not read the code this node runs: {n.code_error}",
+            Evidence(n.node, "code", n.code_error, "a kvgate code scan"),
+        )
     if n.fixes is not None:
         a, require_code = n.fixes, False
         how = f"code read ({a.notes[0] if a.notes else a.target}; reads as {a.reads_as()})"
@@ -152,9 +176,14 @@ def _check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
         try:
             a = assess_version(n.version, backend=backend)
         except UsageError:
-            return inconclusive(GATE, "release", n.node, f"sglang version {n.version!r} is not a PEP 440 version: "
-                                "cannot tell which fixes run", Evidence(n.node, "version", n.version, "PEP 440"),
-                                remedy=READ_THE_CODE)
+            return inconclusive(
+                GATE,
+                "release",
+                n.node,
+                f"sglang version {n.version!r} is not a PEP 440 version: cannot tell which fixes run",
+                Evidence(n.node, "version", n.version, "PEP 440"),
+                remedy=READ_THE_CODE,
+            )
         require_code = not trust_version
         how = f"version string {n.version} only, code not read" if n.version else "no version reported, code not read"
         ev = [Evidence(n.node, "code", how, "code read by --site-packages PATH or --python COMMAND")]
@@ -166,8 +195,10 @@ def _check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
         ("tampered or partial backports (marker without the code)", [s.fix.id for s in tampered]),
         ("unknown", [s.fix.label for s in unproven if s.presence is Presence.UNKNOWN]),
         ("assumed present by release order only (weak evidence)", [s.fix.label for s in unproven if s.weak]),
-        ("present by the version string only, not counted without the code",
-         [s.fix.label for s in unproven if s.presence is Presence.PRESENT and not s.weak]),
+        (
+            "present by the version string only, not counted without the code",
+            [s.fix.label for s in unproven if s.presence is Presence.PRESENT and not s.weak],
+        ),
     )
     summary = f"{how}: " + "; ".join(f"{what}: {', '.join(labels)}" for what, labels in groups if labels)
     prove = "--site-packages PATH or --python COMMAND"
@@ -177,15 +208,28 @@ def _check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
             remedy += f"; a build that carries kvgate backports: prove it with {prove}"
         return failed(GATE, "release", n.node, summary, *ev, remedy=remedy)
     if unproven:
-        return inconclusive(GATE, "release", n.node, summary, *ev,
-                            remedy=READ_THE_CODE + ("; or accept version strings with --trust-version"
-                                                    if a.methods == ("version",) else ""))
+        return inconclusive(
+            GATE,
+            "release",
+            n.node,
+            summary,
+            *ev,
+            remedy=READ_THE_CODE
+            + ("; or accept version strings with --trust-version" if a.methods == ("version",) else ""),
+        )
     decided = ", ".join(sorted({s.decided_by or "?" for s in a.correctness()}))
-    return passed(GATE, "release", n.node, f"{how}: every correctness fix present "
-                  f"({len(a.correctness())} for backend {backend or 'unknown'}; decided by {decided})", *ev)
+    return passed(
+        GATE,
+        "release",
+        n.node,
+        f"{how}: every correctness fix present "
+        f"({len(a.correctness())} for backend {backend or 'unknown'}; decided by {decided})",
+        *ev,
+    )
 
 
 # --- deferred decode KV release --------------------------------------------------------------
+
 
 def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
     rel = _release(n)
@@ -197,45 +241,83 @@ def _check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
         on = _env_bool(n.env_vars[DEFERRED_ENV])
         ev.append(Evidence(n.node, f"env {DEFERRED_ENV}", n.env_vars[DEFERRED_ENV], "true|1|yes|y"))
         if on is None:
-            return inconclusive(GATE, "deferred-release", n.node,
-                                f"{DEFERRED_ENV}={n.env_vars[DEFERRED_ENV]!r} is not a boolean sglang reads", *ev)
+            return inconclusive(
+                GATE,
+                "deferred-release",
+                n.node,
+                f"{DEFERRED_ENV}={n.env_vars[DEFERRED_ENV]!r} is not a boolean sglang reads",
+                *ev,
+            )
     elif operator_env is not None:
         on = operator_env
         ev.append(Evidence(n.node, f"{DEFERRED_ENV} (operator/profile)", operator_env, "true"))
     elif n.env_vars is not None and default is not None:
         on = default
-        ev.append(Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default,
-                           "true"))
+        ev.append(
+            Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default, "true")
+        )
     else:
-        ev.append(Evidence(n.node, f"{DEFERRED_ENV}", "not readable",
-                           f"exposed env (SGLANG_EXPOSE_OWN_ENV_VARS=1) or operator input; release default {default}"))
-        return inconclusive(GATE, "deferred-release", n.node,
-                            "deferred decode KV release: the effective env is unknown (no CLI flag, not in "
-                            "server_info)",
-                            *ev, remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
-                            "--deferred-release-env / --no-deferred-release-env "
-                            "(profile: defenses.deferred_release_env)")
+        ev.append(
+            Evidence(
+                n.node,
+                f"{DEFERRED_ENV}",
+                "not readable",
+                f"exposed env (SGLANG_EXPOSE_OWN_ENV_VARS=1) or operator input; release default {default}",
+            )
+        )
+        return inconclusive(
+            GATE,
+            "deferred-release",
+            n.node,
+            "deferred decode KV release: the effective env is unknown (no CLI flag, not in server_info)",
+            *ev,
+            remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
+            "--deferred-release-env / --no-deferred-release-env "
+            "(profile: defenses.deferred_release_env)",
+        )
     if on is False:
-        return failed(GATE, "deferred-release", n.node, "deferred decode KV release is OFF: pages can be freed "
-                      "while an aborted transfer may still write them", *ev,
-                      remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker "
-                      f"(default on from {_DEFERRED_ON_FROM})")
+        return failed(
+            GATE,
+            "deferred-release",
+            n.node,
+            "deferred decode KV release is OFF: pages can be freed while an aborted transfer may still write them",
+            *ev,
+            remedy=f"set {DEFERRED_ENV}=1 on every prefill and decode worker (default on from {_DEFERRED_ON_FROM})",
+        )
     if backend is None:
-        return inconclusive(GATE, "deferred-release", n.node, "deferred release on, but the transfer backend is "
-                            "unknown: cannot tell whether it supports it", *ev)
+        return inconclusive(
+            GATE,
+            "deferred-release",
+            n.node,
+            "deferred release on, but the transfer backend is unknown: cannot tell whether it supports it",
+            *ev,
+        )
     supported = backend in _DEFERRED_BACKENDS or (backend == "mori" and rel is not None and rel.base >= _MORI_FROM)
     if backend == "mori" and rel is None:
-        return inconclusive(GATE, "deferred-release", n.node,
-                            "deferred release on with mori, which supports it only from 0.5.22; version unknown", *ev)
+        return inconclusive(
+            GATE,
+            "deferred-release",
+            n.node,
+            "deferred release on with mori, which supports it only from 0.5.22; version unknown",
+            *ev,
+        )
     if not supported:
-        return failed(GATE, "deferred-release", n.node, f"deferred release is on but backend {backend} "
-                      f"{'in ' + n.version if n.version else ''} does not support it: no drain ACK protects the pages",
-                      *ev, remedy="use mooncake, nixl or ascend (mori from sglang 0.5.22)")
-    return passed(GATE, "deferred-release", n.node, f"deferred decode KV release on, backend {backend} supports it",
-                  *ev)
+        return failed(
+            GATE,
+            "deferred-release",
+            n.node,
+            f"deferred release is on but backend {backend} "
+            f"{'in ' + n.version if n.version else ''} does not support it: no drain ACK protects the pages",
+            *ev,
+            remedy="use mooncake, nixl or ascend (mori from sglang 0.5.22)",
+        )
+    return passed(
+        GATE, "deferred-release", n.node, f"deferred decode KV release on, backend {backend} supports it", *ev
+    )
 
 
 # --- KV checksum ----------------------------------------------------------------------------
+
 
 def _not_counted(check: str, node: str, summary: str, required: bool, *ev: Evidence, remedy: str) -> Finding:
     if required:
@@ -275,18 +357,31 @@ def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
         return info(GATE, "kv-checksum", node, "KV checksum off: optional detection, not counted as a defense", *ev)
     if not all(flags):
         off = [n.node for n, f in zip(pd, flags, strict=True) if not f]
-        return _not_counted("kv-checksum", node, f"KV checksum on for some nodes only (off: {', '.join(off)}): it "
-                            "counts only when on for BOTH prefill and decode, so it is no defense", required, *ev,
-                            remedy=remedy)
+        return _not_counted(
+            "kv-checksum",
+            node,
+            f"KV checksum on for some nodes only (off: {', '.join(off)}): it "
+            "counts only when on for BOTH prefill and decode, so it is no defense",
+            required,
+            *ev,
+            remedy=remedy,
+        )
     devices = {n.node: n.device for n in pd}
     ev += [Evidence(k, "device", v, "cuda") for k, v in devices.items()]
     non_cuda = [k for k, v in devices.items() if v is not None and not v.lower().startswith("cuda")]
     if non_cuda:
-        return _not_counted("kv-checksum", node, f"KV checksum needs CUDA (CUDA JIT kernel); not CUDA: "
-                            f"{', '.join(non_cuda)}", required, *ev, remedy=remedy)
+        return _not_counted(
+            "kv-checksum",
+            node,
+            f"KV checksum needs CUDA (CUDA JIT kernel); not CUDA: {', '.join(non_cuda)}",
+            required,
+            *ev,
+            remedy=remedy,
+        )
     if any(v is None for v in devices.values()):
-        return inconclusive(GATE, "kv-checksum", node, "KV checksum on, but the device is not reported: it needs CUDA",
-                            *ev)
+        return inconclusive(
+            GATE, "kv-checksum", node, "KV checksum on, but the device is not reported: it needs CUDA", *ev
+        )
     rels = [_release(n) for n in pd]
     if any(r is None for r in rels):
         return inconclusive(GATE, "kv-checksum", node, "KV checksum on, but a node's version is unknown", *ev)
@@ -297,30 +392,72 @@ def _check_checksum(nodes: Sequence[DefenseInputs], required: bool) -> Finding:
     if low < _CHECKSUM_SAFE_FROM:
         tps = [n.tp_size for n in pd]
         if any(t is None for t in tps):
-            return inconclusive(GATE, "kv-checksum", node, f"KV checksum on in {low}: TP-unsafe in 0.5.21/0.5.22 "
-                                "and tp_size is not reported", *ev)
+            return inconclusive(
+                GATE,
+                "kv-checksum",
+                node,
+                f"KV checksum on in {low}: TP-unsafe in 0.5.21/0.5.22 and tp_size is not reported",
+                *ev,
+            )
         if any(t and t > 1 for t in tps):
-            return _not_counted("kv-checksum", node, f"KV checksum on, but TP-unsafe in {low} (0.5.21/0.5.22): a "
-                                "mismatch is dropped rank-locally without all-reduce, which hangs TP", required, *ev,
-                                remedy="upgrade to 0.5.23 (all-reduced mismatch, layout signature) or run TP=1")
+            return _not_counted(
+                "kv-checksum",
+                node,
+                f"KV checksum on, but TP-unsafe in {low} (0.5.21/0.5.22): a "
+                "mismatch is dropped rank-locally without all-reduce, which hangs TP",
+                required,
+                *ev,
+                remedy="upgrade to 0.5.23 (all-reduced mismatch, layout signature) or run TP=1",
+            )
         if not layout_known or len(layouts) > 1:
-            return _not_counted("kv-checksum", node, f"KV checksum on in {low}: no layout check before 0.5.23, and "
-                                "prefill/decode layouts differ or are unknown (page size / PP): digests mismatch",
-                                required, *ev, remedy="match page size and PP, or upgrade to 0.5.23")
-        return passed(GATE, "kv-checksum", node, f"KV checksum on for prefill and decode (TP=1, equal layouts) in {low}"
-                      "; checks the transfer only, not every decode read; TP-unsafe in 0.5.21/0.5.22 if TP>1", *ev)
+            return _not_counted(
+                "kv-checksum",
+                node,
+                f"KV checksum on in {low}: no layout check before 0.5.23, and "
+                "prefill/decode layouts differ or are unknown (page size / PP): digests mismatch",
+                required,
+                *ev,
+                remedy="match page size and PP, or upgrade to 0.5.23",
+            )
+        return passed(
+            GATE,
+            "kv-checksum",
+            node,
+            f"KV checksum on for prefill and decode (TP=1, equal layouts) in {low}"
+            "; checks the transfer only, not every decode read; TP-unsafe in 0.5.21/0.5.22 if TP>1",
+            *ev,
+        )
     if not layout_known:
-        return inconclusive(GATE, "kv-checksum", node, "KV checksum on, but layouts are not reported: 0.5.23 admits a "
-                            "mismatched layout unverified (one-time warning)", *ev)
+        return inconclusive(
+            GATE,
+            "kv-checksum",
+            node,
+            "KV checksum on, but layouts are not reported: 0.5.23 admits a "
+            "mismatched layout unverified (one-time warning)",
+            *ev,
+        )
     if len(layouts) > 1:
-        return _not_counted("kv-checksum", node, "KV checksum on, but prefill/decode layouts differ: 0.5.23 admits "
-                            "these transfers unverified (one-time warning)", required, *ev,
-                            remedy="use equal TP, PP and page size on prefill and decode")
-    return passed(GATE, "kv-checksum", node, f"KV checksum on for prefill and decode, equal layouts, {low}: counts "
-                  "(checks the transfer only, not every decode read)", *ev)
+        return _not_counted(
+            "kv-checksum",
+            node,
+            "KV checksum on, but prefill/decode layouts differ: 0.5.23 admits "
+            "these transfers unverified (one-time warning)",
+            required,
+            *ev,
+            remedy="use equal TP, PP and page size on prefill and decode",
+        )
+    return passed(
+        GATE,
+        "kv-checksum",
+        node,
+        f"KV checksum on for prefill and decode, equal layouts, {low}: counts "
+        "(checks the transfer only, not every decode read)",
+        *ev,
+    )
 
 
 # --- KV canary ------------------------------------------------------------------------------
+
 
 def _check_canary(n: DefenseInputs, model_arch: str | None, required: bool) -> Finding:
     ev = [Evidence(n.node, "kv_canary", n.kv_canary, "log|raise" if required else "log|raise to count as a defense")]
@@ -335,15 +472,32 @@ def _check_canary(n: DefenseInputs, model_arch: str | None, required: bool) -> F
     archs = n.architectures if n.architectures is not None else ((model_arch,) if model_arch else None)
     ev.append(Evidence(n.node, "architectures", list(archs) if archs is not None else None))
     if not archs:
-        return inconclusive(GATE, "kv-canary", n.node, f"KV canary {mode}, but the model architecture is unknown: the "
-                            "canary supports MHA, MHA-FP4, SWA and DeepSeek-V4 pools only", *ev)
+        return inconclusive(
+            GATE,
+            "kv-canary",
+            n.node,
+            f"KV canary {mode}, but the model architecture is unknown: the "
+            "canary supports MHA, MHA-FP4, SWA and DeepSeek-V4 pools only",
+            *ev,
+        )
     mla = sorted(set(archs) & MLA_DSA_ARCHITECTURES)
     if mla:
-        return _not_counted("kv-canary", n.node, f"KV canary {mode} on {', '.join(mla)} (MLA/DSA pool): not supported, "
-                            "not a defense", required, *ev, remedy="no canary exists for MLA/DSA pools; rely on the "
-                            "fixes, deferred release and the checksum")
-    return passed(GATE, "kv-canary", n.node, f"KV canary {mode} on a non-MLA/DSA model: counts (install_canary refuses "
-                  "unsupported pools at start-up)" + ("; 'log' only logs" if mode == "log" else ""), *ev)
+        return _not_counted(
+            "kv-canary",
+            n.node,
+            f"KV canary {mode} on {', '.join(mla)} (MLA/DSA pool): not supported, not a defense",
+            required,
+            *ev,
+            remedy="no canary exists for MLA/DSA pools; rely on the fixes, deferred release and the checksum",
+        )
+    return passed(
+        GATE,
+        "kv-canary",
+        n.node,
+        f"KV canary {mode} on a non-MLA/DSA model: counts (install_canary refuses "
+        "unsupported pools at start-up)" + ("; 'log' only logs" if mode == "log" else ""),
+        *ev,
+    )
 
 
 def run_defenses_gate(
@@ -425,10 +579,16 @@ def code_sources(section: Mapping[str, Any], where: str = "profile") -> dict[str
         k = str(key).rstrip("/")
         if not (k in ("*", "prefill", "decode") or k.startswith(("http://", "https://"))):
             raise ProfileError(where, f"code.{key}", "expected prefill, decode or a node URL")
-        if not isinstance(value, Mapping) or set(value) - {"site_packages", "python", "timeout"} or \
-                len(set(value) & {"site_packages", "python"}) != 1:
-            raise ProfileError(where, f"code.{key}", "expected a mapping with exactly one of site_packages, python "
-                               "(and optionally timeout)")
+        if (
+            not isinstance(value, Mapping)
+            or set(value) - {"site_packages", "python", "timeout"}
+            or len(set(value) & {"site_packages", "python"}) != 1
+        ):
+            raise ProfileError(
+                where,
+                f"code.{key}",
+                "expected a mapping with exactly one of site_packages, python (and optionally timeout)",
+            )
         timeout = value.get("timeout", SCAN_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ProfileError(where, f"code.{key}.timeout", f"expected a number of seconds > 0, got {timeout!r}")
@@ -479,13 +639,27 @@ class DefensesGate:
                     except KvgateError as exc:
                         scans[src] = str(exc)
                 got = scans[src]
-                n = replace(n, code_error=got) if isinstance(got, str) else \
-                    replace(n, fixes=assess_code(got, backend=_backend(n)))
+                n = (
+                    replace(n, code_error=got)
+                    if isinstance(got, str)
+                    else replace(n, fixes=assess_code(got, backend=_backend(n)))
+                )
             nodes.append(n)
         if not nodes:
             return []
         return run_defenses_gate(nodes, **self.kwargs)
 
 
-__all__ = ["CodeSource", "DEFENSE_KEYS", "DefenseInputs", "DefensesGate", "code_sources", "source_for", "GATE",
-           "MLA_DSA_ARCHITECTURES", "defense_options", "inputs_from_reading", "run_defenses_gate"]
+__all__ = [
+    "CodeSource",
+    "DEFENSE_KEYS",
+    "DefenseInputs",
+    "DefensesGate",
+    "code_sources",
+    "source_for",
+    "GATE",
+    "MLA_DSA_ARCHITECTURES",
+    "defense_options",
+    "inputs_from_reading",
+    "run_defenses_gate",
+]

@@ -47,16 +47,38 @@ def router_status(listing: RouterListing, labels: dict[str, str]) -> list[Findin
             continue
         ev = Evidence(node, f"router {listing.endpoint} status", _state(entries), "ready")
         if any(e.status == "failed" or e.healthy is False for e in entries):
-            out.append(failed(GATE, "router-status", node, f"the router lists this worker as {_state(entries)}",
-                              ev, remedy="fix or replace the worker (its health check fails), or remove it from "
-                              "the router before promoting"))
+            out.append(
+                failed(
+                    GATE,
+                    "router-status",
+                    node,
+                    f"the router lists this worker as {_state(entries)}",
+                    ev,
+                    remedy="fix or replace the worker (its health check fails), or remove it from "
+                    "the router before promoting",
+                )
+            )
         else:
-            out.append(inconclusive(GATE, "router-status", node,
-                                    f"the router lists this worker as {_state(entries)}: it takes no traffic now",
-                                    ev, remedy="re-run the gate once the router lists it as ready"))
+            out.append(
+                inconclusive(
+                    GATE,
+                    "router-status",
+                    node,
+                    f"the router lists this worker as {_state(entries)}: it takes no traffic now",
+                    ev,
+                    remedy="re-run the gate once the router lists it as ready",
+                )
+            )
     if ready:
-        out.append(passed(GATE, "router-status", DEPLOYMENT, f"{ready} worker(s) listed as ready by the router",
-                          Evidence(DEPLOYMENT, f"router {listing.endpoint}", ready, "ready")))
+        out.append(
+            passed(
+                GATE,
+                "router-status",
+                DEPLOYMENT,
+                f"{ready} worker(s) listed as ready by the router",
+                Evidence(DEPLOYMENT, f"router {listing.endpoint}", ready, "ready"),
+            )
+        )
     return out
 
 
@@ -68,20 +90,35 @@ def router_membership(listing: RouterListing, given: Sequence[str], labels: dict
     for url in listed:
         if url not in given_set:
             node = f"worker {url}"
-            out.append(failed(GATE, "router-membership", node,
-                              f"the router routes to {url}, which the gate was not told about: it was not gated",
-                              Evidence(node, f"router {listing.endpoint}", url, "one of the given worker URLs"),
-                              remedy="gate every worker the router lists (run with --router-url alone), or pass "
-                              "the URLs exactly as the router lists them"))
+            out.append(
+                failed(
+                    GATE,
+                    "router-membership",
+                    node,
+                    f"the router routes to {url}, which the gate was not told about: it was not gated",
+                    Evidence(node, f"router {listing.endpoint}", url, "one of the given worker URLs"),
+                    remedy="gate every worker the router lists (run with --router-url alone), or pass "
+                    "the URLs exactly as the router lists them",
+                )
+            )
     for url in sorted(given_set - set(listed)):
         node = labels.get(url, f"worker {url}")
-        out.append(inconclusive(GATE, "router-membership", node,
-                                f"the router does not list {url}: gated, but it takes no traffic through this router",
-                                Evidence(node, f"router {listing.endpoint}", None, "listed"),
-                                remedy="check the URL, or register the worker with the router"))
+        out.append(
+            inconclusive(
+                GATE,
+                "router-membership",
+                node,
+                f"the router does not list {url}: gated, but it takes no traffic through this router",
+                Evidence(node, f"router {listing.endpoint}", None, "listed"),
+                remedy="check the URL, or register the worker with the router",
+            )
+        )
     if not out:
-        out.append(passed(GATE, "router-membership", DEPLOYMENT,
-                          f"the router lists exactly the {len(given_set)} given worker(s)"))
+        out.append(
+            passed(
+                GATE, "router-membership", DEPLOYMENT, f"the router lists exactly the {len(given_set)} given worker(s)"
+            )
+        )
     return out
 
 
@@ -93,29 +130,47 @@ def router_roles(listing: RouterListing | None, readings: Sequence[NodeReading])
         entries = listed.get(normalize_url(r.spec.url), [])
         routed = sorted({e.role for e in entries if e.role})
         if r.spec.role not in PD_ROLES:
-            out.append(failed(GATE, "router-role", r.node,
-                              f"no PD role: the router says {routed or 'nothing'} and the worker reports "
-                              f"{r.role!r}; it cannot be gated as prefill or decode",
-                              Evidence(r.node, "disaggregation_mode", r.role, "prefill or decode"),
-                              remedy="launch it with --disaggregation-mode prefill|decode, or remove it from the "
-                              "router"))
+            out.append(
+                failed(
+                    GATE,
+                    "router-role",
+                    r.node,
+                    f"no PD role: the router says {routed or 'nothing'} and the worker reports "
+                    f"{r.role!r}; it cannot be gated as prefill or decode",
+                    Evidence(r.node, "disaggregation_mode", r.role, "prefill or decode"),
+                    remedy="launch it with --disaggregation-mode prefill|decode, or remove it from the router",
+                )
+            )
             continue
         if not routed or r.role == "unknown":
             continue  # nothing to compare (pool-context reports an unknown role)
         if routed != [r.role]:
-            out.append(failed(GATE, "router-role", r.node,
-                              f"the router routes it as {'/'.join(routed)} but it reports "
-                              f"disaggregation_mode={r.role!r}",
-                              Evidence(r.node, "router worker_type", "/".join(routed), r.role),
-                              remedy=f"register it with the router as --{r.role} (or relaunch it as {routed[0]})"))
+            out.append(
+                failed(
+                    GATE,
+                    "router-role",
+                    r.node,
+                    f"the router routes it as {'/'.join(routed)} but it reports disaggregation_mode={r.role!r}",
+                    Evidence(r.node, "router worker_type", "/".join(routed), r.role),
+                    remedy=f"register it with the router as --{r.role} (or relaunch it as {routed[0]})",
+                )
+            )
         else:
-            out.append(passed(GATE, "router-role", r.node, f"router and worker agree: {r.role}",
-                              Evidence(r.node, "router worker_type", r.role, r.role)))
+            out.append(
+                passed(
+                    GATE,
+                    "router-role",
+                    r.node,
+                    f"router and worker agree: {r.role}",
+                    Evidence(r.node, "router worker_type", r.role, r.role),
+                )
+            )
     return out
 
 
-def _consistency(check: str, what: str, readings: Sequence[NodeReading],
-                 value: Callable[[NodeReading], int | None], remedy: str) -> list[Finding]:
+def _consistency(
+    check: str, what: str, readings: Sequence[NodeReading], value: Callable[[NodeReading], int | None], remedy: str
+) -> list[Finding]:
     """Every worker off the most common value fails (every worker, when there is no single most common)."""
     known = [(r, v) for r in readings if (v := value(r)) is not None]
     counts = Counter(v for _, v in known)
@@ -132,10 +187,17 @@ def _consistency(check: str, what: str, readings: Sequence[NodeReading],
             continue
         other = example if v != top else next(x for x, w in known if w != top)
         ov = value(other)
-        out.append(failed(GATE, check, r.node, f"{what} {v:,} differs from {other.node} ({ov:,})",
-                          Evidence(r.node, what, v, f"== {ov:,} like {other.node}"),
-                          Evidence(DEPLOYMENT, f"{what} values", dict(sorted(counts.items())), "one value"),
-                          remedy=remedy))
+        out.append(
+            failed(
+                GATE,
+                check,
+                r.node,
+                f"{what} {v:,} differs from {other.node} ({ov:,})",
+                Evidence(r.node, what, v, f"== {ov:,} like {other.node}"),
+                Evidence(DEPLOYMENT, f"{what} values", dict(sorted(counts.items())), "one value"),
+                remedy=remedy,
+            )
+        )
     return out
 
 
@@ -155,19 +217,34 @@ def prefill_admission(prefills: Sequence[NodeReading]) -> list[Finding]:
     for r in known:
         limit = r.max_req_input_len or 0
         if limit < top:
-            out.append(failed(
-                GATE, "prefill-admission-consistency", r.node,
-                f"admits prompts below {limit:,} tokens (pool {r.max_total_num_tokens or 0:,}) while {best.node} "
-                f"admits below {top:,}: a request the router sends here is rejected or takes the abort path",
-                Evidence(r.node, "max_req_input_len", limit, f"== {top:,} like {best.node}"),
-                Evidence(r.node, "max_total_num_tokens", r.max_total_num_tokens, f"like {best.node}: "
-                         f"{best.max_total_num_tokens or 0:,}"),
-                remedy="size every prefill's KV pool alike (--max-total-tokens / --mem-fraction-static), or take "
-                "the small one out of the router"))
+            out.append(
+                failed(
+                    GATE,
+                    "prefill-admission-consistency",
+                    r.node,
+                    f"admits prompts below {limit:,} tokens (pool {r.max_total_num_tokens or 0:,}) while {best.node} "
+                    f"admits below {top:,}: a request the router sends here is rejected or takes the abort path",
+                    Evidence(r.node, "max_req_input_len", limit, f"== {top:,} like {best.node}"),
+                    Evidence(
+                        r.node,
+                        "max_total_num_tokens",
+                        r.max_total_num_tokens,
+                        f"like {best.node}: {best.max_total_num_tokens or 0:,}",
+                    ),
+                    remedy="size every prefill's KV pool alike (--max-total-tokens / --mem-fraction-static), or take "
+                    "the small one out of the router",
+                )
+            )
     if not out:
         spread = "" if len(pools) < 2 else f" (pools {pools[0]:,} .. {pools[-1]:,}, all above the admission limit)"
-        out.append(passed(GATE, "prefill-admission-consistency", DEPLOYMENT,
-                          f"{len(known)} prefills admit the same prompts (max_req_input_len {top:,}){spread}"))
+        out.append(
+            passed(
+                GATE,
+                "prefill-admission-consistency",
+                DEPLOYMENT,
+                f"{len(known)} prefills admit the same prompts (max_req_input_len {top:,}){spread}",
+            )
+        )
     return out
 
 
@@ -187,9 +264,15 @@ class FleetGate:
                 out += router_membership(ctx.listing, given, labels)
         out += router_roles(ctx.listing, readings)
         pd = [r for r in readings if r.spec.role in PD_ROLES]
-        out += _consistency("context-consistency", "context", pd, _context,
-                            "give every prefill and decode the same --context-length")
-        out += _consistency("page-size-consistency", "page_size", pd, lambda r: r.page_size,
-                            "give every prefill and decode the same --page-size")
+        out += _consistency(
+            "context-consistency", "context", pd, _context, "give every prefill and decode the same --context-length"
+        )
+        out += _consistency(
+            "page-size-consistency",
+            "page_size",
+            pd,
+            lambda r: r.page_size,
+            "give every prefill and decode the same --page-size",
+        )
         out += prefill_admission([r for r in pd if r.spec.role == PREFILL])
         return out

@@ -84,28 +84,50 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
 
     role = reading.role
     if role == "unknown":
-        out.append(inconclusive(GATE, "role", node, "node does not report disaggregation_mode",
-                                Evidence(node, "disaggregation_mode", None, expected_role)))
+        out.append(
+            inconclusive(
+                GATE,
+                "role",
+                node,
+                "node does not report disaggregation_mode",
+                Evidence(node, "disaggregation_mode", None, expected_role),
+            )
+        )
     elif role != expected_role:
-        out.append(failed(
-            GATE, "role", node,
-            f"node was given as {expected_role} but reports disaggregation_mode={role!r}",
-            Evidence(node, "disaggregation_mode", role, expected_role),
-            remedy=f"pass this URL as --{role}-url, or relaunch it with --disaggregation-mode {expected_role}",
-        ))
+        out.append(
+            failed(
+                GATE,
+                "role",
+                node,
+                f"node was given as {expected_role} but reports disaggregation_mode={role!r}",
+                Evidence(node, "disaggregation_mode", role, expected_role),
+                remedy=f"pass this URL as --{role}-url, or relaunch it with --disaggregation-mode {expected_role}",
+            )
+        )
     else:
-        out.append(passed(GATE, "role", node, f"reports disaggregation_mode={role!r}",
-                          Evidence(node, "disaggregation_mode", role, expected_role)))
+        out.append(
+            passed(
+                GATE,
+                "role",
+                node,
+                f"reports disaggregation_mode={role!r}",
+                Evidence(node, "disaggregation_mode", role, expected_role),
+            )
+        )
 
     context, ctx_src = effective_context(reading, advertised)
     if advertised is not None and reading.context_length is not None and advertised != reading.context_length:
-        out.append(failed(
-            GATE, "context-agreement", node,
-            f"advertised context {_fmt(advertised)} differs from the engine's effective context "
-            f"{_fmt(reading.context_length)}",
-            Evidence(node, "/v1/models max_model_len", reading.context_length, f"== {advertised}"),
-            remedy="make --context-length of the workers and the advertised context agree",
-        ))
+        out.append(
+            failed(
+                GATE,
+                "context-agreement",
+                node,
+                f"advertised context {_fmt(advertised)} differs from the engine's effective context "
+                f"{_fmt(reading.context_length)}",
+                Evidence(node, "/v1/models max_model_len", reading.context_length, f"== {advertised}"),
+                remedy="make --context-length of the workers and the advertised context agree",
+            )
+        )
 
     for p in reading.problems:
         about_context = p.field.startswith("/v1/models")
@@ -113,23 +135,36 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
             continue  # resolved by a fallback named in the evidence
         # Every field a pool verdict rests on, on every DP rank (a rank without memory_usage included).
         about_pool = p.field in ("max_total_num_tokens", "max_req_input_len") or (
-            p.field.startswith("internal_states") and "disaggregation_mode" not in p.field)
+            p.field.startswith("internal_states") and "disaggregation_mode" not in p.field
+        )
         if about_context or about_pool:
-            out.append(failed(
-                GATE, "field", node, f"{p.field}: {p.problem}; the gate fails closed",
-                Evidence(node, p.field, p.problem, "present and well-formed"),
-                remedy="run a SGLang release that reports it (0.5.19-0.5.23 do), or check the URL points at a worker",
-            ))
+            out.append(
+                failed(
+                    GATE,
+                    "field",
+                    node,
+                    f"{p.field}: {p.problem}; the gate fails closed",
+                    Evidence(node, p.field, p.problem, "present and well-formed"),
+                    remedy=(
+                        "run a SGLang release that reports it (0.5.19-0.5.23 do), or check the URL points at a worker"
+                    ),
+                )
+            )
 
     out.append(_rank_count(reading))
 
     if context is None:
-        out.append(failed(
-            GATE, "headroom", node, "effective context length unknown (no /v1/models max_model_len, no "
-            "context_length flag, no --context-len); cannot prove pool >= context",
-            Evidence(node, "context", None, "known"),
-            remedy="pass --context-len or expose /v1/models",
-        ))
+        out.append(
+            failed(
+                GATE,
+                "headroom",
+                node,
+                "effective context length unknown (no /v1/models max_model_len, no "
+                "context_length flag, no --context-len); cannot prove pool >= context",
+                Evidence(node, "context", None, "known"),
+                remedy="pass --context-len or expose /v1/models",
+            )
+        )
         return out
 
     # (check name, field read, pool): the top-level value, then every DP rank, not rank 0 only.
@@ -138,8 +173,13 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
         pools.append(("headroom", reading.pool_key or "max_total_num_tokens", reading.max_total_num_tokens))
     for rank in reading.ranks:
         if rank.token_capacity is not None:
-            pools.append((f"headroom-dp{rank.dp_rank}",
-                          f"internal_states[{rank.dp_rank}].memory_usage.token_capacity", rank.token_capacity))
+            pools.append(
+                (
+                    f"headroom-dp{rank.dp_rank}",
+                    f"internal_states[{rank.dp_rank}].memory_usage.token_capacity",
+                    rank.token_capacity,
+                )
+            )
     if not pools:
         return out  # the missing-field failures above already block
 
@@ -153,18 +193,37 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
         ]
         band = limits.danger_band
         if band:
-            evidence.append(Evidence(node, "danger_band", f"({pool:,}, {context:,}]",
-                                     "empty: every prompt that fits the context must fit the pool"))
+            evidence.append(
+                Evidence(
+                    node,
+                    "danger_band",
+                    f"({pool:,}, {context:,}]",
+                    "empty: every prompt that fits the context must fit the pool",
+                )
+            )
         check = check_name
         if pool >= required:
-            out.append(passed(GATE, check, node, f"pool {pool:,} >= {required:,} (context {context:,} x {headroom:g})",
-                              *evidence))
+            out.append(
+                passed(
+                    GATE, check, node, f"pool {pool:,} >= {required:,} (context {context:,} x {headroom:g})", *evidence
+                )
+            )
         else:
-            what = (f"danger band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
-                    if band else f"below the required headroom x{headroom:g}")
-            out.append(failed(GATE, check, node,
-                              f"pool {pool:,} < {required:,} required for context {context:,}; {what}",
-                              *evidence, remedy=REMEDY_POOL))
+            what = (
+                f"danger band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
+                if band
+                else f"below the required headroom x{headroom:g}"
+            )
+            out.append(
+                failed(
+                    GATE,
+                    check,
+                    node,
+                    f"pool {pool:,} < {required:,} required for context {context:,}; {what}",
+                    *evidence,
+                    remedy=REMEDY_POOL,
+                )
+            )
 
     # server_info reports rank 0's max_req_input_len, so compare it with rank 0's pool.
     pool0 = reading.max_total_num_tokens if reading.max_total_num_tokens is not None else pools[0][2]
@@ -173,26 +232,40 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
         expected = limits.expected_max_req_input_len
         band = limits.reject_band
         ev = [
-            Evidence(node, "max_req_input_len", reading.max_req_input_len,
-                     f"<= {expected:,} = min(context-1, pool-1)-5"),
+            Evidence(
+                node, "max_req_input_len", reading.max_req_input_len, f"<= {expected:,} = min(context-1, pool-1)-5"
+            ),
             Evidence(node, "largest_accepted_prompt", limits.largest_accepted, None),
-            Evidence(node, "reject_band", None if band is None else f"[{band[0]:,}, {band[1]:,}]",
-                     "lengths that pass the tokenizer and take the scheduler's abort path"),
+            Evidence(
+                node,
+                "reject_band",
+                None if band is None else f"[{band[0]:,}, {band[1]:,}]",
+                "lengths that pass the tokenizer and take the scheduler's abort path",
+            ),
         ]
         if reading.max_req_input_len > expected:
-            out.append(failed(
-                GATE, "admission-limit", node,
-                f"max_req_input_len {reading.max_req_input_len:,} admits prompts the pool {pool0:,} cannot hold "
-                f"(expected <= {expected:,})",
-                *ev, remedy="the engine's admission bound does not follow its pool; do not ship this build",
-            ))
+            out.append(
+                failed(
+                    GATE,
+                    "admission-limit",
+                    node,
+                    f"max_req_input_len {reading.max_req_input_len:,} admits prompts the pool {pool0:,} cannot hold "
+                    f"(expected <= {expected:,})",
+                    *ev,
+                    remedy="the engine's admission bound does not follow its pool; do not ship this build",
+                )
+            )
         else:
             width = 0 if band is None else band[1] - band[0] + 1
-            out.append(passed(
-                GATE, "admission-limit", node,
-                f"largest accepted prompt {limits.largest_accepted:,}; {width:,} lengths take the abort path",
-                *ev,
-            ))
+            out.append(
+                passed(
+                    GATE,
+                    "admission-limit",
+                    node,
+                    f"largest accepted prompt {limits.largest_accepted:,}; {width:,} lengths take the abort path",
+                    *ev,
+                )
+            )
     return out
 
 
@@ -202,27 +275,47 @@ def _rank_count(reading: NodeReading) -> Finding:
     is a pool nobody checked."""
     node = reading.node
     entries = reading.rank_entries
-    ev = [Evidence(node, "internal_states entries", entries, f"== dp_size ({reading.dp_size})"),
-          Evidence(node, "dp_size", reading.dp_size, "reported"),
-          Evidence(node, "tp_size", reading.tp_size, None),
-          Evidence(node, "enable_dp_attention", reading.dp_attention, None)]
+    ev = [
+        Evidence(node, "internal_states entries", entries, f"== dp_size ({reading.dp_size})"),
+        Evidence(node, "dp_size", reading.dp_size, "reported"),
+        Evidence(node, "tp_size", reading.tp_size, None),
+        Evidence(node, "enable_dp_attention", reading.dp_attention, None),
+    ]
     if reading.dp_size is None:
-        return failed(GATE, "dp-ranks", node, f"dp_size not reported: cannot prove all {entries} rank(s) "
-                      "listed are every DP rank; the gate fails closed", *ev,
-                      remedy="check the URL points at an SGLang worker (0.5.19-0.5.23 report dp_size)")
+        return failed(
+            GATE,
+            "dp-ranks",
+            node,
+            f"dp_size not reported: cannot prove all {entries} rank(s) listed are every DP rank; the gate fails closed",
+            *ev,
+            remedy="check the URL points at an SGLang worker (0.5.19-0.5.23 report dp_size)",
+        )
     if entries != reading.dp_size:
-        return failed(GATE, "dp-ranks", node, f"dp_size {reading.dp_size} but internal_states lists {entries} "
-                      "rank(s): the pools of the missing ranks were never checked", *ev,
-                      remedy="every DP rank must answer /server_info; check for a rank that is down or restarting")
+        return failed(
+            GATE,
+            "dp-ranks",
+            node,
+            f"dp_size {reading.dp_size} but internal_states lists {entries} "
+            "rank(s): the pools of the missing ranks were never checked",
+            *ev,
+            remedy="every DP rank must answer /server_info; check for a rank that is down or restarting",
+        )
     if reading.dp_attention and reading.tp_size is not None and reading.tp_size % reading.dp_size:
-        return failed(GATE, "dp-ranks", node, f"attention DP layout does not add up: tp_size {reading.tp_size} is "
-                      f"not a multiple of dp_size {reading.dp_size}", *ev,
-                      remedy="the reported parallel layout is inconsistent; do not trust its per-rank capacities")
+        return failed(
+            GATE,
+            "dp-ranks",
+            node,
+            f"attention DP layout does not add up: tp_size {reading.tp_size} is "
+            f"not a multiple of dp_size {reading.dp_size}",
+            *ev,
+            remedy="the reported parallel layout is inconsistent; do not trust its per-rank capacities",
+        )
     return passed(GATE, "dp-ranks", node, f"all {entries} DP rank(s) reported (dp_size {reading.dp_size})", *ev)
 
 
-def with_plan_knobs(findings: list[Finding], reading: NodeReading, model_config: str, headroom: float,
-                    deployment: Mapping[str, Any]) -> list[Finding]:
+def with_plan_knobs(
+    findings: list[Finding], reading: NodeReading, model_config: str, headroom: float, deployment: Mapping[str, Any]
+) -> list[Finding]:
     """Failed headroom findings of `reading`, explained with `kvgate plan`'s knobs for this model."""
     from kvgate.plan.explain import explain
     from kvgate.plan.model import load_shape
@@ -257,7 +350,8 @@ class PoolContextGate:
                 continue
             found = check_node(reading, reading.spec.role, opts.context_len, opts.headroom)
             if opts.model_config:
-                found = with_plan_knobs(found, reading, opts.model_config, opts.headroom,
-                                        opts.deployment.get(reading.spec.role, {}))
+                found = with_plan_knobs(
+                    found, reading, opts.model_config, opts.headroom, opts.deployment.get(reading.spec.role, {})
+                )
             out.extend(found)
         return out

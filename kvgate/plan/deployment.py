@@ -61,8 +61,12 @@ def _section(where: str, prefix: str, doc: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in doc.items():
         if key not in FIELDS:
-            raise ProfileError(where, f"{prefix}{key}", f"unknown key; expected one of {', '.join(sorted(FIELDS))}"
-                               + (", prefill, decode" if prefix == "deployment." else ""))
+            raise ProfileError(
+                where,
+                f"{prefix}{key}",
+                f"unknown key; expected one of {', '.join(sorted(FIELDS))}"
+                + (", prefill, decode" if prefix == "deployment." else ""),
+            )
         out[key] = _value(where, f"{prefix}{key}", value)
     return out
 

@@ -100,8 +100,10 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
             raise PlanError(f"{where}: '{key}' is set ({what}); kvgate plan does not model that pool")
     kinds = cfg.get("layer_types") or []
     if any(k not in ("full_attention", "attention") for k in kinds):
-        raise PlanError(f"{where}: 'layer_types' names {sorted(set(kinds))} (hybrid sliding-window or linear "
-                        "attention); kvgate plan does not model that pool")
+        raise PlanError(
+            f"{where}: 'layer_types' names {sorted(set(kinds))} (hybrid sliding-window or linear "
+            "attention); kvgate plan does not model that pool"
+        )
     if cfg.get("sliding_window") not in (None, 0) and cfg.get("use_sliding_window", True):
         raise PlanError(f"{where}: 'sliding_window' is set (hybrid SWA pool); kvgate plan does not model that pool")
     if arch not in MLA_ARCHS and arch not in MHA_ARCHS:
@@ -117,10 +119,15 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
     mpe = cfg.get("max_position_embeddings")
     quant = cfg.get("quantization_config") or {}
     kv_fp8 = isinstance(quant, Mapping) and str(quant.get("kv_cache_quant_algo") or "").upper() == "FP8"
-    common: dict[str, Any] = dict(architecture=arch, num_hidden_layers=layers, num_attention_heads=heads,
-                                  dtype_bytes=_DTYPE_BYTES[dtype],
-                                  max_position_embeddings=mpe if isinstance(mpe, int) else None,
-                                  kv_cache_quant_fp8=kv_fp8, raw=dict(cfg))
+    common: dict[str, Any] = dict(
+        architecture=arch,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        dtype_bytes=_DTYPE_BYTES[dtype],
+        max_position_embeddings=mpe if isinstance(mpe, int) else None,
+        kv_cache_quant_fp8=kv_fp8,
+        raw=dict(cfg),
+    )
     if arch in MLA_ARCHS:
         kv_lora_rank = _int(cfg, "kv_lora_rank", where)
         rope = _int(cfg, "qk_rope_head_dim", where)

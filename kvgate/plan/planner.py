@@ -56,8 +56,14 @@ class PlanInputs:
 def validate(inp: PlanInputs) -> None:
     """Refuse shapes SGLang would refuse or kvgate does not model (PlanError, exit 2)."""
     sizing.check_release(inp.release)
-    for name, value in (("--tp", inp.tp), ("--dp", inp.dp), ("--pp", inp.pp), ("--page-size", inp.page_size),
-                        ("--gpus-per-worker", inp.gpus_per_worker), ("--context-length", inp.context_length)):
+    for name, value in (
+        ("--tp", inp.tp),
+        ("--dp", inp.dp),
+        ("--pp", inp.pp),
+        ("--page-size", inp.page_size),
+        ("--gpus-per-worker", inp.gpus_per_worker),
+        ("--context-length", inp.context_length),
+    ):
         if value < 1:
             raise PlanError(f"{name} must be >= 1, got {value}")
     if not 0 < inp.mem_fraction_static < 1:
@@ -69,11 +75,12 @@ def validate(inp: PlanInputs) -> None:
     replicas = 1 if inp.attention_dp else inp.dp
     expected = inp.tp * inp.pp * replicas
     if inp.gpus_per_worker != expected:
-        raise PlanError(f"--gpus-per-worker {inp.gpus_per_worker} does not match the layout: tp {inp.tp} x pp "
-                        f"{inp.pp}{'' if inp.attention_dp else f' x dp {inp.dp}'} = {expected} GPUs")
+        raise PlanError(
+            f"--gpus-per-worker {inp.gpus_per_worker} does not match the layout: tp {inp.tp} x pp "
+            f"{inp.pp}{'' if inp.attention_dp else f' x dp {inp.dp}'} = {expected} GPUs"
+        )
     if inp.shape.num_attention_heads % inp.attn_tp:
-        raise PlanError(f"{inp.shape.num_attention_heads} attention heads do not split over attention-TP "
-                        f"{inp.attn_tp}")
+        raise PlanError(f"{inp.shape.num_attention_heads} attention heads do not split over attention-TP {inp.attn_tp}")
     if inp.pp > inp.shape.num_hidden_layers:
         raise PlanError(f"--pp {inp.pp} exceeds the model's {inp.shape.num_hidden_layers} layers")
 
@@ -145,34 +152,62 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
         Step("release", inp.release, "SGLang release whose sizing code is followed"),
         Step("kv_cache_dtype", kv.name, f"{inp.kv_cache_dtype} -> {kv.name} ({kv.bytes} B/element; {kv.reason})"),
         Step("attention", shape.attention.value, f"{shape.architecture}"),
-        Step("attn_tp_size", inp.attn_tp,
-             f"tp {inp.tp} / dp {inp.dp}" if inp.attention_dp else f"tp {inp.tp} (no DP attention)"),
+        Step(
+            "attn_tp_size",
+            inp.attn_tp,
+            f"tp {inp.tp} / dp {inp.dp}" if inp.attention_dp else f"tp {inp.tp} (no DP attention)",
+        ),
         Step("weights_gib_per_gpu", round(weights, 3), source),
         Step("pre_model_load_gib", inp.gpu_memory_gib, "--gpu-memory-gib: free per GPU before the weights load"),
         Step("post_load_gib", round(post, 3), f"{inp.gpu_memory_gib} - weights {weights:.3f}"),
-        Step("kv_budget_bytes", avail,
-             f"int((post_load {post:.3f} - pre {inp.gpu_memory_gib} x (1 - mem_fraction_static "
-             f"{inp.mem_fraction_static})) x 2^30)"),
+        Step(
+            "kv_budget_bytes",
+            avail,
+            f"int((post_load {post:.3f} - pre {inp.gpu_memory_gib} x (1 - mem_fraction_static "
+            f"{inp.mem_fraction_static})) x 2^30)",
+        ),
     ]
     for i, s in enumerate(stages):
         tag = f"[pp{i}]" if inp.pp > 1 else ""
         steps.append(Step(f"cell_size_bytes{tag}", s.cell.total, s.cell.formula))
-        steps.append(Step(f"tokens{tag}", s.tokens,
-                          f"kv_budget {avail:,} // cell {s.cell.total:,} rounded down to page_size {inp.page_size}"))
+        steps.append(
+            Step(
+                f"tokens{tag}",
+                s.tokens,
+                f"kv_budget {avail:,} // cell {s.cell.total:,} rounded down to page_size {inp.page_size}",
+            )
+        )
     if inp.pp > 1:
-        steps.append(Step("tokens_pp_min", uncapped, f"minimum over {inp.pp} pipeline stages (worst: layers "
-                                                     f"{worst.layers[0]}-{worst.layers[1] - 1})"))
+        steps.append(
+            Step(
+                "tokens_pp_min",
+                uncapped,
+                f"minimum over {inp.pp} pipeline stages (worst: layers {worst.layers[0]}-{worst.layers[1] - 1})",
+            )
+        )
     if inp.max_total_tokens is not None:
-        steps.append(Step("max_total_tokens_cap", inp.max_total_tokens,
-                          f"--max-total-tokens: min({uncapped:,}, cap) rounded down to page_size {inp.page_size}"))
-    steps.append(Step("max_total_num_tokens", pool,
-                      "per DP rank" if inp.attention_dp and inp.dp > 1 else "the worker's pool"))
+        steps.append(
+            Step(
+                "max_total_tokens_cap",
+                inp.max_total_tokens,
+                f"--max-total-tokens: min({uncapped:,}, cap) rounded down to page_size {inp.page_size}",
+            )
+        )
+    steps.append(
+        Step("max_total_num_tokens", pool, "per DP rank" if inp.attention_dp and inp.dp > 1 else "the worker's pool")
+    )
     if inp.attention_dp and inp.dp > 1:
         steps.append(Step("dp_ranks", inp.dp, f"{inp.dp} pools of {pool:,} tokens; one request lives on one rank"))
-    steps.append(Step("max_req_input_len", sizing.max_req_input_len(inp.context_length, pool),
-                      f"min(context {inp.context_length:,} - 1, pool {pool:,} - 1) - 5"))
-    steps.append(Step("required_pool", inp.required,
-                      f"ceil(context {inp.context_length:,} x headroom {inp.headroom:g})"))
+    steps.append(
+        Step(
+            "max_req_input_len",
+            sizing.max_req_input_len(inp.context_length, pool),
+            f"min(context {inp.context_length:,} - 1, pool {pool:,} - 1) - 5",
+        )
+    )
+    steps.append(
+        Step("required_pool", inp.required, f"ceil(context {inp.context_length:,} x headroom {inp.headroom:g})")
+    )
     error = _startup_error(inp, post, rest, pool)
     if error:
         steps.append(Step("starts", False, error))
@@ -182,12 +217,15 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
 def _startup_error(inp: PlanInputs, post: float, rest: float, pool: int) -> str | None:
     """What stops the worker before it serves: SGLang refuses to start rather than size an empty pool."""
     if post <= 0:
-        return (f"the weights alone ({inp.gpu_memory_gib - post:.3f} GiB) exceed the {inp.gpu_memory_gib} GiB free "
-                "per GPU")
+        return (
+            f"the weights alone ({inp.gpu_memory_gib - post:.3f} GiB) exceed the {inp.gpu_memory_gib} GiB free per GPU"
+        )
     if rest <= 0:
         minimum = 1 - post / inp.gpu_memory_gib
-        return ("SGLang refuses to start: loaded weights leave no GPU memory for the KV cache under "
-                f"--mem-fraction-static={inp.mem_fraction_static} (minimum viable 1 - available/pre = {minimum:.4f})")
+        return (
+            "SGLang refuses to start: loaded weights leave no GPU memory for the KV cache under "
+            f"--mem-fraction-static={inp.mem_fraction_static} (minimum viable 1 - available/pre = {minimum:.4f})"
+        )
     if pool <= 0:
         return "SGLang refuses to start: Not enough memory (max_total_num_tokens <= 0)"
     return None

@@ -49,8 +49,10 @@ def resolve_kv_dtype(shape: ModelShape, requested: str, gpu_sm: int) -> KvDtype:
     (mem_cache/kv_cache_dtype.py `configure_kv_cache_dtype`).
     """
     if requested not in KV_DTYPE_CHOICES and requested != "bf16":
-        raise PlanError(f"--kv-cache-dtype {requested}: kvgate plan models {', '.join(KV_DTYPE_CHOICES)} "
-                        "(FP4, MXFP8 and fp8_e5m2 pools are not modelled)")
+        raise PlanError(
+            f"--kv-cache-dtype {requested}: kvgate plan models {', '.join(KV_DTYPE_CHOICES)} "
+            "(FP4, MXFP8 and fp8_e5m2 pools are not modelled)"
+        )
     if shape.attention is Attention.DSA:
         if requested == "auto":
             name = "fp8_e4m3" if gpu_sm >= 100 else "bfloat16"
@@ -88,8 +90,7 @@ def mla_kv_cache_dim(shape: ModelShape, kv: KvDtype, gpu_sm: int) -> int:
     """
     dim = shape.kv_lora_rank + shape.qk_rope_head_dim
     if shape.attention is Attention.DSA and kv.name == "fp8_e4m3" and dsa_fp8_scaled_layout(shape, gpu_sm):
-        return (shape.kv_lora_rank + shape.kv_lora_rank // DSA_QUANT_BLOCK * 4
-                + shape.qk_rope_head_dim * DSA_ROPE_BYTES)
+        return shape.kv_lora_rank + shape.kv_lora_rank // DSA_QUANT_BLOCK * 4 + shape.qk_rope_head_dim * DSA_ROPE_BYTES
     return dim
 
 
@@ -125,15 +126,21 @@ def indexer_layers(shape: ModelShape, start: int, end: int, release: str) -> int
     return sum(not shape.indexer_skips[i] for i in range(start, end))
 
 
-def cell_size(shape: ModelShape, kv: KvDtype, attn_tp: int, layer_range: tuple[int, int], release: str,
-              gpu_sm: int) -> CellSize:
+def cell_size(
+    shape: ModelShape, kv: KvDtype, attn_tp: int, layer_range: tuple[int, int], release: str, gpu_sm: int
+) -> CellSize:
     """DefaultPoolConfigurator._compute_cell_size (model_executor/pool_configurator.py) for the PD roles."""
     layers = layer_range[1] - layer_range[0]
     if shape.attention is Attention.MHA:
         n = kv_heads_per_rank(shape, attn_tp)
         total = n * shape.kv_per_head_dim * layers * kv.bytes
-        return CellSize(total, total, 0, f"kv_heads/rank {n} x (head_dim {shape.head_dim} + v_head_dim "
-                                         f"{shape.v_head_dim}) x layers {layers} x {kv.bytes} B")
+        return CellSize(
+            total,
+            total,
+            0,
+            f"kv_heads/rank {n} x (head_dim {shape.head_dim} + v_head_dim "
+            f"{shape.v_head_dim}) x layers {layers} x {kv.bytes} B",
+        )
     dim = mla_kv_cache_dim(shape, kv, gpu_sm)
     kv_part = dim * layers * kv.bytes
     formula = f"MLA dim {dim} x layers {layers} x {kv.bytes} B (not divided by TP)"
@@ -142,8 +149,9 @@ def cell_size(shape: ModelShape, kv: KvDtype, attn_tp: int, layer_range: tuple[i
     per_layer = dsa_indexer_bytes_per_layer(shape, release)
     n_index = indexer_layers(shape, *layer_range, release)
     indexer = per_layer * n_index
-    return CellSize(kv_part + indexer, kv_part, indexer,
-                    f"{formula} + indexer {per_layer} B x {n_index} indexer layers")
+    return CellSize(
+        kv_part + indexer, kv_part, indexer, f"{formula} + indexer {per_layer} B x {n_index} indexer layers"
+    )
 
 
 def rest_gib(pre_load_gib: float, post_load_gib: float, mem_fraction_static: float) -> float:

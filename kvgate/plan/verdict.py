@@ -37,14 +37,23 @@ def role_findings(role: str, plan: WorkerPlan) -> list[Finding]:
     evidence.append(Evidence(node, "danger_band", band, "prompts that fit the context but not the pool"))
     ratio = round(plan.pool / inp.context_length, 4)
     if plan.fits:
-        return [passed(GATE, "pool", node,
-                       f"SGLang {inp.release} sizes {plan.pool:,} tokens >= {inp.required:,} "
-                       f"(context {inp.context_length:,} x {inp.headroom:g}; ratio {ratio})", *evidence)]
+        return [
+            passed(
+                GATE,
+                "pool",
+                node,
+                f"SGLang {inp.release} sizes {plan.pool:,} tokens >= {inp.required:,} "
+                f"(context {inp.context_length:,} x {inp.headroom:g}; ratio {ratio})",
+                *evidence,
+            )
+        ]
     ks = knobs(plan)
     evidence += [Evidence(node, f"knob {k.name}", k.needed if k.possible else "impossible", k.note) for k in ks]
     what = f"danger band {band}" if plan.pool < inp.context_length else f"below the headroom x{inp.headroom:g}"
-    summary = (f"SGLang {inp.release} sizes {plan.pool:,} tokens < {inp.required:,} required for context "
-               f"{inp.context_length:,}; {what}")
+    summary = (
+        f"SGLang {inp.release} sizes {plan.pool:,} tokens < {inp.required:,} required for context "
+        f"{inp.context_length:,}; {what}"
+    )
     if plan.startup_error:
         summary = f"the worker would not start: {plan.startup_error}"
     return [failed(GATE, "pool", node, summary, *evidence, remedy=knob_remedy(ks))]

@@ -40,8 +40,12 @@ def parameter_count(shape: ModelShape) -> tuple[int, int]:
         rope = shape.qk_rope_head_dim
         q_lora = _get(cfg, "q_lora_rank")
         q = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
-        attn = (q + hidden * (shape.kv_lora_rank + rope) + shape.kv_lora_rank * heads * (nope + shape.v_head_dim)
-                + heads * shape.v_head_dim * hidden)
+        attn = (
+            q
+            + hidden * (shape.kv_lora_rank + rope)
+            + shape.kv_lora_rank * heads * (nope + shape.v_head_dim)
+            + heads * shape.v_head_dim * hidden
+        )
         if shape.attention is Attention.DSA:
             index_heads = _get(cfg, "index_n_heads")
             attn += (q_lora or hidden) * index_heads * shape.index_head_dim + hidden * shape.index_head_dim
@@ -66,7 +70,9 @@ def estimate_weights_gib(shape: ModelShape, gpus: int) -> tuple[float, str]:
     linear_bytes = 1 if method in ("fp8", "fbgemm_fp8", "w8a8_fp8", "compressed-tensors") else shape.dtype_bytes
     total = linear * linear_bytes + embed * shape.dtype_bytes
     per_gpu = total / gpus / GIB
-    how = (f"ESTIMATE from the config: {linear + embed:,} parameters ({linear_bytes} B linear"
-           f"{', ' + method if method else ''}, {shape.dtype_bytes} B embeddings) / {gpus} GPUs; "
-           "pass --weights-gib with a measured value")
+    how = (
+        f"ESTIMATE from the config: {linear + embed:,} parameters ({linear_bytes} B linear"
+        f"{', ' + method if method else ''}, {shape.dtype_bytes} B embeddings) / {gpus} GPUs; "
+        "pass --weights-gib with a measured value"
+    )
     return per_gpu, how

@@ -14,8 +14,10 @@ def _main() -> None:
         fleet_main(argv[1:])
         return
     if not argv or argv[0] != "worker":
-        sys.stderr.write("usage: python -m kvgate.sim worker --disaggregation-mode prefill|decode [SGLang flags]\n"
-                         "       python -m kvgate.sim fleet --spec FILE\n")
+        sys.stderr.write(
+            "usage: python -m kvgate.sim worker --disaggregation-mode prefill|decode [SGLang flags]\n"
+            "       python -m kvgate.sim fleet --spec FILE\n"
+        )
         raise SystemExit(2)
     from kvgate.sim.worker import main
 

@@ -62,7 +62,8 @@ def _exit_on_errors(func: F) -> F:
 def up(
     emulate: str = typer.Option("0.5.20", help="SGLang release to reproduce: 0.5.19 .. 0.5.23."),
     fixed_by: str | None = typer.Option(
-        None, help="kvgate-backport or kvgate-backport-hardened: emulate kvgate's backport on 0.5.19/0.5.20."),
+        None, help="kvgate-backport or kvgate-backport-hardened: emulate kvgate's backport on 0.5.19/0.5.20."
+    ),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Number of prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Number of decode workers."),
     context_length: int = typer.Option(8192, help="--context-length of every worker."),
@@ -71,9 +72,11 @@ def up(
     page_size: int = typer.Option(16, help="--page-size."),
     chunked_prefill_size: int = typer.Option(8192, help="--chunked-prefill-size."),
     waiting_timeout: float | None = typer.Option(
-        None, help="Decode waiting timeout in seconds (SGLANG_DISAGGREGATION_WAITING_TIMEOUT; SGLang: 300)."),
+        None, help="Decode waiting timeout in seconds (SGLANG_DISAGGREGATION_WAITING_TIMEOUT; SGLang: 300)."
+    ),
     deferred_release: Deferred = typer.Option(
-        Deferred.default, help="Deferred decode KV release: on, off, or the release's default."),
+        Deferred.default, help="Deferred decode KV release: on, off, or the release's default."
+    ),
     prefill_tokens_per_s: float = typer.Option(2_000_000.0, help="Simulated prefill speed (0 = instant)."),
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
@@ -96,13 +99,22 @@ def up(
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     dep = SimDeployment(
-        emulate=emulate, fixed_by=fixed_by, prefill=prefill, decode=decode, context_length=context_length,
-        prefill_pool=prefill_pool, decode_pool=decode_pool, page_size=page_size,
-        chunked_prefill_size=chunked_prefill_size, waiting_timeout=waiting_timeout,
+        emulate=emulate,
+        fixed_by=fixed_by,
+        prefill=prefill,
+        decode=decode,
+        context_length=context_length,
+        prefill_pool=prefill_pool,
+        decode_pool=decode_pool,
+        page_size=page_size,
+        chunked_prefill_size=chunked_prefill_size,
+        waiting_timeout=waiting_timeout,
         deferred_release=None if deferred_release is Deferred.default else deferred_release is Deferred.on,
-        prefill_tokens_per_s=prefill_tokens_per_s, decode_tokens_per_s=decode_tokens_per_s,
+        prefill_tokens_per_s=prefill_tokens_per_s,
+        decode_tokens_per_s=decode_tokens_per_s,
         transfer_tokens_per_s=transfer_tokens_per_s,
-        expose_env_vars=expose_env_vars, log_dir=log_dir,
+        expose_env_vars=expose_env_vars,
+        log_dir=log_dir,
     )
     # Ctrl-C, and SIGTERM (stop_on_sigterm), arrive as KeyboardInterrupt: a clean stop, exit 0.
     with stop_on_sigterm():
@@ -115,8 +127,9 @@ def up(
                 typer.echo(f"  prefill: {url} (bootstrap port {bport})")
             for url in info["decode"]:
                 typer.echo(f"  decode : {url}")
-            typer.echo(json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}),
-                       nl=True)
+            typer.echo(
+                json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}), nl=True
+            )
             typer.echo("Press Ctrl-C to stop.", err=True)
             assert dep.supervisor is not None
             dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (SupervisorError, exit 2)

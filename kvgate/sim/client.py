@@ -26,8 +26,16 @@ class PDResponse:
     decode: httpx.Response
 
 
-def pd_generate(prefill_url: str, bootstrap_port: int, decode_url: str, body: dict[str, Any], *,
-                path: str = "/generate", timeout: float = 600.0, room: int | None = None) -> PDResponse:
+def pd_generate(
+    prefill_url: str,
+    bootstrap_port: int,
+    decode_url: str,
+    body: dict[str, Any],
+    *,
+    path: str = "/generate",
+    timeout: float = 600.0,
+    room: int | None = None,
+) -> PDResponse:
     """POST `body` (plus bootstrap_host/port/room) to prefill and decode concurrently; wait for both."""
     payload = dict(body)
     payload["bootstrap_host"] = urlparse(prefill_url).hostname
@@ -41,8 +49,10 @@ def pd_generate(prefill_url: str, bootstrap_port: int, decode_url: str, body: di
         except BaseException as exc:  # noqa: BLE001 - handed back to the caller below
             results[name] = exc
 
-    threads = [threading.Thread(target=post, args=("prefill", prefill_url)),
-               threading.Thread(target=post, args=("decode", decode_url))]
+    threads = [
+        threading.Thread(target=post, args=("prefill", prefill_url)),
+        threading.Thread(target=post, args=("decode", decode_url)),
+    ]
     for t in threads:
         t.start()
     for t in threads:

@@ -114,8 +114,12 @@ class DecodeEngine(BaseEngine):
         prompt_tokens = int(req.input_ids.numel())
         if prompt_tokens > self.max_total_num_tokens:
             # `DecodePreallocQueue` capacity check (normally unreachable: validate_input_length is stricter)
-            raise RequestError(Abort(f"Request {req.rid} exceeds the maximum number of tokens: "
-                                     f"{prompt_tokens} > {self.max_total_num_tokens}"))
+            raise RequestError(
+                Abort(
+                    f"Request {req.rid} exceeds the maximum number of tokens: "
+                    f"{prompt_tokens} > {self.max_total_num_tokens}"
+                )
+            )
         need = min(self.pool.pages_for(n), self.pool.num_pages)
         deadline = time.time() + self.waiting_timeout
         while True:
@@ -123,9 +127,14 @@ class DecodeEngine(BaseEngine):
                 return self.pool.alloc(need)
             except PoolExhausted:
                 if time.time() > deadline:
-                    raise RequestError(Abort(
-                        f"Decode prealloc timed out for request {req.rid}: {need} pages not free after "
-                        f"{self.waiting_timeout:.1f}s", HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailable")) from None
+                    raise RequestError(
+                        Abort(
+                            f"Decode prealloc timed out for request {req.rid}: {need} pages not free after "
+                            f"{self.waiting_timeout:.1f}s",
+                            HTTPStatus.SERVICE_UNAVAILABLE,
+                            "ServiceUnavailable",
+                        )
+                    ) from None
                 await asyncio.sleep(0.01)  # the pool is full: wait in the prealloc queue
 
     async def _bootstrap(self, t: _Transfer) -> None:
@@ -136,17 +145,29 @@ class DecodeEngine(BaseEngine):
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=2**26), timeout=10)
         except (OSError, asyncio.TimeoutError) as exc:
             self._free(t)
-            raise RequestError(Abort(
-                f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
-                f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
-                f"KVTransferError(bootstrap_room={req.bootstrap_room}): "
-                f"cannot reach bootstrap server {host}:{port}: {exc}",
-                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
+            raise RequestError(
+                Abort(
+                    f"Decode handshake failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                    f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+                    f"KVTransferError(bootstrap_room={req.bootstrap_room}): "
+                    f"cannot reach bootstrap server {host}:{port}: {exc}",
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                )
+            ) from None
         t.writer = writer
         prompt_pages = t.pages[: self.pool.pages_for(t.num_tokens)]
-        await transfer.send(writer, {"type": "register", "room": req.bootstrap_room, "rid": req.rid,
-                                     "num_tokens": t.num_tokens, "num_pages": int(prompt_pages.numel())},
-                            transfer.tensor_bytes(prompt_pages.to(torch.int64)))
+        await transfer.send(
+            writer,
+            {
+                "type": "register",
+                "room": req.bootstrap_room,
+                "rid": req.rid,
+                "num_tokens": t.num_tokens,
+                "num_pages": int(prompt_pages.numel()),
+            },
+            transfer.tensor_bytes(prompt_pages.to(torch.int64)),
+        )
         t.reader_task = asyncio.create_task(self._receive(t, reader))
         self._receivers.add(t.reader_task)
         t.reader_task.add_done_callback(self._receivers.discard)
@@ -185,8 +206,7 @@ class DecodeEngine(BaseEngine):
         abort_wait = asyncio.ensure_future(t.aborted.wait())
         waiters: set[asyncio.Future[Any]] = {t.done, abort_wait}
         try:
-            done, _ = await asyncio.wait(waiters, timeout=self.waiting_timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waiters, timeout=self.waiting_timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             abort_wait.cancel()
         if t.done.done():
@@ -198,11 +218,15 @@ class DecodeEngine(BaseEngine):
             reason = f"Request {req.bootstrap_room} timed out after {waited:.1f}s in KVPoll.WaitingForInput"
             t.aborted.set()
         await self._notify_abort(t)
-        raise RequestError(Abort(
-            f"Decode transfer failed for request rank=0 decode_req.req.rid={req.rid!r} "
-            f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
-            f"KVTransferError(bootstrap_room={req.bootstrap_room}): {reason}",
-            HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+        raise RequestError(
+            Abort(
+                f"Decode transfer failed for request rank=0 decode_req.req.rid={req.rid!r} "
+                f"decode_req.req.bootstrap_room={req.bootstrap_room} with exception "
+                f"KVTransferError(bootstrap_room={req.bootstrap_room}): {reason}",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+            )
+        )
 
     async def _notify_abort(self, t: _Transfer) -> None:
         """Decode-initiated abort: tell prefill, then free now or defer until the drain ACK.
@@ -230,13 +254,17 @@ class DecodeEngine(BaseEngine):
         if self.release.acks_abort_after_drain():
             # 0.5.21+ keeps the ACK target until writes drain; a closed room has drained too.
             waits.add(asyncio.ensure_future(t.closed.wait()))
-        done, pending = await asyncio.wait(waits, timeout=self.deferred_release_timeout,
-                                           return_when=asyncio.FIRST_COMPLETED)
+        done, pending = await asyncio.wait(
+            waits, timeout=self.deferred_release_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         for task in pending:
             task.cancel()
         if not done:
-            log.warning("Deferred KV release for room %s timed out after %.1fs", t.req.bootstrap_room,
-                        self.deferred_release_timeout)
+            log.warning(
+                "Deferred KV release for room %s timed out after %.1fs",
+                t.req.bootstrap_room,
+                self.deferred_release_timeout,
+            )
         self._free(t)
 
     def _free(self, t: _Transfer) -> None:
@@ -249,12 +277,19 @@ class DecodeEngine(BaseEngine):
         (#38704 never merged), so a one-page handoff into an eight-page reservation is committed."""
         req = t.req
         header = t.done.result()
-        if (self.release.validates_transfer_coverage() and not header.get("fake")
-                and int(header.get("claimed_tokens", -1)) != t.num_tokens):
-            raise RequestError(Abort(
-                f"KV transfer coverage mismatch for request {req.rid}: prefill claimed "
-                f"{header.get('claimed_tokens')} tokens, decode reserved {t.num_tokens}",
-                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+        if (
+            self.release.validates_transfer_coverage()
+            and not header.get("fake")
+            and int(header.get("claimed_tokens", -1)) != t.num_tokens
+        ):
+            raise RequestError(
+                Abort(
+                    f"KV transfer coverage mismatch for request {req.rid}: prefill claimed "
+                    f"{header.get('claimed_tokens')} tokens, decode reserved {t.num_tokens}",
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                )
+            )
         version_seen = -1
         digest = b""
         out: list[int] = []
@@ -286,14 +321,27 @@ class DecodeEngine(BaseEngine):
         elapsed = max(time.time() - t0, 1e-9)
         self.last_gen_throughput = len(out) / elapsed
         req.finished_reason = finish
-        return {"text": tokenizer.decode(out), "output_ids": out,
-                "meta_info": meta_info(req, prompt_tokens=t.num_tokens if req.to_finish is None else req.caller_tokens,
-                                   completion_tokens=len(out), e2e=time.time() - req.created)}
+        return {
+            "text": tokenizer.decode(out),
+            "output_ids": out,
+            "meta_info": meta_info(
+                req,
+                prompt_tokens=t.num_tokens if req.to_finish is None else req.caller_tokens,
+                completion_tokens=len(out),
+                e2e=time.time() - req.created,
+            ),
+        }
 
     def state(self) -> dict[str, Any]:
         base = super().state()
-        base["transfers"] = {rid: {"room": t.req.bootstrap_room, "pages": int(t.pages.numel()),
-                                   "first_page": int(t.pages[0]) if t.pages.numel() else None,
-                                   "pages_received": t.pages_received, "aborted": t.aborted.is_set()}
-                             for rid, t in self.transfers.items()}
+        base["transfers"] = {
+            rid: {
+                "room": t.req.bootstrap_room,
+                "pages": int(t.pages.numel()),
+                "first_page": int(t.pages[0]) if t.pages.numel() else None,
+                "pages_received": t.pages_received,
+                "aborted": t.aborted.is_set(),
+            }
+            for rid, t in self.transfers.items()
+        }
         return base

@@ -1,8 +1,8 @@
 """A whole simulated PD deployment: N prefill + M decode worker processes and the real router.
 
-    with SimDeployment(emulate="0.5.19", prefill=1, decode=1, context_length=4096,
-                       prefill_pool=1024, decode_pool=16384, page_size=16) as dep:
-        httpx.post(dep.router_url + "/generate", json={"text": "...", "sampling_params": {...}})
+with SimDeployment(emulate="0.5.19", prefill=1, decode=1, context_length=4096,
+                   prefill_pool=1024, decode_pool=16384, page_size=16) as dep:
+    httpx.post(dep.router_url + "/generate", json={"text": "...", "sampling_params": {...}})
 """
 
 from __future__ import annotations
@@ -105,13 +105,36 @@ class SimDeployment:
         return env
 
     def _worker_argv(self, mode: str, port: int, bootstrap_port: int, pool: int, tps: float) -> list[str]:
-        argv = [sys.executable, "-m", "kvgate.sim", "worker", "--disaggregation-mode", mode,
-                "--host", self.host, "--port", str(port), "--disaggregation-bootstrap-port", str(bootstrap_port),
-                "--context-length", str(self.context_length), "--max-total-tokens", str(pool),
-                "--page-size", str(self.page_size), "--chunked-prefill-size", str(self.chunked_prefill_size),
-                "--emulate", self.emulate,
-                "--sim-prefill-tokens-per-s", _num(tps), "--sim-decode-tokens-per-s", _num(self.decode_tokens_per_s),
-                "--sim-transfer-tokens-per-s", _num(self.transfer_tokens_per_s)]
+        argv = [
+            sys.executable,
+            "-m",
+            "kvgate.sim",
+            "worker",
+            "--disaggregation-mode",
+            mode,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+            "--disaggregation-bootstrap-port",
+            str(bootstrap_port),
+            "--context-length",
+            str(self.context_length),
+            "--max-total-tokens",
+            str(pool),
+            "--page-size",
+            str(self.page_size),
+            "--chunked-prefill-size",
+            str(self.chunked_prefill_size),
+            "--emulate",
+            self.emulate,
+            "--sim-prefill-tokens-per-s",
+            _num(tps),
+            "--sim-decode-tokens-per-s",
+            _num(self.decode_tokens_per_s),
+            "--sim-transfer-tokens-per-s",
+            _num(self.transfer_tokens_per_s),
+        ]
         if self.kv_checksum:
             argv.append("--disaggregation-enable-kv-checksum")
         if self.fixed_by:
@@ -148,8 +171,9 @@ class SimDeployment:
         decode_pools = _per_worker(self.decode_pool, self.decode, "decode_pool")
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-sim-"))
         self.log_dir = log_dir
-        sup = Supervisor(log_dir=log_dir, grace_s=3.0,
-                         die_with_parent=threading.current_thread() is threading.main_thread())
+        sup = Supervisor(
+            log_dir=log_dir, grace_s=3.0, die_with_parent=threading.current_thread() is threading.main_thread()
+        )
         self.supervisor = sup
         env = self._worker_env()
         workers: list[ManagedProcess] = []
@@ -174,24 +198,41 @@ class SimDeployment:
                 if self.light:
                     light.append(self._light_worker("decode", port, self.bootstrap_ports[0], int(decode_pools[i])))
                 else:
-                    workers.append(sup.start(f"decode{i}", self._worker_argv(
-                        "decode", port, self.bootstrap_ports[0], int(decode_pools[i]), 0.0),
-                        ready_url=url + "/health", env=env))
+                    workers.append(
+                        sup.start(
+                            f"decode{i}",
+                            self._worker_argv("decode", port, self.bootstrap_ports[0], int(decode_pools[i]), 0.0),
+                            ready_url=url + "/health",
+                            env=env,
+                        )
+                    )
                 self.decode_urls.append(url)
             if self.light:
                 spec = log_dir / "fleet.json"
                 spec.write_text(json.dumps({"metadata_delay_s": self.metadata_delay_s, "workers": light}))
                 fleet = sup.start("fleet", [sys.executable, "-m", "kvgate.sim", "fleet", "--spec", str(spec)], env=env)
                 urls = self.prefill_urls + self.decode_urls
-                sup.wait_ready([fleet], deadline_s=self.ready_deadline_s,
-                               check=lambda _p: all(http_ok(u + "/health") for u in urls))
+                sup.wait_ready(
+                    [fleet],
+                    deadline_s=self.ready_deadline_s,
+                    check=lambda _p: all(http_ok(u + "/health") for u in urls),
+                )
             router_proc = None
             if self.router:
                 rport = ports()
                 self.router_url = f"http://{self.host}:{rport}"
-                router_proc = sup.start("router", router_argv(
-                    prefill=prefill_pairs, decode=self.decode_urls, host=self.host, port=rport,
-                    prometheus_port=ports(), extra=self.router_args), ready_url=self.router_url + "/readiness")
+                router_proc = sup.start(
+                    "router",
+                    router_argv(
+                        prefill=prefill_pairs,
+                        decode=self.decode_urls,
+                        host=self.host,
+                        port=rport,
+                        prometheus_port=ports(),
+                        extra=self.router_args,
+                    ),
+                    ready_url=self.router_url + "/readiness",
+                )
             sup.wait_ready(workers, deadline_s=self.ready_deadline_s)
             if router_proc is not None:
                 sup.wait_ready([router_proc], deadline_s=self.ready_deadline_s)
@@ -203,13 +244,22 @@ class SimDeployment:
 
     def _light_worker(self, mode: str, port: int, bootstrap_port: int, pool: int) -> dict[str, Any]:
         """The WorkerConfig fields of one metadata-only worker (fleet.py builds the config from them)."""
-        return {"mode": mode, "host": self.host, "port": port, "disaggregation_bootstrap_port": bootstrap_port,
-                "context_length": self.context_length, "max_total_tokens": pool, "page_size": self.page_size,
-                "chunked_prefill_size": self.chunked_prefill_size,
-                "emulate": self.emulate, "fixed_by": self.fixed_by,
-                "disaggregation_enable_kv_checksum": self.kv_checksum,
-                "allow_auto_truncate": self.allow_auto_truncate, "dp_size": self.dp_size,
-                "launch_command": f"python -m kvgate.sim fleet (metadata-only {mode} worker on port {port})"}
+        return {
+            "mode": mode,
+            "host": self.host,
+            "port": port,
+            "disaggregation_bootstrap_port": bootstrap_port,
+            "context_length": self.context_length,
+            "max_total_tokens": pool,
+            "page_size": self.page_size,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "emulate": self.emulate,
+            "fixed_by": self.fixed_by,
+            "disaggregation_enable_kv_checksum": self.kv_checksum,
+            "allow_auto_truncate": self.allow_auto_truncate,
+            "dp_size": self.dp_size,
+            "launch_command": f"python -m kvgate.sim fleet (metadata-only {mode} worker on port {port})",
+        }
 
     def _wait_router_lists_all(self) -> None:
         """smg's /readiness turns 200 with one healthy prefill and decode; wait until it knows every worker."""
@@ -220,8 +270,9 @@ class SimDeployment:
             try:
                 doc = httpx.get(f"{self.router_url}/workers", timeout=2.0).json()
                 # A DP worker is listed once per rank (smg --dp-aware): count workers, not entries.
-                seen = len({w.get("dp_base_url") or w.get("url") for w in doc.get("workers", [])
-                            if w.get("status") == "ready"})
+                seen = len(
+                    {w.get("dp_base_url") or w.get("url") for w in doc.get("workers", []) if w.get("status") == "ready"}
+                )
             except (httpx.HTTPError, ValueError, AttributeError):
                 seen = -1
             if seen >= want:
@@ -245,8 +296,14 @@ class SimDeployment:
 
     def info(self) -> dict[str, Any]:
         """`{"router": URL, "prefill": [URL], "decode": [URL]}` plus bootstrap ports and the log folder."""
-        return {"router": self.router_url, "prefill": self.prefill_urls, "decode": self.decode_urls,
-                "bootstrap_ports": self.bootstrap_ports, "emulate": self.emulate, "logs": str(self.log_dir)}
+        return {
+            "router": self.router_url,
+            "prefill": self.prefill_urls,
+            "decode": self.decode_urls,
+            "bootstrap_ports": self.bootstrap_ports,
+            "emulate": self.emulate,
+            "logs": str(self.log_dir),
+        }
 
     def healthy(self) -> bool:
         """True when every worker answers /health (and the router /readiness)."""

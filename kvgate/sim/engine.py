@@ -35,11 +35,17 @@ class BaseEngine:
         self.started = time.time()
         self.waiting_timeout = env_float("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", 300.0)
         self.bootstrap_timeout = env_float("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300.0)
-        self.deferred_release = env_bool("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE",
-                                         release.deferred_release_default)
+        self.deferred_release = env_bool(
+            "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE", release.deferred_release_default
+        )
         self.deferred_release_timeout = env_float("SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT", 30.0)
-        self.stats: dict[str, int] = {"requests": 0, "rejected": 0, "kv_pages_sent": 0, "kv_pages_received": 0,
-                                      "late_pages_received": 0}
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "rejected": 0,
+            "kv_pages_sent": 0,
+            "kv_pages_received": 0,
+            "late_pages_received": 0,
+        }
         self.last_gen_throughput = 0.0
 
     @property
@@ -59,15 +65,20 @@ class BaseEngine:
         if n >= ctx:
             if self.cfg.allow_auto_truncate:
                 return input_ids[:ctx]
-            raise RequestError(Abort(
-                f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."),
-                value_error=True)
+            raise RequestError(
+                Abort(f"The input ({n} tokens) is longer than the model's context length ({ctx} tokens)."),
+                value_error=True,
+            )
         if max_new_tokens is not None and n + max_new_tokens > ctx:
-            raise RequestError(Abort(
-                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                f"You requested a total of {n + max_new_tokens} tokens: {n} tokens from the input messages "
-                f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the "
-                f"input messages or the completion to fit within the limit."), value_error=True)
+            raise RequestError(
+                Abort(
+                    f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                    f"You requested a total of {n + max_new_tokens} tokens: {n} tokens from the input messages "
+                    f"and {max_new_tokens} tokens for the completion. Please reduce the number of tokens in the "
+                    f"input messages or the completion to fit within the limit."
+                ),
+                value_error=True,
+            )
         return input_ids
 
     def scheduler_stage(self, req: SimReq) -> None:
@@ -79,8 +90,9 @@ class BaseEngine:
         if req.bootstrap_room is None and self.cfg.disaggregation_transfer_backend == "fake":
             req.bootstrap_room = -1  # a synthetic room: no KV moves ("synthetic decode benchmarks")
         if req.bootstrap_room is None:
-            raise RequestError(Abort(
-                f"Invalid request: Disaggregated request received without bootstrap room id. req.rid={req.rid!r}"))
+            raise RequestError(
+                Abort(f"Invalid request: Disaggregated request received without bootstrap room id. req.rid={req.rid!r}")
+            )
         n = int(req.input_ids.numel())
         limit = self.max_req_input_len
         if n >= limit:
@@ -89,16 +101,23 @@ class BaseEngine:
                 return
             req.to_finish = Abort(
                 f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
-                f"Use a shorter input or enable --allow-auto-truncate.")
+                f"Use a shorter input or enable --allow-auto-truncate."
+            )
             req.input_ids = torch.zeros(1, dtype=torch.int32)
             self.stats["rejected"] += 1
 
     def state(self) -> dict[str, Any]:
         """Simulator-only introspection (`GET /sim/state`)."""
-        return {"mode": self.cfg.mode, "emulate": self.release.version, "free_pages": self.pool.free_pages,
-                "num_pages": self.pool.num_pages, "page_size": self.pool.page_size,
-                "deferred_release": self.deferred_release, "waiting_timeout": self.waiting_timeout,
-                "stats": dict(self.stats)}
+        return {
+            "mode": self.cfg.mode,
+            "emulate": self.release.version,
+            "free_pages": self.pool.free_pages,
+            "num_pages": self.pool.num_pages,
+            "page_size": self.pool.page_size,
+            "deferred_release": self.deferred_release,
+            "waiting_timeout": self.waiting_timeout,
+            "stats": dict(self.stats),
+        }
 
     # What each role implements (the HTTP server drives an engine through these).
 

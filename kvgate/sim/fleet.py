@@ -62,8 +62,12 @@ class LightWorker:
             self.healthy = bool(json.loads(body or b"{}").get("healthy", True))
             return 200, {"healthy": self.healthy}
         if path in ("/generate", "/v1/completions", "/v1/chat/completions"):
-            return 501, {"object": "error", "code": 501, "type": "NotImplemented",
-                         "message": "kvgate sim fleet serves worker metadata only (STUB): no generation"}
+            return 501, {
+                "object": "error",
+                "code": 501,
+                "type": "NotImplemented",
+                "message": "kvgate sim fleet serves worker metadata only (STUB): no generation",
+            }
         return 404, {"detail": "Not Found"}
 
 
@@ -71,8 +75,9 @@ def _reason(status: int) -> str:
     return {200: "OK", 404: "Not Found", 501: "Not Implemented", 503: "Service Unavailable"}.get(status, "Error")
 
 
-async def _handle(worker: LightWorker, delay_s: float, reader: asyncio.StreamReader,
-                  writer: asyncio.StreamWriter) -> None:
+async def _handle(
+    worker: LightWorker, delay_s: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     """HTTP/1.1 with keep-alive, one request at a time per connection (all the router and kvgate need)."""
     try:
         while True:
@@ -92,8 +97,11 @@ async def _handle(worker: LightWorker, delay_s: float, reader: asyncio.StreamRea
                 await asyncio.sleep(delay_s)
             status, doc = worker.answer(method, path, body)
             data = b"" if doc is None else json.dumps(doc).encode()
-            writer.write(f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
-                         f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+            writer.write(
+                f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+            )
             await writer.drain()
             if headers.get("connection", "").lower() == "close":
                 return
@@ -114,8 +122,7 @@ async def serve(spec: dict[str, Any]) -> None:
         async def handler(r: asyncio.StreamReader, wr: asyncio.StreamWriter, _w: LightWorker = worker) -> None:
             await _handle(_w, delay, r, wr)
 
-        servers.append(await asyncio.start_server(handler, cfg.host, cfg.port, limit=MAX_HEADER_BYTES,
-                                                  backlog=1024))
+        servers.append(await asyncio.start_server(handler, cfg.host, cfg.port, limit=MAX_HEADER_BYTES, backlog=1024))
     try:
         await asyncio.Event().wait()
     finally:

@@ -70,7 +70,7 @@ class KVPool:
         if full:
             self.data[pages[:full]] = tokens[: full * self.page_size].view(full, self.page_size).to(torch.int32)
         if rest:
-            self.data[pages[full], :rest] = tokens[full * self.page_size:].to(torch.int32)
+            self.data[pages[full], :rest] = tokens[full * self.page_size :].to(torch.int32)
         self.version += 1
 
     def write_pages(self, pages: torch.Tensor, content: torch.Tensor) -> None:

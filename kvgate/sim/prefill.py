@@ -53,8 +53,9 @@ class PrefillEngine(BaseEngine):
 
     async def start(self) -> None:
         """Listen on the bootstrap port (`--disaggregation-bootstrap-port`, bound on `--host`)."""
-        self._server = await asyncio.start_server(self._serve_conn, self.cfg.host,
-                                                  self.cfg.disaggregation_bootstrap_port, limit=2**26)
+        self._server = await asyncio.start_server(
+            self._serve_conn, self.cfg.host, self.cfg.disaggregation_bootstrap_port, limit=2**26
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -90,9 +91,10 @@ class PrefillEngine(BaseEngine):
         base = super().state()
         base["running"] = sorted(self.running)
         base["aborted"] = sorted(self._aborted)
-        base["rooms"] = {str(r.room): {"rid": r.rid, "peer_aborted": r.peer_aborted,
-                                       "pages_in_flight": r.pages_in_flight}
-                         for r in self.rooms.values()}
+        base["rooms"] = {
+            str(r.room): {"rid": r.rid, "peer_aborted": r.peer_aborted, "pages_in_flight": r.pages_in_flight}
+            for r in self.rooms.values()
+        }
         return base
 
     async def _ack_idle_abort(self, room: _Room) -> None:
@@ -123,12 +125,17 @@ class PrefillEngine(BaseEngine):
         except asyncio.TimeoutError:
             self._room_waiters.pop(req.bootstrap_room, None)
             elapsed = time.time() - start
-            raise RequestError(Abort(
-                f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} "
-                f"req.bootstrap_room={req.bootstrap_room} "
-                f"with exception KVTransferError(bootstrap_room={req.bootstrap_room}): Request {req.bootstrap_room} "
-                f"timed out after {elapsed:.1f}s in KVPoll.Bootstrapping",
-                HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")) from None
+            raise RequestError(
+                Abort(
+                    f"Prefill bootstrap failed for request rank=0 req.rid={req.rid!r} "
+                    f"req.bootstrap_room={req.bootstrap_room} "
+                    f"with exception KVTransferError(bootstrap_room={req.bootstrap_room}): "
+                    f"Request {req.bootstrap_room} "
+                    f"timed out after {elapsed:.1f}s in KVPoll.Bootstrapping",
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                )
+            ) from None
 
     async def generate(self, req: SimReq) -> dict[str, Any]:
         """Run one PD request on the prefill; returns SGLang's non-stream result or raises RequestError."""
@@ -177,7 +184,7 @@ class PrefillEngine(BaseEngine):
         t0 = time.time()
         try:
             for start in range(0, n, chunk):
-                piece = tokens[start:start + chunk]
+                piece = tokens[start : start + chunk]
                 p0, p1 = start // ps, -(-(start + piece.numel()) // ps)
                 async with self._gpu:
                     if tps > 0:
@@ -193,9 +200,9 @@ class PrefillEngine(BaseEngine):
                     # MooncakeKVManager.add_transfer_request` returns for a KVPoll.Failed room); only
                     # writes already in flight still land (see `_deliver`).
                     break
-                dst = room.dst_pages[p0:min(p1, room.dst_pages.numel())]
+                dst = room.dst_pages[p0 : min(p1, room.dst_pages.numel())]
                 if dst.numel():
-                    content = self.pool.read_pages(own[p0:p0 + dst.numel()])
+                    content = self.pool.read_pages(own[p0 : p0 + dst.numel()])
                     await self._send_kv(room, dst, content)
                     sent_pages += int(dst.numel())
                 if req.rid in self._aborted:
@@ -207,8 +214,9 @@ class PrefillEngine(BaseEngine):
                 self.rooms.pop(room.room, None)
                 raise RequestError(abort, value_error=True)
             if req.rid in self._aborted:
-                raise RequestError(Abort("Aborted by AbortReq.", HTTPStatus.INTERNAL_SERVER_ERROR,
-                                         "InternalServerError"))
+                raise RequestError(
+                    Abort("Aborted by AbortReq.", HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError")
+                )
             if not room.peer_aborted or not self.release.stops_late_chunks_after_abort():
                 # Transfer-complete with what prefill claims (`KVPoll.Success`). Pre-0.5.20 this is
                 # sent even for a request whose decode aborted (late results are not retired).
@@ -216,10 +224,15 @@ class PrefillEngine(BaseEngine):
             if room.peer_aborted:
                 if self.release.acks_abort_after_drain():
                     await self._send(room, {"type": "abort_ack", "room": room.room})
-                raise RequestError(Abort(
-                    f"Prefill transfer failed for request rank=0 req.rid={req.rid!r} req.bootstrap_room={room.room} "
-                    f"with exception KVTransferError(bootstrap_room={room.room}): Aborted by the decode peer",
-                    HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+                raise RequestError(
+                    Abort(
+                        f"Prefill transfer failed for request rank=0 req.rid={req.rid!r} "
+                        f"req.bootstrap_room={room.room} "
+                        f"with exception KVTransferError(bootstrap_room={room.room}): Aborted by the decode peer",
+                        HTTPStatus.INTERNAL_SERVER_ERROR,
+                        "InternalServerError",
+                    )
+                )
         finally:
             # Source pages are held until the posted writes drained (no reuse under an in-flight read).
             await self._drain_and_close(room)
@@ -232,8 +245,11 @@ class PrefillEngine(BaseEngine):
             # `process_disagg_prefill_inflight_queue`: FINISH_LENGTH(0) on KVPoll.Success. In 0.5.19
             # this overwrites nothing: the pending `to_finish` abort is simply never looked at.
             req.finished_reason = {"type": "length", "length": 0}
-        return {"text": "", "output_ids": [],
-                "meta_info": meta_info(req, prompt_tokens=n, completion_tokens=0, e2e=time.time() - req.created)}
+        return {
+            "text": "",
+            "output_ids": [],
+            "meta_info": meta_info(req, prompt_tokens=n, completion_tokens=0, e2e=time.time() - req.created),
+        }
 
     async def _alloc_wait(self, num_pages: int) -> torch.Tensor:
         """Wait in the queue until the prefill pool has room (requests in flight hold pages)."""
@@ -291,9 +307,11 @@ class PrefillEngine(BaseEngine):
         bw = self.cfg.sim_transfer_tokens_per_s
         delay = content.numel() / bw if bw > 0 else 0.0
         room.pages_in_flight += int(dst.numel())
-        await self._send(room, {"type": "kv", "room": room.room, "count": int(dst.numel())},
-                         transfer.pack_pages(dst, content), delay)
+        await self._send(
+            room, {"type": "kv", "room": room.room, "count": int(dst.numel())}, transfer.pack_pages(dst, content), delay
+        )
 
     async def _send_done(self, room: _Room, claimed_tokens: int, claimed_pages: int) -> None:
-        await self._send(room, {"type": "done", "room": room.room, "claimed_tokens": claimed_tokens,
-                                "claimed_pages": claimed_pages})
+        await self._send(
+            room, {"type": "done", "room": room.room, "claimed_tokens": claimed_tokens, "claimed_pages": claimed_pages}
+        )

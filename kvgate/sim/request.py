@@ -22,8 +22,12 @@ class Abort:
     err_type: str = "BadRequestError"
 
     def finish_reason(self) -> dict[str, Any]:
-        return {"type": "abort", "message": self.message, "status_code": int(self.status_code),
-                "err_type": self.err_type}
+        return {
+            "type": "abort",
+            "message": self.message,
+            "status_code": int(self.status_code),
+            "err_type": self.err_type,
+        }
 
 
 class RequestError(Exception):
@@ -66,6 +70,14 @@ TokenSink = Callable[[list[int], str], Awaitable[None]]
 
 def meta_info(req: SimReq, *, prompt_tokens: int, completion_tokens: int, e2e: float) -> dict[str, Any]:
     """The `meta_info` of a request's answer, on either role."""
-    return {"id": req.rid, "finish_reason": req.finished_reason, "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens, "cached_tokens": 0, "reasoning_tokens": 0,
-            "weight_version": "default", "num_retractions": 0, "e2e_latency": round(e2e, 6)}
+    return {
+        "id": req.rid,
+        "finish_reason": req.finished_reason,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "cached_tokens": 0,
+        "reasoning_tokens": 0,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "e2e_latency": round(e2e, 6),
+    }

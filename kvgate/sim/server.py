@@ -67,8 +67,15 @@ def build_app(engine: BaseEngine) -> FastAPI:
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def _server_info() -> Response:
-        return _json(surface.server_info(cfg, release, pool_tokens=engine.max_total_num_tokens,
-                                         started=engine.started, last_gen_throughput=engine.last_gen_throughput))
+        return _json(
+            surface.server_info(
+                cfg,
+                release,
+                pool_tokens=engine.max_total_num_tokens,
+                started=engine.started,
+                last_gen_throughput=engine.last_gen_throughput,
+            )
+        )
 
     @app.get("/model_info")
     @app.get("/get_model_info")
@@ -87,6 +94,7 @@ def build_app(engine: BaseEngine) -> FastAPI:
         return Response(status_code=200)
 
     if release.has_ready_endpoint:
+
         @app.get("/ready")
         async def _ready() -> Response:
             return Response(status_code=200)
@@ -94,12 +102,24 @@ def build_app(engine: BaseEngine) -> FastAPI:
     @app.get("/v1/loads")
     async def _loads_route() -> Response:
         used = engine.pool.num_pages - engine.pool.free_pages
-        return _json({"timestamp": time.time(), "version": release.version, "accelerator": "cpu",
-                      "num_accelerators": 1, "loads": [{
-                          "dp_rank": 0, "num_running_reqs": len(getattr(engine, "transfers", {})),
-                          "num_waiting_reqs": 0, "num_used_tokens": used * engine.pool.page_size,
-                          "max_total_num_tokens": engine.max_total_num_tokens,
-                          "token_usage": used / max(engine.pool.num_pages, 1)}]})
+        return _json(
+            {
+                "timestamp": time.time(),
+                "version": release.version,
+                "accelerator": "cpu",
+                "num_accelerators": 1,
+                "loads": [
+                    {
+                        "dp_rank": 0,
+                        "num_running_reqs": len(getattr(engine, "transfers", {})),
+                        "num_waiting_reqs": 0,
+                        "num_used_tokens": used * engine.pool.page_size,
+                        "max_total_num_tokens": engine.max_total_num_tokens,
+                        "token_usage": used / max(engine.pool.num_pages, 1),
+                    }
+                ],
+            }
+        )
 
     @app.post("/abort_request")
     async def _abort(request: Request) -> Response:
@@ -127,8 +147,9 @@ def build_app(engine: BaseEngine) -> FastAPI:
             text = text[0] if isinstance(text, list) else text
             ids = ids[0] if ids and isinstance(ids[0], list) else ids
         if ids is not None:
-            input_ids = (torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids
-                         else torch.zeros(0, dtype=torch.int32))
+            input_ids = (
+                torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32)
+            )
         elif text is not None:
             input_ids = tokenizer.encode_tensor(str(text))
         else:
@@ -139,12 +160,15 @@ def build_app(engine: BaseEngine) -> FastAPI:
         if isinstance(rid, list):
             rid = rid[0] if rid else None
         room = body.get("bootstrap_room")
-        req = SimReq(rid=str(rid) if rid else uuid.uuid4().hex, input_ids=input_ids,
-                     max_new_tokens=int(max_new if max_new is not None else 128),
-                     bootstrap_host=body.get("bootstrap_host"),
-                     bootstrap_port=int(body["bootstrap_port"]) if body.get("bootstrap_port") is not None else None,
-                     bootstrap_room=int(room) if room is not None else None,
-                     caller_tokens=int(input_ids.numel()))
+        req = SimReq(
+            rid=str(rid) if rid else uuid.uuid4().hex,
+            input_ids=input_ids,
+            max_new_tokens=int(max_new if max_new is not None else 128),
+            bootstrap_host=body.get("bootstrap_host"),
+            bootstrap_port=int(body["bootstrap_port"]) if body.get("bootstrap_port") is not None else None,
+            bootstrap_room=int(room) if room is not None else None,
+            caller_tokens=int(input_ids.numel()),
+        )
         return req, bool(body.get("stream", False))
 
     async def run(req: SimReq, request: Request) -> dict[str, Any]:
@@ -173,8 +197,16 @@ def build_app(engine: BaseEngine) -> FastAPI:
         try:
             body = _loads(await request.body())
         except ValueError as exc:
-            return _json({"object": "error", "message": f"Invalid JSON: {exc}", "type": "Bad Request",
-                          "param": None, "code": 400}, 400)
+            return _json(
+                {
+                    "object": "error",
+                    "message": f"Invalid JSON: {exc}",
+                    "type": "Bad Request",
+                    "param": None,
+                    "code": 400,
+                },
+                400,
+            )
         try:
             req, stream = parse(body, prompt_key="text")
         except RequestError as exc:
@@ -204,12 +236,28 @@ def build_app(engine: BaseEngine) -> FastAPI:
             return openai_error(exc.abort)
         meta = result["meta_info"]
         fr = meta["finish_reason"] or {}
-        return _json({"id": meta["id"], "object": "text_completion", "created": int(time.time()),
-                      "model": model_name, "choices": [{
-                          "index": 0, "text": result["text"], "logprobs": None,
-                          "finish_reason": fr.get("type"), "matched_stop": fr.get("matched")}],
-                      "usage": {"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
-                                "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]}})
+        return _json(
+            {
+                "id": meta["id"],
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": result["text"],
+                        "logprobs": None,
+                        "finish_reason": fr.get("type"),
+                        "matched_stop": fr.get("matched"),
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": meta["prompt_tokens"],
+                    "completion_tokens": meta["completion_tokens"],
+                    "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+                },
+            }
+        )
 
     return app
 
@@ -222,20 +270,33 @@ def _sse(obj: Any) -> bytes:
 async def _stream_error(abort: Abort) -> AsyncIterator[bytes]:
     """Streaming `/generate` errors: HTTP 200, an error event, then [DONE]."""
     code = int(abort.status_code)
-    yield _sse({"error": {"message": abort.message,
-                          "type": "invalid_request_error" if code == 400 else "server_error",
-                          "code": code, "retryable": False}})
+    yield _sse(
+        {
+            "error": {
+                "message": abort.message,
+                "type": "invalid_request_error" if code == 400 else "server_error",
+                "code": code,
+                "retryable": False,
+            }
+        }
+    )
     yield b"data: [DONE]\n\n"
 
 
-async def _stream(engine: BaseEngine, req: SimReq,
-                  shape: Callable[[dict[str, Any]], dict[str, Any]]) -> AsyncIterator[bytes]:
+async def _stream(
+    engine: BaseEngine, req: SimReq, shape: Callable[[dict[str, Any]], dict[str, Any]]
+) -> AsyncIterator[bytes]:
     """Streaming `/generate`: one event per token with the cumulative text, then [DONE]."""
     queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
     async def sink(ids: list[int], text: str) -> None:
-        meta = {"id": req.rid, "finish_reason": None, "prompt_tokens": req.caller_tokens,
-                "completion_tokens": len(ids), "cached_tokens": 0}
+        meta = {
+            "id": req.rid,
+            "finish_reason": None,
+            "prompt_tokens": req.caller_tokens,
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+        }
         await queue.put(_sse(shape({"text": text, "output_ids": list(ids), "meta_info": meta})))
 
     async def runner() -> None:
@@ -251,10 +312,16 @@ async def _stream(engine: BaseEngine, req: SimReq,
             # nothing generated, the one-token placeholder as prompt_tokens, `finish_reason` the abort
             # (real 0.5.22 through smg 1.13.0, measured by tests/real/test_differential.py). Only the
             # tokenizer's own rejections (`parse`) are `{"error": ...}` events.
-            meta = {"id": req.rid, "finish_reason": exc.abort.finish_reason(), "prompt_tokens": 1,
-                    "completion_tokens": len(exc.output_ids), "cached_tokens": 0}
-            await queue.put(_sse(shape({"text": tokenizer.decode(exc.output_ids), "output_ids": exc.output_ids,
-                                        "meta_info": meta})))
+            meta = {
+                "id": req.rid,
+                "finish_reason": exc.abort.finish_reason(),
+                "prompt_tokens": 1,
+                "completion_tokens": len(exc.output_ids),
+                "cached_tokens": 0,
+            }
+            await queue.put(
+                _sse(shape({"text": tokenizer.decode(exc.output_ids), "output_ids": exc.output_ids, "meta_info": meta}))
+            )
             await queue.put(b"data: [DONE]\n\n")
         finally:
             await queue.put(None)
@@ -282,9 +349,13 @@ async def _completion_stream(engine: BaseEngine, req: SimReq, model: str) -> Asy
     sent = 0
 
     def chunk(text: str, finish: str | None, usage: dict[str, int] | None = None) -> bytes:
-        doc: dict[str, Any] = {"id": req.rid, "object": "text_completion", "created": created, "model": model,
-                               "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
-                                            "matched_stop": None}]}
+        doc: dict[str, Any] = {
+            "id": req.rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}],
+        }
         if usage is not None:
             doc["usage"] = usage
         return _sse(doc)
@@ -293,22 +364,35 @@ async def _completion_stream(engine: BaseEngine, req: SimReq, model: str) -> Asy
         if event == b"data: [DONE]\n\n":
             yield event
             return
-        doc = json.loads(event[len(b"data: "):])
+        doc = json.loads(event[len(b"data: ") :])
         fr = (doc.get("meta_info") or {}).get("finish_reason") or {}
         if "error" not in doc and fr.get("type") == "abort" and not doc.get("output_ids"):
             doc = {"error": {"message": fr.get("message", "Aborted"), "code": fr.get("status_code") or 500}}
         if "error" in doc:
             err = doc["error"]
-            yield _sse({"object": "error", "message": err["message"],
-                        "type": "BadRequestError" if err["code"] == 400 else str(err["code"]),
-                        "param": None, "code": err["code"]})
+            yield _sse(
+                {
+                    "object": "error",
+                    "message": err["message"],
+                    "type": "BadRequestError" if err["code"] == 400 else str(err["code"]),
+                    "param": None,
+                    "code": err["code"],
+                }
+            )
             continue
         text = doc["text"]
         meta = doc["meta_info"]
         finish = (meta.get("finish_reason") or {}).get("type")
         if text[sent:] or finish:
-            usage = ({"prompt_tokens": meta["prompt_tokens"], "completion_tokens": meta["completion_tokens"],
-                      "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"]} if finish else None)
+            usage = (
+                {
+                    "prompt_tokens": meta["prompt_tokens"],
+                    "completion_tokens": meta["completion_tokens"],
+                    "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+                }
+                if finish
+                else None
+            )
             yield chunk(text[sent:], finish, usage)
             sent = len(text)
 
@@ -319,9 +403,16 @@ async def serve(engine: BaseEngine) -> None:
 
     app = build_app(engine)
     await engine.start()
-    config = uvicorn.Config(app, host=engine.cfg.host, port=engine.cfg.port, log_level="warning",
-                            access_log=False, lifespan="off", timeout_keep_alive=75,
-                            timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        app,
+        host=engine.cfg.host,
+        port=engine.cfg.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_keep_alive=75,
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
     try:
         await server.serve()

@@ -89,8 +89,12 @@ def unpack_pages(payload: bytes, count: int) -> tuple[torch.Tensor, torch.Tensor
     """Inverse of `pack_pages`."""
     split = count * 8
     buf = bytearray(payload)
-    pages = (torch.frombuffer(buf, dtype=torch.int64, count=count, offset=0) if count
-             else torch.zeros(0, dtype=torch.int64))
-    content = (torch.frombuffer(buf, dtype=torch.int32, offset=split) if len(buf) > split
-               else torch.zeros(0, dtype=torch.int32))
+    pages = (
+        torch.frombuffer(buf, dtype=torch.int64, count=count, offset=0) if count else torch.zeros(0, dtype=torch.int64)
+    )
+    content = (
+        torch.frombuffer(buf, dtype=torch.int32, offset=split)
+        if len(buf) > split
+        else torch.zeros(0, dtype=torch.int32)
+    )
     return pages, content

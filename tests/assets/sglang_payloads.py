@@ -65,13 +65,21 @@ def server_info(
     states = []
     for cap in ranks:
         state = dict(resolved)
-        state.update({
-            "world_size": tp_size,
-            "last_gen_throughput": 0.0,
-            "effective_max_running_requests_per_dp": 256,
-            "memory_usage": {"weight": 90.1, "kvcache": 40.2, "startup_available": 10.0,
-                             "token_capacity": cap, "token_capacity_swa": None, "graph": {"decode": 1.2}},
-        })
+        state.update(
+            {
+                "world_size": tp_size,
+                "last_gen_throughput": 0.0,
+                "effective_max_running_requests_per_dp": 256,
+                "memory_usage": {
+                    "weight": 90.1,
+                    "kvcache": 40.2,
+                    "startup_available": 10.0,
+                    "token_capacity": cap,
+                    "token_capacity_swa": None,
+                    "graph": {"decode": 1.2},
+                },
+            }
+        )
         if minor >= 22:
             state["disaggregation_mode"] = mode
             state["decode_cuda_graph_bs"] = [1, 2, 4, 8]
@@ -99,17 +107,36 @@ def server_info(
 
 
 def v1_models(context: int = 1_048_576) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": "glm-5.3", "object": "model", "created": 1790000000,
-                                         "owned_by": "sglang", "root": "glm-5.3", "parent": None,
-                                         "max_model_len": context}]}
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": "glm-5.3",
+                "object": "model",
+                "created": 1790000000,
+                "owned_by": "sglang",
+                "root": "glm-5.3",
+                "parent": None,
+                "max_model_len": context,
+            }
+        ],
+    }
 
 
 def model_info(version: str = "0.5.20", mode: str = "prefill") -> dict[str, Any]:
     doc: dict[str, Any] = {
-        "model_path": "zai-org/GLM-5.3", "served_model_name": "glm-5.3", "tokenizer_path": "zai-org/GLM-5.3",
-        "is_generation": True, "preferred_sampling_params": None, "weight_version": "default",
-        "load_format": "auto", "reasoning_parser": None, "tool_call_parser": None,
-        "has_image_understanding": False, "has_audio_understanding": False, "model_type": "glm_moe_dsa",
+        "model_path": "zai-org/GLM-5.3",
+        "served_model_name": "glm-5.3",
+        "tokenizer_path": "zai-org/GLM-5.3",
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "load_format": "auto",
+        "reasoning_parser": None,
+        "tool_call_parser": None,
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "glm_moe_dsa",
         "architectures": ["GlmMoeDsaForCausalLM"],
     }
     if int(version.split(".")[2][:2]) >= 21:

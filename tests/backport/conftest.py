@@ -48,8 +48,16 @@ def _base_checkouts(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str],
             shutil.copytree(src, repo / "python" / "sglang")
             _git(repo, "init", "-q", "-b", "main")
             _git(repo, "add", "-A")
-            _git(repo, "-c", "user.name=wheel", "-c", "user.email=wheel@example.invalid", "commit", "-qm",
-                 f"sglang {version} (wheel source in python/sglang layout)")
+            _git(
+                repo,
+                "-c",
+                "user.name=wheel",
+                "-c",
+                "user.email=wheel@example.invalid",
+                "commit",
+                "-qm",
+                f"sglang {version} (wheel source in python/sglang layout)",
+            )
             made[version] = repo
         return made[version]
 

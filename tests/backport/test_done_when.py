@@ -19,8 +19,7 @@ runner = CliRunner()
 REJECT = "Input length (8 tokens) exceeds the maximum allowed length (4 tokens)."
 
 
-def test_repo_apply_verify_fixes_and_no_op(checkout: Callable[[str], Path],
-                                           cpu_envs: Callable[[str], CpuEnv]) -> None:
+def test_repo_apply_verify_fixes_and_no_op(checkout: Callable[[str], Path], cpu_envs: Callable[[str], CpuEnv]) -> None:
     cpu_envs("0.5.20")  # --verify runs the probe in the cached CPU environment
     repo = checkout("0.5.20")
     unpatched = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])

@@ -18,7 +18,13 @@ def test_manifest_hashes_match_the_real_wheel(release: str) -> None:
         fresh = recompute(release)
     except DownloadError as exc:
         skip_only_if_unreachable(exc, f"sglang {release} wheel")
-    recorded = [{"id": p.id, "files": [{"path": f.path, "sha256_before": f.sha256_before,
-                                        "sha256_after": f.sha256_after} for f in p.files]}
-                for p in load_series(release).patches]
+    recorded = [
+        {
+            "id": p.id,
+            "files": [
+                {"path": f.path, "sha256_before": f.sha256_before, "sha256_after": f.sha256_after} for f in p.files
+            ],
+        }
+        for p in load_series(release).patches
+    ]
     assert sorted(fresh, key=str) == sorted(recorded, key=str)

@@ -39,8 +39,9 @@ def _by(result: DoorProbeReport, name: str, door: str):  # type: ignore[no-untyp
 
 
 @pytest.mark.parametrize("version, post_forward", [("0.5.19", HANDED_OFF), ("0.5.20", RETIRED)])
-def test_unpatched_release_admits_the_rejected_request(cpu_envs: Callable[[str], CpuEnv], version: str,
-                                                       post_forward: str) -> None:
+def test_unpatched_release_admits_the_rejected_request(
+    cpu_envs: Callable[[str], CpuEnv], version: str, post_forward: str
+) -> None:
     env = cpu_envs(version)
     suite = run_all_probes(env.python, env.pythonpath)
     r = suite.admission
@@ -93,8 +94,9 @@ def test_patched_release_retires_it_with_the_original_400(site: Callable[[str], 
 
 
 @pytest.mark.parametrize("version", ["0.5.21", "0.5.22", "0.5.23"])
-def test_later_releases_retire_already_and_the_series_leaves_them_alone(cpu_envs: Callable[[str], CpuEnv],
-                                                                       version: str) -> None:
+def test_later_releases_retire_already_and_the_series_leaves_them_alone(
+    cpu_envs: Callable[[str], CpuEnv], version: str
+) -> None:
     env = cpu_envs(version)
     suite = run_all_probes(env.python, env.pythonpath)
     r = suite.admission

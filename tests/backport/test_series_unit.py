@@ -13,8 +13,12 @@ from kvgate.errors import UsageError
 
 SERIES = {
     "0.5.20": ["kvgate-admission-door", "kvgate-deferred-release-default", "kvgate-verify-handoff-coverage"],
-    "0.5.19": ["kvgate-admission-door", "kvgate-deferred-release-default", "kvgate-retire-aborted-results",
-               "kvgate-verify-handoff-coverage"],
+    "0.5.19": [
+        "kvgate-admission-door",
+        "kvgate-deferred-release-default",
+        "kvgate-retire-aborted-results",
+        "kvgate-verify-handoff-coverage",
+    ],
 }
 
 
@@ -82,7 +86,8 @@ def test_a_manifest_field_nothing_reads_is_refused(tmp_path: Path) -> None:
     series = tmp_path / "v0.5.20"
     series.mkdir()
     (series / "0001.patch").write_text("")
-    (series / "manifest.yaml").write_text("base_release: 0.5.20\npatches:\n- id: x\n  file: 0001.patch\n  title: t\n"
-                                          "  gate: lifetime\n  files: []\n")
+    (series / "manifest.yaml").write_text(
+        "base_release: 0.5.20\npatches:\n- id: x\n  file: 0001.patch\n  title: t\n  gate: lifetime\n  files: []\n"
+    )
     with pytest.raises(UsageError, match=r"patch x: unknown key\(s\) gate"):
         load_series("0.5.20", root=tmp_path)

@@ -65,8 +65,9 @@ def test_corrupted_target_file_leaves_the_install_byte_identical(site: Callable[
     assert tree_digest(root) == before
 
 
-def test_failure_while_writing_restores_every_file(site: Callable[[str], CpuEnv],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failure_while_writing_restores_every_file(
+    site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = site("0.5.20").site_packages
     before = tree_digest(root)
     real_replace = os.replace
@@ -86,8 +87,9 @@ def test_failure_while_writing_restores_every_file(site: Callable[[str], CpuEnv]
     assert not (root / "sglang/.kvgate-backport").exists()
 
 
-def test_a_full_disk_is_not_a_usage_error(site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch,
-                                          tmp_path: Path) -> None:
+def test_a_full_disk_is_not_a_usage_error(
+    site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """An I/O failure writing the target exits 4 (the target could not be written), never 2, with the
     report saying what failed; the target is left as it was."""
     root = site("0.5.20").site_packages

@@ -84,7 +84,7 @@ def test_markers_only_on_the_real_source(tmp_path: Path) -> None:
     pkg = copy_signature_tree("0.5.19", tmp_path / "site" / "sglang")
     for patch in load_series("0.5.19").patches:
         for f in patch.files:
-            add_marker(pkg, f.site_path[len("sglang/"):], patch.id)
+            add_marker(pkg, f.site_path[len("sglang/") :], patch.id)
     a = assess_code(from_site_packages(tmp_path / "site"))
     assert a.backports_present() == ()
     assert {s.fix.id for s in a.tampered()} == {p.id for p in load_series("0.5.19").patches}

@@ -13,9 +13,19 @@ from tests.assets.real_sglang import cpu_env_or_skip
 
 def _result(status: str, controls_ok: bool = True, **kw):  # type: ignore[no-untyped-def]
     cases = (probe.ProbeCase("rejected", "prefill", "RETIRED", "RETIRED" if status == "RETIRED" else "ADMITTED"),)
-    base = dict(status=status, version="0.5.21", sglang_path="/x", cases=cases, controls_ok=controls_ok,
-                client_error={"status_code": 400}, error=None, missing=None, duration_s=1.0,
-                torchvision_stub=True, python="/py")
+    base = dict(
+        status=status,
+        version="0.5.21",
+        sglang_path="/x",
+        cases=cases,
+        controls_ok=controls_ok,
+        client_error={"status_code": 400},
+        error=None,
+        missing=None,
+        duration_s=1.0,
+        torchvision_stub=True,
+        python="/py",
+    )
     base.update(kw)
     return probe.DoorProbeReport(**base)
 
@@ -31,8 +41,18 @@ def test_admission_mapping() -> None:
 
 
 def test_hardening_mapping() -> None:
-    mk = lambda s: probe.HandoffProbeReport(status=s, version="0.5.20", cases=(), client_error=None,  # noqa: E731
-                                            error=None, missing=None, duration_s=1.0, python="/py")
+    def mk(status: str) -> probe.HandoffProbeReport:
+        return probe.HandoffProbeReport(
+            status=status,
+            version="0.5.20",
+            cases=(),
+            client_error=None,
+            error=None,
+            missing=None,
+            duration_s=1.0,
+            python="/py",
+        )
+
     assert hardening_detection(mk("VERIFIED")).presence is Presence.PRESENT
     assert hardening_detection(mk("UNVERIFIED")).presence is Presence.ABSENT
     assert hardening_detection(mk("ERROR")).presence is Presence.UNKNOWN

@@ -28,8 +28,12 @@ def sglang_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo.create_tag("v0.5.21")
     # A revert that restores the 0.5.20 admission files: the squash commit stays an ancestor.
     src = wheel("0.5.20") / "sglang"
-    for rel in ("srt/disaggregation/utils.py", "srt/disaggregation/prefill.py", "srt/disaggregation/decode.py",
-                "srt/managers/scheduler.py"):
+    for rel in (
+        "srt/disaggregation/utils.py",
+        "srt/disaggregation/prefill.py",
+        "srt/disaggregation/decode.py",
+        "srt/managers/scheduler.py",
+    ):
         shutil.copy2(src / rel, path / "python" / "sglang" / rel)
     repo.git.add("-A")
     repo.git.commit("-q", "-m", "Revert the admission door for a local experiment")

@@ -63,8 +63,12 @@ def test_not_a_site_packages_is_a_usage_error(tmp_path: Path) -> None:
 def test_a_marker_is_never_the_fix(tmp_path: Path) -> None:
     """The comment alone, on every file the patches change: no fix counted, both backports tampered."""
     pkg = copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
-    for rel in ("srt/disaggregation/utils.py", "srt/disaggregation/prefill.py", "srt/disaggregation/decode.py",
-                "srt/managers/scheduler.py"):
+    for rel in (
+        "srt/disaggregation/utils.py",
+        "srt/disaggregation/prefill.py",
+        "srt/disaggregation/decode.py",
+        "srt/managers/scheduler.py",
+    ):
         add_marker(pkg, rel, "kvgate-admission-door")
     add_marker(pkg, "srt/environ.py", "kvgate-deferred-release-default")
     a = assess_installed(from_site_packages(tmp_path / "site"))
@@ -80,8 +84,12 @@ def test_python_interpreter_is_asked_where_sglang_is(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
-    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(purelib, "sglang-wheel.pth").write_text(str(site) + "\n")
     installed = from_python(str(py))
     assert installed.package_dir == (site / "sglang").resolve()
@@ -91,8 +99,9 @@ def test_python_interpreter_is_asked_where_sglang_is(tmp_path: Path) -> None:
     assert a.status("pr-38935").presence is Presence.PRESENT
 
 
-def test_the_scan_and_locate_package_agree_and_honour_pythonpath(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_scan_and_locate_package_agree_and_honour_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One "where is sglang" helper: the locate program and the scan find the same package, with the
     interpreter's own environment (an overlay on PYTHONPATH counts, as it does for the server)."""
     site = wheel("0.5.21")

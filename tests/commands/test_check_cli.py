@@ -20,13 +20,21 @@ from tests.conftest import PayloadServer, Route
 runner = CliRunner()
 
 
-def worker(make: Callable[..., PayloadServer], version: str = "0.5.20", mode: str = "prefill",
-           context: int = 1_048_576, pool: int = 681_280, **kw: Any) -> PayloadServer:
-    return make({
-        "/server_info": Route(P.server_info(version, mode=mode, context=context, pool=pool, **kw)),
-        "/v1/models": Route(P.v1_models(context)),
-        "/model_info": Route(P.model_info(version, mode)),
-    })
+def worker(
+    make: Callable[..., PayloadServer],
+    version: str = "0.5.20",
+    mode: str = "prefill",
+    context: int = 1_048_576,
+    pool: int = 681_280,
+    **kw: Any,
+) -> PayloadServer:
+    return make(
+        {
+            "/server_info": Route(P.server_info(version, mode=mode, context=context, pool=pool, **kw)),
+            "/v1/models": Route(P.v1_models(context)),
+            "/model_info": Route(P.model_info(version, mode)),
+        }
+    )
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Any:
@@ -106,9 +114,16 @@ def test_role_mismatch_is_a_finding(payload_server: Callable[..., PayloadServer]
 
 
 def test_inconclusive_blocks_by_default_and_the_opt_out_is_reported(
-        tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
-    p = worker(payload_server, "0.5.22", mode="prefill", pool=2_040_000, drop=("disaggregation_mode",),
-               drop_in_states=("disaggregation_mode",))
+    tmp_path: Path, payload_server: Callable[..., PayloadServer]
+) -> None:
+    p = worker(
+        payload_server,
+        "0.5.22",
+        mode="prefill",
+        pool=2_040_000,
+        drop=("disaggregation_mode",),
+        drop_in_states=("disaggregation_mode",),
+    )
     res = run("--prefill-url", p.url)
     assert res.exit_code == ExitStatus.INCONCLUSIVE, res.output
     assert run("--prefill-url", p.url, "--strict").exit_code == ExitStatus.INCONCLUSIVE
@@ -149,8 +164,9 @@ def test_5xx_and_bad_json_exit_4(payload_server: Callable[..., PayloadServer], r
 
 
 def test_get_server_info_fallback(payload_server: Callable[..., PayloadServer]) -> None:
-    srv = payload_server({"/get_server_info": Route(P.server_info("0.5.22", pool=2_040_000)),
-                          "/v1/models": Route(P.v1_models())})
+    srv = payload_server(
+        {"/get_server_info": Route(P.server_info("0.5.22", pool=2_040_000)), "/v1/models": Route(P.v1_models())}
+    )
     res = run("--prefill-url", srv.url, "--format", "json", "--no-strict")
     assert res.exit_code == ExitStatus.PASSED, res.output
     assert json.loads(res.stdout)["target"]["nodes"][0]["max_total_num_tokens"] == 2_040_000
@@ -198,8 +214,11 @@ def test_flags_override_profile(payload_server: Callable[..., PayloadServer]) ->
 def test_junit_written_in_every_outcome(tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
     good = worker(payload_server, "0.5.22", pool=2_040_000)
     bad = worker(payload_server, "0.5.22", pool=681_280)
-    cases = {0: ["--prefill-url", good.url, "--no-strict"], 1: ["--prefill-url", bad.url],
-             4: ["--prefill-url", f"http://127.0.0.1:{free_port()}"]}
+    cases = {
+        0: ["--prefill-url", good.url, "--no-strict"],
+        1: ["--prefill-url", bad.url],
+        4: ["--prefill-url", f"http://127.0.0.1:{free_port()}"],
+    }
     for code, args in cases.items():
         out = tmp_path / f"r{code}.xml"
         res = run(*args, "--format", "junit", "--output", str(out))
@@ -215,8 +234,22 @@ def test_junit_written_in_every_outcome(tmp_path: Path, payload_server: Callable
 def test_several_formats_to_several_files(tmp_path: Path, payload_server: Callable[..., PayloadServer]) -> None:
     p = worker(payload_server, pool=681_280)
     files = [tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.md"]
-    res = run("--prefill-url", p.url, "-f", "json", "-o", str(files[0]), "-f", "junit", "-o", str(files[1]),
-              "-f", "markdown", "-o", str(files[2]))
+    res = run(
+        "--prefill-url",
+        p.url,
+        "-f",
+        "json",
+        "-o",
+        str(files[0]),
+        "-f",
+        "junit",
+        "-o",
+        str(files[1]),
+        "-f",
+        "markdown",
+        "-o",
+        str(files[2]),
+    )
     assert res.exit_code == 1
     assert json.loads(files[0].read_text())["exit_status"] == 1
     ET.parse(files[1])
@@ -228,9 +261,27 @@ def test_bearer_token_is_sent_and_never_printed(tmp_path: Path, payload_server: 
     good = worker(payload_server, pool=681_280)
     echo = payload_server({"/server_info": Route({"detail": f"bad token {token}"}, status=500)})
     outs = [tmp_path / "r.json", tmp_path / "r.xml", tmp_path / "r.md"]
-    res = run("--prefill-url", good.url, "--decode-url", echo.url, "--token-env", "KVGATE_TEST_TOKEN",
-              "-f", "json", "-o", str(outs[0]), "-f", "junit", "-o", str(outs[1]), "-f", "markdown", "-o", str(outs[2]),
-              env={"KVGATE_TEST_TOKEN": token})
+    res = run(
+        "--prefill-url",
+        good.url,
+        "--decode-url",
+        echo.url,
+        "--token-env",
+        "KVGATE_TEST_TOKEN",
+        "-f",
+        "json",
+        "-o",
+        str(outs[0]),
+        "-f",
+        "junit",
+        "-o",
+        str(outs[1]),
+        "-f",
+        "markdown",
+        "-o",
+        str(outs[2]),
+        env={"KVGATE_TEST_TOKEN": token},
+    )
     assert res.exit_code == 1  # the failed pool wins over the transport error
     assert good.seen_headers[0].get("Authorization") == f"Bearer {token}"
     for text in [res.stdout, res.stderr, *(o.read_text() for o in outs)]:

@@ -37,11 +37,13 @@ def remote(root: Path, shell: bool = True) -> str:
 
 
 def worker(make: Callable[..., PayloadServer], version: str, mode: str = "prefill") -> PayloadServer:
-    return make({
-        "/server_info": Route(P.server_info(version, mode=mode, context=1_048_576, pool=2_040_000)),
-        "/v1/models": Route(P.v1_models(1_048_576)),
-        "/model_info": Route(P.model_info(version, mode)),
-    })
+    return make(
+        {
+            "/server_info": Route(P.server_info(version, mode=mode, context=1_048_576, pool=2_040_000)),
+            "/v1/models": Route(P.v1_models(1_048_576)),
+            "/model_info": Route(P.model_info(version, mode)),
+        }
+    )
 
 
 def check(*args: str) -> tuple[int, dict[str, Any], str]:
@@ -50,8 +52,11 @@ def check(*args: str) -> tuple[int, dict[str, Any], str]:
 
 
 def release(doc: dict[str, Any], node_prefix: str = "prefill[0]") -> dict[str, Any]:
-    hits = [f for f in doc["findings"] if f["gate"] == "defenses" and f["check"] == "release"
-            and f["node"].startswith(node_prefix)]
+    hits = [
+        f
+        for f in doc["findings"]
+        if f["gate"] == "defenses" and f["check"] == "release" and f["node"].startswith(node_prefix)
+    ]
     assert len(hits) == 1, doc["findings"]
     return hits[0]
 
@@ -77,7 +82,7 @@ def markers_only_0_5_20(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pkg = copy_signature_tree("0.5.20", site / "sglang")
     for patch in load_series("0.5.20").select(False):
         for f in patch.files:
-            add_marker(pkg, f.site_path[len("sglang/"):], patch.id)
+            add_marker(pkg, f.site_path[len("sglang/") :], patch.id)
     return site
 
 
@@ -85,8 +90,9 @@ def test_scan_python_has_no_kvgate() -> None:
     assert PY3 is not None
     import subprocess
 
-    probe = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "python3", "-c", "import kvgate"],
-                           capture_output=True, text=True, cwd="/")
+    probe = subprocess.run(
+        ["env", "-i", "PATH=/usr/bin:/bin", "python3", "-c", "import kvgate"], capture_output=True, text=True, cwd="/"
+    )
     assert probe.returncode != 0  # what remote() runs cannot import kvgate: the scan program needs none of it
 
 
@@ -117,8 +123,9 @@ def test_version_only_is_reported_and_not_counted(payload_server: Callable[..., 
     assert release(doc)["outcome"] == "passed"
 
 
-def test_backported_0_5_20_reads_as_code_verified(payload_server: Callable[..., PayloadServer],
-                                                   patched_0_5_20: Path) -> None:
+def test_backported_0_5_20_reads_as_code_verified(
+    payload_server: Callable[..., PayloadServer], patched_0_5_20: Path
+) -> None:
     w = worker(payload_server, "0.5.20")
     code, doc, _ = check("--prefill-url", w.url, "--python", remote(patched_0_5_20))
     f = release(doc)
@@ -130,15 +137,18 @@ def test_backported_0_5_20_reads_as_code_verified(payload_server: Callable[..., 
     assert "reads as 0.5.20 + kvgate backports (kvgate-admission-door, kvgate-deferred-release-default)" in f["summary"]
 
 
-def test_markers_without_the_code_fail_as_tampered(payload_server: Callable[..., PayloadServer],
-                                                   markers_only_0_5_20: Path) -> None:
+def test_markers_without_the_code_fail_as_tampered(
+    payload_server: Callable[..., PayloadServer], markers_only_0_5_20: Path
+) -> None:
     w = worker(payload_server, "0.5.20")
     code, doc, _ = check("--prefill-url", w.url, "--python", remote(markers_only_0_5_20))
     assert code == ExitStatus.GATE_FAILED
     f = release(doc)
     assert f["outcome"] == "failed" and "#38935" in f["summary"]
-    assert "tampered or partial backports (marker without the code): kvgate-admission-door, " \
-           "kvgate-deferred-release-default" in f["summary"]
+    assert (
+        "tampered or partial backports (marker without the code): kvgate-admission-door, "
+        "kvgate-deferred-release-default" in f["summary"]
+    )
     assert rows(f)["kvgate-admission-door"].startswith("tampered or partial backport")
 
 
@@ -146,21 +156,33 @@ def test_profile_code_per_role(payload_server: Callable[..., PayloadServer], tmp
     p = worker(payload_server, "0.5.22", "prefill")
     d = worker(payload_server, "0.5.22", "decode")
     prof = tmp_path / "code.yaml"
-    prof.write_text(json.dumps({"code": {"prefill": {"python": remote(wheel("0.5.20"))},
-                                         "decode": {"site_packages": str(wheel("0.5.22"))}}}))
+    prof.write_text(
+        json.dumps(
+            {
+                "code": {
+                    "prefill": {"python": remote(wheel("0.5.20"))},
+                    "decode": {"site_packages": str(wheel("0.5.22"))},
+                }
+            }
+        )
+    )
     code, doc, _ = check("--prefill-url", p.url, "--decode-url", d.url, "--profile", str(prof))
     assert release(doc, "prefill")["outcome"] == "failed"
     assert release(doc, "decode")["outcome"] == "passed"
 
 
-@pytest.mark.parametrize("code_section, key", [
-    ({"router": {"python": "python3"}}, "code.router"),
-    ({"prefill": {"python": "python3", "site_packages": "/"}}, "code.prefill"),
-    ({"prefill": {"site_packages": "/no/such/dir"}}, "code.prefill.site_packages"),
-    ({"prefill": {"python": "python3", "timeout": 0}}, "code.prefill.timeout"),
-])
-def test_bad_code_section_is_a_usage_error(payload_server: Callable[..., PayloadServer], tmp_path: Path,
-                                           code_section: dict[str, Any], key: str) -> None:
+@pytest.mark.parametrize(
+    "code_section, key",
+    [
+        ({"router": {"python": "python3"}}, "code.router"),
+        ({"prefill": {"python": "python3", "site_packages": "/"}}, "code.prefill"),
+        ({"prefill": {"site_packages": "/no/such/dir"}}, "code.prefill.site_packages"),
+        ({"prefill": {"python": "python3", "timeout": 0}}, "code.prefill.timeout"),
+    ],
+)
+def test_bad_code_section_is_a_usage_error(
+    payload_server: Callable[..., PayloadServer], tmp_path: Path, code_section: dict[str, Any], key: str
+) -> None:
     w = worker(payload_server, "0.5.22")
     prof = tmp_path / "bad.yaml"
     prof.write_text(json.dumps({"code": code_section}))
@@ -168,17 +190,23 @@ def test_bad_code_section_is_a_usage_error(payload_server: Callable[..., Payload
     assert code == ExitStatus.USAGE_ERROR and f"key '{key}'" in err
 
 
-@pytest.mark.parametrize("wrapper, message", [
-    ("sh -c 'cat >/dev/null; sleep 60'", "no answer within 2 s (killed)"),
-    ("sh -c 'cat >/dev/null; echo Defaulted container \"sglang\" out of: sglang, sidecar'",
-     "did not answer with a kvgate code scan on stdout (got 'Defaulted container"),
-    ("sh -c 'cat >/dev/null; echo error: pod not found >&2; exit 1'", "exited 1; stderr: error: pod not found"),
-    (r"""sh -c 'cat >/dev/null; echo "{\"kvgate_scan\": 99}"'""", "the answer is not a kvgate code scan"),
-    ("sh -c 'cat >/dev/null; yes garbage'", "printed more than"),
-    ("/no/such/kubectl exec -i pod -- python3", "no such program"),
-])
-def test_a_failing_scan_command_is_a_transport_error_naming_it(payload_server: Callable[..., PayloadServer],
-                                                               wrapper: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "wrapper, message",
+    [
+        ("sh -c 'cat >/dev/null; sleep 60'", "no answer within 2 s (killed)"),
+        (
+            "sh -c 'cat >/dev/null; echo Defaulted container \"sglang\" out of: sglang, sidecar'",
+            "did not answer with a kvgate code scan on stdout (got 'Defaulted container",
+        ),
+        ("sh -c 'cat >/dev/null; echo error: pod not found >&2; exit 1'", "exited 1; stderr: error: pod not found"),
+        (r"""sh -c 'cat >/dev/null; echo "{\"kvgate_scan\": 99}"'""", "the answer is not a kvgate code scan"),
+        ("sh -c 'cat >/dev/null; yes garbage'", "printed more than"),
+        ("/no/such/kubectl exec -i pod -- python3", "no such program"),
+    ],
+)
+def test_a_failing_scan_command_is_a_transport_error_naming_it(
+    payload_server: Callable[..., PayloadServer], wrapper: str, message: str
+) -> None:
     w = worker(payload_server, "0.5.22")
     code, doc, _ = check("--prefill-url", w.url, "--python", wrapper, "--scan-timeout", "2")
     assert code == ExitStatus.TRANSPORT_ERROR
@@ -189,8 +217,11 @@ def test_a_failing_scan_command_is_a_transport_error_naming_it(payload_server: C
 
 def test_scan_flags_are_checked(payload_server: Callable[..., PayloadServer]) -> None:
     w = worker(payload_server, "0.5.22")
-    for args in (["--python", "python3", "--site-packages", "/"], ["--scan-timeout", "5"],
-                 ["--python", "sh -c 'unbalanced"]):
+    for args in (
+        ["--python", "python3", "--site-packages", "/"],
+        ["--scan-timeout", "5"],
+        ["--python", "sh -c 'unbalanced"],
+    ):
         res = runner.invoke(app, ["check", "--quiet", "--prefill-url", w.url, *args])
         assert res.exit_code == ExitStatus.USAGE_ERROR, (args, res.output)
 
@@ -200,14 +231,29 @@ def test_scan_flags_are_checked(payload_server: Callable[..., PayloadServer]) ->
 VERDICT = {ExitStatus.PASSED: "passed", ExitStatus.GATE_FAILED: "failed", ExitStatus.INCONCLUSIVE: "inconclusive"}
 
 
-@pytest.mark.parametrize("version, expected", [
-    ("0.5.18", "failed"), ("0.5.19", "failed"), ("0.5.20", "failed"), ("0.5.20.post1", "inconclusive"),
-    ("0.5.21", "failed"), ("0.5.21+fork.1", "inconclusive"), ("0.5.22rc1", "inconclusive"),
-    ("0.5.22.dev3+gabc1234", "inconclusive"), ("0.5.22", "passed"), ("v0.5.22", "passed"), ("0.5.23", "passed"),
-    ("0.5.23.post1", "passed"), ("0.5.24", "inconclusive"), ("0.6.0", "inconclusive"), ("0.6.0.dev1", "inconclusive"),
-])
-def test_fixes_and_check_agree_on_every_version_string(payload_server: Callable[..., PayloadServer], version: str,
-                                                        expected: str) -> None:
+@pytest.mark.parametrize(
+    "version, expected",
+    [
+        ("0.5.18", "failed"),
+        ("0.5.19", "failed"),
+        ("0.5.20", "failed"),
+        ("0.5.20.post1", "inconclusive"),
+        ("0.5.21", "failed"),
+        ("0.5.21+fork.1", "inconclusive"),
+        ("0.5.22rc1", "inconclusive"),
+        ("0.5.22.dev3+gabc1234", "inconclusive"),
+        ("0.5.22", "passed"),
+        ("v0.5.22", "passed"),
+        ("0.5.23", "passed"),
+        ("0.5.23.post1", "passed"),
+        ("0.5.24", "inconclusive"),
+        ("0.6.0", "inconclusive"),
+        ("0.6.0.dev1", "inconclusive"),
+    ],
+)
+def test_fixes_and_check_agree_on_every_version_string(
+    payload_server: Callable[..., PayloadServer], version: str, expected: str
+) -> None:
     w = worker(payload_server, version)
     fixes = runner.invoke(app, ["fixes", "--version", version, "--format", "json"])
     by_url = runner.invoke(app, ["fixes", "--url", w.url, "--format", "json"])
@@ -215,8 +261,11 @@ def test_fixes_and_check_agree_on_every_version_string(payload_server: Callable[
     _, doc, _ = check("--prefill-url", w.url, "--trust-version")
     f = release(doc)
     assert f["outcome"] == expected, f["summary"]
-    correctness = [x for x in json.loads(fixes.stdout)["findings"]
-                   if any(e["field"] == "present" and e["expected"] == "present" for e in x["evidence"])]
+    correctness = [
+        x
+        for x in json.loads(fixes.stdout)["findings"]
+        if any(e["field"] == "present" and e["expected"] == "present" for e in x["evidence"])
+    ]
     named = {x["check"] for x in correctness if x["outcome"] != "passed"}
     assert {x["check"] for x in correctness} <= set(rows(f))
     assert {x["check"] for x in correctness if not rows(f)[x["check"]].startswith("present")} <= named
@@ -231,8 +280,13 @@ def test_fixes_and_check_agree_on_every_version_string(payload_server: Callable[
 def test_a_worker_without_a_version_is_never_a_pass(payload_server: Callable[..., PayloadServer]) -> None:
     info = P.server_info("0.5.22", mode="prefill", context=1_048_576, pool=2_040_000)
     info.pop("version")
-    w = payload_server({"/server_info": Route(info), "/v1/models": Route(P.v1_models(1_048_576)),
-                        "/model_info": Route(P.model_info("0.5.22", "prefill"))})
+    w = payload_server(
+        {
+            "/server_info": Route(info),
+            "/v1/models": Route(P.v1_models(1_048_576)),
+            "/model_info": Route(P.model_info("0.5.22", "prefill")),
+        }
+    )
     assert runner.invoke(app, ["fixes", "--url", w.url]).exit_code == ExitStatus.INCONCLUSIVE
     _, doc, _ = check("--prefill-url", w.url, "--trust-version")
     assert release(doc)["outcome"] == "inconclusive"

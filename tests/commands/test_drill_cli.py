@@ -53,9 +53,27 @@ def test_readme_main_command_shows_the_leak_in_the_first_lines() -> None:
 
 def test_drill_on_fixed_release_with_doubled_pool_passes(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    res = runner.invoke(app, ["drill", "--emulate", "0.5.22", "--context-length", "65536", "--prefill-pool",
-                              "131072", "--decode-pool", "131072", "--tenants", "8", "-q", "-f", "json", "-o",
-                              str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "drill",
+            "--emulate",
+            "0.5.22",
+            "--context-length",
+            "65536",
+            "--prefill-pool",
+            "131072",
+            "--decode-pool",
+            "131072",
+            "--tenants",
+            "8",
+            "-q",
+            "-f",
+            "json",
+            "-o",
+            str(out),
+        ],
+    )
     outcomes = {f["outcome"] for f in _findings(out)}
     assert "failed" not in outcomes and "error" not in outcomes
     assert any(f["gate"] == "probes" and f["outcome"] == "passed" for f in _findings(out))

@@ -51,8 +51,9 @@ def test_fixes_malformed_url_is_a_usage_error_with_a_report(tmp_path: Path) -> N
     assert res.exit_code == doc["exit_status"] == ExitStatus.USAGE_ERROR
 
 
-def test_unexpected_crash_in_check_writes_the_report_and_exits_5(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unexpected_crash_in_check_writes_the_report_and_exits_5(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import kvgate.check as pipeline  # `check` imports run_check when it runs (a light --help)
 
     def boom(*a: Any, **k: Any) -> None:
@@ -65,8 +66,9 @@ def test_unexpected_crash_in_check_writes_the_report_and_exits_5(tmp_path: Path,
     assert "internal error" in res.stderr
 
 
-def test_unexpected_crash_in_fixes_writes_the_report_and_exits_5(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unexpected_crash_in_fixes_writes_the_report_and_exits_5(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import kvgate.catalogue as cmd  # `fixes` imports the catalogue when it runs (a light --help)
 
     monkeypatch.setattr(cmd, "assess_version", lambda *a, **k: 1 / 0)
@@ -75,12 +77,14 @@ def test_unexpected_crash_in_fixes_writes_the_report_and_exits_5(tmp_path: Path,
     assert "ZeroDivisionError" in doc["findings"][0]["summary"]
 
 
-def test_a_crashing_gate_is_internal_not_transport(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   payload_server: Callable[..., PayloadServer]) -> None:
+def test_a_crashing_gate_is_internal_not_transport(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload_server: Callable[..., PayloadServer]
+) -> None:
     from kvgate.gates.pool_context import PoolContextGate
 
-    srv = payload_server({"/server_info": Route(P.server_info("0.5.22", pool=2_040_000)),
-                          "/v1/models": Route(P.v1_models())})
+    srv = payload_server(
+        {"/server_info": Route(P.server_info("0.5.22", pool=2_040_000)), "/v1/models": Route(P.v1_models())}
+    )
     monkeypatch.setattr(PoolContextGate, "run", lambda self, ctx: [][1])
     res, doc = _invoke(tmp_path, "check", "-q", "--prefill-url", srv.url, "--no-strict")
     assert res.exit_code == doc["exit_status"] == ExitStatus.INTERNAL_ERROR, res.output
@@ -103,16 +107,22 @@ def test_a_run_that_checked_nothing_never_passes_even_without_strict() -> None:
     assert Report("fixes", (), strict=False).exit_status == ExitStatus.INCONCLUSIVE
 
 
-def test_sigterm_mid_run_writes_the_report_and_exits_130(tmp_path: Path,
-                                                          payload_server: Callable[..., PayloadServer]) -> None:
+def test_sigterm_mid_run_writes_the_report_and_exits_130(
+    tmp_path: Path, payload_server: Callable[..., PayloadServer]
+) -> None:
     """A pipeline step timeout sends SIGTERM: the real `kvgate` process, stuck reading a worker that does
     not answer, still writes its report (no verdict) and exits 130, never 0."""
-    stuck = payload_server({"/server_info": Route(P.server_info(), delay_s=60),
-                            "/get_server_info": Route(P.server_info(), delay_s=60)})
+    stuck = payload_server(
+        {"/server_info": Route(P.server_info(), delay_s=60), "/get_server_info": Route(P.server_info(), delay_s=60)}
+    )
     out = tmp_path / "r.json"
     kvgate = Path(sys.executable).with_name("kvgate")
-    proc = subprocess.Popen([str(kvgate), "check", "-q", "--prefill-url", stuck.url, "--timeout", "20",
-                             "-f", "json", "-o", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [str(kvgate), "check", "-q", "--prefill-url", stuck.url, "--timeout", "20", "-f", "json", "-o", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 60
     while not stuck.seen_headers and time.monotonic() < deadline:  # it is reading the worker now
         time.sleep(0.1)

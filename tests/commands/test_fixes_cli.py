@@ -40,6 +40,7 @@ def _presence(doc: dict) -> dict[str, str]:
 
 # --- by version ------------------------------------------------------------------------------
 
+
 def test_version_0_5_20_fails_with_36988_present_and_38935_absent() -> None:
     code, doc = _json("--version", "0.5.20")
     assert code == 1 and doc["exit_status"] == 1
@@ -99,6 +100,7 @@ def test_mori_backend_makes_the_mori_fix_required() -> None:
 
 # --- usage errors ----------------------------------------------------------------------------
 
+
 def test_two_sources_is_a_usage_error() -> None:
     res = _run("--version", "0.5.22", "--url", "http://127.0.0.1:1")
     assert res.exit_code == 2 and "give one of" in res.stderr
@@ -124,6 +126,7 @@ def test_auto_detect_without_sglang_is_a_usage_error() -> None:
 
 # --- every format, files -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("fmt", list(ReportFormat))
 def test_every_format_renders(fmt: ReportFormat, tmp_path: Path) -> None:
     out = tmp_path / f"report.{fmt.value}"
@@ -135,6 +138,7 @@ def test_every_format_renders(fmt: ReportFormat, tmp_path: Path) -> None:
 
 
 # --- by source (real wheels) -------------------------------------------------------------------
+
 
 @pytest.mark.wheels
 @pytest.mark.parametrize("version, code", [("0.5.20", 1), ("0.5.21", 1), ("0.5.22", 0), ("0.5.23", 0)])
@@ -154,8 +158,10 @@ def test_site_packages_patched_0_5_20(tmp_path: Path) -> None:
     assert applied.exit_code == 0, applied.output
     rc, doc = _json("--site-packages", str(tmp_path / "site"))
     assert rc == 1  # no backport covers #40645 and friends
-    assert doc["target"]["reads_as"] == "0.5.20 + kvgate backports (kvgate-admission-door, " \
+    assert (
+        doc["target"]["reads_as"] == "0.5.20 + kvgate backports (kvgate-admission-door, "
         "kvgate-deferred-release-default)"
+    )
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
     assert door["outcome"] == "passed" and "by kvgate backport kvgate-admission-door, code verified" in door["summary"]
     assert "version, which says absent" in door["summary"]
@@ -185,6 +191,7 @@ def test_repo_and_rev(tmp_path: Path) -> None:
 
 
 # --- by URL (real loopback HTTP server) ---------------------------------------------------------
+
 
 def test_url_reads_version_from_server_info(payload_server) -> None:  # type: ignore[no-untyped-def]
     srv = payload_server({"/server_info": Route({"version": "0.5.22", "disaggregation_transfer_backend": "mooncake"})})
@@ -249,11 +256,13 @@ def test_probe_runs_the_installed_admission_code() -> None:
     assert "behaviour" in doc["target"]["methods"]
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
     assert door["outcome"] == "passed" and "by behaviour" in door["summary"]
-    assert any(e["field"] == "by_behaviour" and e["value"].startswith("present: admission probe")
-               for e in door["evidence"])
+    assert any(
+        e["field"] == "by_behaviour" and e["value"].startswith("present: admission probe") for e in door["evidence"]
+    )
 
 
 # --- --python: a whole command line, the scan program on its stdin ------------------------------
+
 
 @pytest.mark.wheels
 def test_python_command_line_reads_the_remote_code() -> None:
@@ -265,11 +274,14 @@ def test_python_command_line_reads_the_remote_code() -> None:
     assert "by source" in door["summary"]
 
 
-@pytest.mark.parametrize("command, message", [
-    ("sh -c 'cat >/dev/null; sleep 60'", "no answer within 2 s"),
-    ("sh -c 'cat >/dev/null; echo not json'", "did not answer with a kvgate code scan"),
-    ("sh -c 'exit 7'", "exited 7"),
-])
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ("sh -c 'cat >/dev/null; sleep 60'", "no answer within 2 s"),
+        ("sh -c 'cat >/dev/null; echo not json'", "did not answer with a kvgate code scan"),
+        ("sh -c 'exit 7'", "exited 7"),
+    ],
+)
 def test_python_command_that_hangs_or_answers_garbage_exits_4(command: str, message: str) -> None:
     res = _run("--python", command, "--scan-timeout", "2")
     assert res.exit_code == 4 and message in res.stderr and repr(command) in res.stderr

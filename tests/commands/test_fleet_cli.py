@@ -39,14 +39,23 @@ def not_passed(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for f in doc["findings"] if f["outcome"] not in ("passed", "inconclusive", "info")]
 
 
-@pytest.mark.parametrize("prefill,decode,short", [(1, 1, 0), (8, 8, 5), (32, 32, 17)],
-                         ids=["2-workers", "16-workers", "64-workers"])
-def test_router_alone_finds_the_one_short_pool(deployment: Callable[..., SimDeployment], prefill: int,
-                                               decode: int, short: int) -> None:
+@pytest.mark.parametrize(
+    "prefill,decode,short", [(1, 1, 0), (8, 8, 5), (32, 32, 17)], ids=["2-workers", "16-workers", "64-workers"]
+)
+def test_router_alone_finds_the_one_short_pool(
+    deployment: Callable[..., SimDeployment], prefill: int, decode: int, short: int
+) -> None:
     pools = [GOOD_POOL] * prefill
     pools[short] = SHORT_POOL
-    dep = deployment(emulate="0.5.22", prefill=prefill, decode=decode, context_length=CONTEXT,
-                     prefill_pool=pools, decode_pool=GOOD_POOL, light=prefill + decode > 2)
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=prefill,
+        decode=decode,
+        context_length=CONTEXT,
+        prefill_pool=pools,
+        decode_pool=GOOD_POOL,
+        light=prefill + decode > 2,
+    )
     res = check("--router-url", str(dep.router_url), "--format", "json")
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     doc = json.loads(res.stdout)
@@ -54,8 +63,11 @@ def test_router_alone_finds_the_one_short_pool(deployment: Callable[..., SimDepl
     bad = not_passed(doc)
     assert bad and {short_url in f["node"] for f in bad} == {True}, [f["node"] for f in bad]
     assert {f["check"] for f in bad} >= {"headroom"}
-    reached = [f for f in doc["findings"] if f["gate"] == "target" and f["check"] == "reachable"
-               and not f["node"].startswith("router ")]
+    reached = [
+        f
+        for f in doc["findings"]
+        if f["gate"] == "target" and f["check"] == "reachable" and not f["node"].startswith("router ")
+    ]
     assert len(reached) == prefill + decode and all(f["outcome"] == "passed" for f in reached)
     roles = sorted(n["role"] for n in doc["target"]["nodes"])
     assert roles == ["decode"] * decode + ["prefill"] * prefill
@@ -66,8 +78,15 @@ def test_router_alone_finds_the_one_short_pool(deployment: Callable[..., SimDepl
 
 
 def test_real_router_workers_shape_is_what_discovery_reads(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=GOOD_POOL,
-                     decode_pool=GOOD_POOL, light=True)
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=2,
+        decode=2,
+        context_length=CONTEXT,
+        prefill_pool=GOOD_POOL,
+        decode_pool=GOOD_POOL,
+        light=True,
+    )
     raw = httpx.get(f"{dep.router_url}/workers", timeout=5).json()
     # The shape smg 1.13.0 really returns (fleet.md section 2), observed rather than assumed.
     assert raw["total"] == 4 and raw["stats"]["prefill_count"] == 2 and raw["stats"]["decode_count"] == 2
@@ -86,12 +105,30 @@ def test_real_router_workers_shape_is_what_discovery_reads(deployment: Callable[
 
 
 def test_cross_check_names_a_worker_the_gate_was_not_told_about(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=GOOD_POOL,
-                     decode_pool=GOOD_POOL, light=True)
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=2,
+        decode=2,
+        context_length=CONTEXT,
+        prefill_pool=GOOD_POOL,
+        decode_pool=GOOD_POOL,
+        light=True,
+    )
     left_out = dep.decode_urls[1]
-    res = check("--router-url", str(dep.router_url), "--prefill-url", dep.prefill_urls[0],
-                "--prefill-url", dep.prefill_urls[1], "--decode-url", dep.decode_urls[0],
-                "--decode-url", "http://127.0.0.1:9", "--format", "json")
+    res = check(
+        "--router-url",
+        str(dep.router_url),
+        "--prefill-url",
+        dep.prefill_urls[0],
+        "--prefill-url",
+        dep.prefill_urls[1],
+        "--decode-url",
+        dep.decode_urls[0],
+        "--decode-url",
+        "http://127.0.0.1:9",
+        "--format",
+        "json",
+    )
     doc = json.loads(res.stdout)
     member = {f["node"]: f["outcome"] for f in doc["findings"] if f["check"] == "router-membership"}
     assert member[f"worker {left_out}"] == "failed"
@@ -100,11 +137,26 @@ def test_cross_check_names_a_worker_the_gate_was_not_told_about(deployment: Call
 
 
 def test_given_role_differs_from_the_router_role(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(emulate="0.5.22", prefill=1, decode=1, context_length=CONTEXT, prefill_pool=GOOD_POOL,
-                     decode_pool=GOOD_POOL, light=True)
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=1,
+        decode=1,
+        context_length=CONTEXT,
+        prefill_pool=GOOD_POOL,
+        decode_pool=GOOD_POOL,
+        light=True,
+    )
     # The decode passed as a prefill: the node reports decode, and the router routes it as decode.
-    res = check("--router-url", str(dep.router_url), "--prefill-url", dep.decode_urls[0],
-                "--decode-url", dep.prefill_urls[0], "--format", "json")
+    res = check(
+        "--router-url",
+        str(dep.router_url),
+        "--prefill-url",
+        dep.decode_urls[0],
+        "--decode-url",
+        dep.prefill_urls[0],
+        "--format",
+        "json",
+    )
     assert res.exit_code == ExitStatus.GATE_FAILED
     doc = json.loads(res.stdout)
     roles = [f for f in doc["findings"] if f["check"] == "role" and f["outcome"] == "failed"]
@@ -112,10 +164,22 @@ def test_given_role_differs_from_the_router_role(deployment: Callable[..., SimDe
 
 
 def test_router_lists_a_failed_worker(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=GOOD_POOL,
-                     decode_pool=GOOD_POOL, light=True,
-                     router_args=["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-                                  "--no-remove-unhealthy-workers"])
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=2,
+        decode=2,
+        context_length=CONTEXT,
+        prefill_pool=GOOD_POOL,
+        decode_pool=GOOD_POOL,
+        light=True,
+        router_args=[
+            "--health-check-interval-secs",
+            "1",
+            "--health-failure-threshold",
+            "1",
+            "--no-remove-unhealthy-workers",
+        ],
+    )
     sick = dep.decode_urls[1]
     assert httpx.post(f"{sick}/sim/health", json={"healthy": False}, timeout=5).status_code == 200
     end = time.monotonic() + 30
@@ -139,8 +203,15 @@ def test_router_lists_a_failed_worker(deployment: Callable[..., SimDeployment]) 
 
 
 def test_baseline_round_trip_on_the_fleet(deployment: Callable[..., SimDeployment], tmp_path: Path) -> None:
-    dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=GOOD_POOL,
-                     decode_pool=GOOD_POOL, light=True)
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=2,
+        decode=2,
+        context_length=CONTEXT,
+        prefill_pool=GOOD_POOL,
+        decode_pool=GOOD_POOL,
+        light=True,
+    )
     base = tmp_path / "fleet-baseline.json"
     first = check("--router-url", str(dep.router_url), "--write-baseline", str(base), "--format", "json")
     assert first.exit_code == ExitStatus.PASSED, first.output
@@ -153,15 +224,26 @@ def test_baseline_round_trip_on_the_fleet(deployment: Callable[..., SimDeploymen
 
 
 def test_dp_aware_router_lists_ranks_and_each_worker_is_read_once(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(emulate="0.5.22", prefill=1, decode=1, context_length=CONTEXT, prefill_pool=GOOD_POOL,
-                     decode_pool=GOOD_POOL, light=True, dp_size=2, router_args=["--dp-aware"])
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=1,
+        decode=1,
+        context_length=CONTEXT,
+        prefill_pool=GOOD_POOL,
+        decode_pool=GOOD_POOL,
+        light=True,
+        dp_size=2,
+        router_args=["--dp-aware"],
+    )
     raw = httpx.get(f"{dep.router_url}/workers", timeout=5).json()["workers"]
     # What smg 1.13.0 --dp-aware really lists: one entry per rank, `url@rank` plus dp_base_url/dp_rank/dp_size.
-    assert sorted(w["url"] for w in raw) == sorted(f"{u}@{r}" for u in dep.prefill_urls + dep.decode_urls
-                                                   for r in (0, 1))
+    assert sorted(w["url"] for w in raw) == sorted(
+        f"{u}@{r}" for u in dep.prefill_urls + dep.decode_urls for r in (0, 1)
+    )
     assert {(w["dp_base_url"] in w["url"], w["dp_size"]) for w in raw} == {(True, 2)}
     res = check("--router-url", str(dep.router_url), "--format", "json")
     assert res.exit_code == ExitStatus.PASSED, res.output
     nodes = json.loads(res.stdout)["target"]["nodes"]
     assert sorted((n["url"], n["dp_ranks"]) for n in nodes) == sorted(
-        (u, 2) for u in dep.prefill_urls + dep.decode_urls)
+        (u, 2) for u in dep.prefill_urls + dep.decode_urls
+    )

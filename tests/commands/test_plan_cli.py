@@ -22,9 +22,26 @@ GQA = str(CONFIGS / "llama-gqa.json")
 
 # The incident's shape (incident.md section 1): a 1,048,576-token context on 8 x H200 with a measured
 # weight figure that leaves the pool far short of context x 1.25.
-INCIDENT = ["--model-config", DSA, "--gpu-memory-gib", "139.5", "--gpus-per-worker", "8", "--tp", "8",
-            "--mem-fraction-static", "0.85", "--page-size", "64", "--context-length", "1048576",
-            "--weights-gib", "84.5", "--release", "0.5.22"]
+INCIDENT = [
+    "--model-config",
+    DSA,
+    "--gpu-memory-gib",
+    "139.5",
+    "--gpus-per-worker",
+    "8",
+    "--tp",
+    "8",
+    "--mem-fraction-static",
+    "0.85",
+    "--page-size",
+    "64",
+    "--context-length",
+    "1048576",
+    "--weights-gib",
+    "84.5",
+    "--release",
+    "0.5.22",
+]
 
 
 def plan(*args: str) -> Any:
@@ -69,13 +86,19 @@ def test_incident_shape_is_short_and_every_number_is_in_the_report() -> None:
 
 def _knobs(res: Any) -> dict[str, Any]:
     finding = [f for f in doc_of(res)["findings"] if f["node"] == "prefill (planned)"][0]
-    return {e["field"][len("knob "):]: e["value"] for e in finding["evidence"] if e["field"].startswith("knob ")}
+    return {e["field"][len("knob ") :]: e["value"] for e in finding["evidence"] if e["field"].startswith("knob ")}
 
 
 def test_each_possible_knob_alone_makes_the_plan_pass_and_impossible_ones_do_not() -> None:
     knobs = _knobs(plan(*INCIDENT, "-f", "json"))
-    assert set(knobs) == {"--mem-fraction-static", "--tp", "--kv-cache-dtype", "--context-length", "--page-size",
-                          "--gpus-per-worker"}
+    assert set(knobs) == {
+        "--mem-fraction-static",
+        "--tp",
+        "--kv-cache-dtype",
+        "--context-length",
+        "--page-size",
+        "--gpus-per-worker",
+    }
     possible = {k: v for k, v in knobs.items() if v != "impossible"}
     assert possible, knobs
     for flag, value in possible.items():
@@ -96,8 +119,22 @@ def test_each_possible_knob_alone_makes_the_plan_pass_and_impossible_ones_do_not
 
 
 # A GQA worker a little short of its context: raising the memory fraction can close it.
-SHORT_GQA = ["--model-config", GQA, "--gpu-memory-gib", "139.5", "--tp", "8", "--mem-fraction-static", "0.85",
-             "--page-size", "64", "--context-length", "2200000", "--weights-gib", "18.5"]
+SHORT_GQA = [
+    "--model-config",
+    GQA,
+    "--gpu-memory-gib",
+    "139.5",
+    "--tp",
+    "8",
+    "--mem-fraction-static",
+    "0.85",
+    "--page-size",
+    "64",
+    "--context-length",
+    "2200000",
+    "--weights-gib",
+    "18.5",
+]
 
 
 def test_the_mem_fraction_knob_is_the_smallest_that_fits() -> None:
@@ -115,8 +152,22 @@ def test_the_context_knob_is_the_longest_that_fits() -> None:
 
 
 def test_a_pool_that_holds_the_context_passes() -> None:
-    res = plan("--model-config", GQA, "--gpu-memory-gib", "139.5", "--tp", "8", "--mem-fraction-static", "0.85",
-               "--context-length", "131072", "--weights-gib", "18.5", "-f", "json")
+    res = plan(
+        "--model-config",
+        GQA,
+        "--gpu-memory-gib",
+        "139.5",
+        "--tp",
+        "8",
+        "--mem-fraction-static",
+        "0.85",
+        "--context-length",
+        "131072",
+        "--weights-gib",
+        "18.5",
+        "-f",
+        "json",
+    )
     assert res.exit_code == ExitStatus.PASSED, res.output
     doc = doc_of(res)
     assert all(f["outcome"] == "passed" for f in doc["findings"]) and len(doc["findings"]) == 2
@@ -124,8 +175,24 @@ def test_a_pool_that_holds_the_context_passes() -> None:
 
 
 def test_a_cap_below_the_context_fails_and_names_the_cap_knob() -> None:
-    res = plan("--model-config", GQA, "--gpu-memory-gib", "139.5", "--tp", "8", "--mem-fraction-static", "0.85",
-               "--context-length", "131072", "--weights-gib", "18.5", "--max-total-tokens", "100000", "-f", "json")
+    res = plan(
+        "--model-config",
+        GQA,
+        "--gpu-memory-gib",
+        "139.5",
+        "--tp",
+        "8",
+        "--mem-fraction-static",
+        "0.85",
+        "--context-length",
+        "131072",
+        "--weights-gib",
+        "18.5",
+        "--max-total-tokens",
+        "100000",
+        "-f",
+        "json",
+    )
     assert res.exit_code == ExitStatus.GATE_FAILED
     assert doc_of(res)["target"]["prefill"]["max_total_num_tokens"] == 100_000
     knobs = _knobs(res)
@@ -161,15 +228,20 @@ def test_every_format_is_written_before_the_exit(fmt: ReportFormat, tmp_path: Pa
     assert "GATE FAILED: do not promote (exit 1)" in res.stdout  # the verdict still reaches the job log
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--gpu-memory-gib", "139.5", "--tp", "8", "--mem-fraction-static", "0.85", "--context-length", "8192"],
-     "--model-config"),
-    (with_flag(INCIDENT, "--model-config", "/nonexistent/config.json"), "cannot read"),
-    (with_flag(INCIDENT, "--gpus-per-worker", "16"), "does not match the layout"),
-    (with_flag(INCIDENT, "--release", "0.4.0"), "--release 0.4.0"),
-    (with_flag(INCIDENT, "--kv-cache-dtype", "fp4_e2m1"), "FP4"),
-    (with_flag(INCIDENT, "--mem-fraction-static", "1.5"), "--mem-fraction-static"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            ["--gpu-memory-gib", "139.5", "--tp", "8", "--mem-fraction-static", "0.85", "--context-length", "8192"],
+            "--model-config",
+        ),
+        (with_flag(INCIDENT, "--model-config", "/nonexistent/config.json"), "cannot read"),
+        (with_flag(INCIDENT, "--gpus-per-worker", "16"), "does not match the layout"),
+        (with_flag(INCIDENT, "--release", "0.4.0"), "--release 0.4.0"),
+        (with_flag(INCIDENT, "--kv-cache-dtype", "fp4_e2m1"), "FP4"),
+        (with_flag(INCIDENT, "--mem-fraction-static", "1.5"), "--mem-fraction-static"),
+    ],
+)
 def test_usage_errors_exit_2_with_a_report(argv: list[str], needle: str, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     res = plan(*argv, "-f", "json", "-o", str(out))
@@ -194,7 +266,8 @@ def test_profile_deployment_section_plans_each_role(tmp_path: Path) -> None:
     prof.write_text(
         "schema: 1\nname: t\ncontext_length: 131072\nheadroom: 1.25\n"
         f"deployment:\n  model_config: {GQA}\n  gpu_memory_gib: 79.0\n  tp: 8\n  mem_fraction_static: 0.85\n"
-        "  weights_gib: 18.5\n  decode:\n    attention_dp: true\n    dp: 8\n    kv_cache_dtype: fp8_e4m3\n")
+        "  weights_gib: 18.5\n  decode:\n    attention_dp: true\n    dp: 8\n    kv_cache_dtype: fp8_e4m3\n"
+    )
     res = plan("--profile", str(prof), "-f", "json")
     doc = doc_of(res)
     pre, dec = doc["target"]["prefill"], doc["target"]["decode"]

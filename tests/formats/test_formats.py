@@ -14,9 +14,15 @@ from kvgate.formats import ReportFormat
 
 def _report() -> Report:
     findings = tuple(
-        Finding("pool-context", f"check-{o.value}", "prefill[0] http://x", o, f"summary {o.value} | pipe",
-                (Evidence("prefill[0] http://x", "max_total_num_tokens", 681280, ">= 1,310,720"),),
-                remedy="raise the pool" if o is Outcome.FAILED else None)
+        Finding(
+            "pool-context",
+            f"check-{o.value}",
+            "prefill[0] http://x",
+            o,
+            f"summary {o.value} | pipe",
+            (Evidence("prefill[0] http://x", "max_total_num_tokens", 681280, ">= 1,310,720"),),
+            remedy="raise the pool" if o is Outcome.FAILED else None,
+        )
         for o in Outcome
     )
     return Report(command="check", findings=findings, cost={"tokens_sent": 12})
@@ -69,8 +75,13 @@ def test_table_prints_brackets_verbatim() -> None:
 def test_info_is_neither_a_pass_nor_a_failure() -> None:
     from kvgate.findings import exit_status_for, info, passed
 
-    note = info("defenses", "kv-canary", "prefill[0] http://x", "KV canary off: optional detection",
-                Evidence("prefill[0] http://x", "kv_canary", "none", "log|raise to count as a defense"))
+    note = info(
+        "defenses",
+        "kv-canary",
+        "prefill[0] http://x",
+        "KV canary off: optional detection",
+        Evidence("prefill[0] http://x", "kv_canary", "none", "log|raise to count as a defense"),
+    )
     ok = passed("target", "reachable", "prefill[0] http://x", "answered")
     assert exit_status_for([note, ok], strict=True) == ExitStatus.PASSED
     report = Report(command="check", findings=(note, ok))
@@ -89,12 +100,22 @@ def test_table_leads_with_the_verdict_and_the_deciding_findings_at_80_columns() 
 
     node = "prefill[0] http://127.0.0.1:30000"
     findings = [passed("target", "reachable", node, "answered")] * 20 + [
-        failed("pool-context", "headroom", node, "pool 681,280 < 1,310,720 required for context 1,048,576",
-               Evidence(node, "max_total_num_tokens", 681280, ">= 1,310,720"), remedy="raise the pool"),
+        failed(
+            "pool-context",
+            "headroom",
+            node,
+            "pool 681,280 < 1,310,720 required for context 1,048,576",
+            Evidence(node, "max_total_num_tokens", 681280, ">= 1,310,720"),
+            remedy="raise the pool",
+        ),
         failed("pool-context", "headroom-dp0", node, "pool 681,280 < 1,310,720 required for context 1,048,576"),
-        failed("probes", "canary.round_a", "router http://r", "content of tenant-plantA30 leaked into pool_limit",
-               Evidence("router http://r", "canary.leaks", ["a -> b"] * 9,
-                        "every answer carries only its own sentinel")),
+        failed(
+            "probes",
+            "canary.round_a",
+            "router http://r",
+            "content of tenant-plantA30 leaked into pool_limit",
+            Evidence("router http://r", "canary.leaks", ["a -> b"] * 9, "every answer carries only its own sentinel"),
+        ),
     ]
     text = TableFormatter(width=80).render(Report(command="check", findings=tuple(findings)))
     lines = text.splitlines()
@@ -102,7 +123,7 @@ def test_table_leads_with_the_verdict_and_the_deciding_findings_at_80_columns() 
     heads = [ln for ln in lines[2:8] if ln.startswith("FAIL")]  # a headline may wrap, indented
     assert heads[0].startswith("FAIL probes.canary.round_a router http://r: content of tenant-plantA30")
     assert heads[1].startswith("FAIL pool-context.headroom " + node)  # the DP-rank duplicate is merged
-    headline_block = "\n".join(lines[:lines.index("")])  # a blank line ends the headlines
+    headline_block = "\n".join(lines[: lines.index("")])  # a blank line ends the headlines
     assert len(heads) == 2 and "headroom-dp0" not in headline_block
     assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
     assert "- max_total_num_tokens = 681,280 (want >= 1,310,720)" in text

@@ -30,13 +30,27 @@ def _validator():  # type: ignore[no-untyped-def]
 
 
 def _report() -> Report:
-    return Report(command="check", findings=tuple(
-        Finding("pool-context", "headroom", "prefill[0] http://x", o, f"summary {o.value}",
-                (Evidence("prefill[0] http://x", "max_total_num_tokens", 681280, ">= 1,310,720"),
-                 Evidence("decode[0] http://y", "env", {"A": None}, None)),
+    return Report(
+        command="check",
+        findings=tuple(
+            Finding(
+                "pool-context",
+                "headroom",
+                "prefill[0] http://x",
+                o,
+                f"summary {o.value}",
+                (
+                    Evidence("prefill[0] http://x", "max_total_num_tokens", 681280, ">= 1,310,720"),
+                    Evidence("decode[0] http://y", "env", {"A": None}, None),
+                ),
                 remedy="raise the pool" if o is Outcome.FAILED else None,
-                waived="accepted (waived until 2099-01-01)" if o is Outcome.INCONCLUSIVE else None)
-        for o in Outcome), cost={"wall_s": 1.0}, notes=("n",))
+                waived="accepted (waived until 2099-01-01)" if o is Outcome.INCONCLUSIVE else None,
+            )
+            for o in Outcome
+        ),
+        cost={"wall_s": 1.0},
+        notes=("n",),
+    )
 
 
 def test_every_outcome_validates_and_a_broken_report_does_not() -> None:
@@ -57,8 +71,11 @@ def test_check_pages_have_unique_anchors_and_cover_every_gate() -> None:
     assert len(anchors) == len(set(anchors)), anchors
     text = (ROOT / "docs" / "checks.md").read_text()
     # Every gate constant in the code has at least one page.
-    gates = set(re.findall(r'^GATE = "([a-z-]+)"', "\n".join(
-        p.read_text() for p in (ROOT / "kvgate").rglob("*.py")), flags=re.M))
+    gates = set(
+        re.findall(
+            r'^GATE = "([a-z-]+)"', "\n".join(p.read_text() for p in (ROOT / "kvgate").rglob("*.py")), flags=re.M
+        )
+    )
     assert gates, "no GATE constants found"
     for g in gates:
         assert any(d.pattern.startswith(g + ".") for d in docs), f"gate {g} has no page in docs/checks.md"
@@ -66,9 +83,16 @@ def test_check_pages_have_unique_anchors_and_cover_every_gate() -> None:
         assert ref in anchors, ref
 
 
-@pytest.mark.parametrize(("check_id", "anchor"), [
-    ("pool-context.headroom-dp3", "pool-context.headroom"), ("probes.contract.pool_limit", "probes.contract"),
-    ("fixes.pr-38935", "fixes"), ("defenses.transport", "transport"), ("probes.canary.round_b", "probes.canary")])
+@pytest.mark.parametrize(
+    ("check_id", "anchor"),
+    [
+        ("pool-context.headroom-dp3", "pool-context.headroom"),
+        ("probes.contract.pool_limit", "probes.contract"),
+        ("fixes.pr-38935", "fixes"),
+        ("defenses.transport", "transport"),
+        ("probes.canary.round_b", "probes.canary"),
+    ],
+)
 def test_family_ids_find_their_page(check_id: str, anchor: str) -> None:
     doc = doc_for(check_id)
     assert doc is not None and doc.anchor == anchor
@@ -81,7 +105,10 @@ def test_an_undocumented_check_is_caught(tmp_path: Path) -> None:
     from tests import conftest
 
     assert doc_for("nosuch.check") is None
-    kvgate.reporting.emit(Report(command="x", findings=(Finding("nosuch", "check", "n", Outcome.PASSED, "s"),)),
-                          [(ReportFormat.JSON, tmp_path / "r.json")], stdout=io.StringIO())
+    kvgate.reporting.emit(
+        Report(command="x", findings=(Finding("nosuch", "check", "n", Outcome.PASSED, "s"),)),
+        [(ReportFormat.JSON, tmp_path / "r.json")],
+        stdout=io.StringIO(),
+    )
     assert conftest._report_problems == ["check ID nosuch.check has no page in docs/checks.md"]
     conftest._report_problems.clear()

@@ -22,8 +22,10 @@ except ImportError:  # the `test` extra brings it; without it only these suites 
         raise
     import warnings
 
-    warnings.warn("hypothesis is not installed (pip install -e '.[test]'): the fuzz suites in tests/fuzz are NOT run",
-                  stacklevel=1)
+    warnings.warn(
+        "hypothesis is not installed (pip install -e '.[test]'): the fuzz suites in tests/fuzz are NOT run",
+        stacklevel=1,
+    )
     collect_ignore_glob = ["test_*.py"]
     HealthCheck = settings = None  # type: ignore[assignment,misc]
 
@@ -33,7 +35,11 @@ CLI_EXAMPLES = max(10, EXAMPLES // 2)
 
 if settings is not None:
     settings.register_profile(
-        "kvgate-fuzz", max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
+        "kvgate-fuzz",
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        print_blob=True,
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     settings.load_profile("kvgate-fuzz")

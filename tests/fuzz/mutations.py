@@ -10,8 +10,18 @@ from typing import Any
 Path = tuple[Any, ...]
 
 # Each makes the value at the path unusable for a gate that needs it.
-BREAKING = ("drop", "null", "retype_str", "retype_list", "retype_obj", "retype_bool", "retype_frac", "negative",
-            "zero", "nested_wrong")
+BREAKING = (
+    "drop",
+    "null",
+    "retype_str",
+    "retype_list",
+    "retype_obj",
+    "retype_bool",
+    "retype_frac",
+    "negative",
+    "zero",
+    "nested_wrong",
+)
 # Not broken by itself (a bigger number can be a real value): only "no crash, a documented exit" holds.
 OTHER = ("huge",)
 KINDS = BREAKING + OTHER

@@ -32,14 +32,24 @@ SENT = 100
 ACCEPT_P = LengthProbe("longest", SENT, ACCEPT, "pool", "longest accepted", 8)
 REJECT_P = LengthProbe("first_rejected", SENT, REJECT, "pool", "first rejected", 8)
 LIMITS = (SENT, 99)
-VALID = {"text": "hello", "output_ids": [1, 2], "meta_info": {
-    "id": "r1", "finish_reason": {"type": "length", "length": 8}, "prompt_tokens": SENT, "completion_tokens": 8,
-    "cached_tokens": 0, "e2e_latency": 0.1}}
+VALID = {
+    "text": "hello",
+    "output_ids": [1, 2],
+    "meta_info": {
+        "id": "r1",
+        "finish_reason": {"type": "length", "length": 8},
+        "prompt_tokens": SENT,
+        "completion_tokens": 8,
+        "cached_tokens": 0,
+        "e2e_latency": 0.1,
+    },
+}
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=16),
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=5),
-    max_leaves=25)
+    max_leaves=25,
+)
 
 
 def _int(v: Any) -> bool:
@@ -76,13 +86,18 @@ def test_valid_answer_is_ok_so_the_property_is_not_vacuous() -> None:
     assert verdict is Verdict.OK_ACCEPTED
 
 
-@given(st.sampled_from(list(paths(VALID))), st.sampled_from(KINDS), st.sampled_from((200, 200, 200, 400, 500)),
-       st.booleans())
+@given(
+    st.sampled_from(list(paths(VALID))),
+    st.sampled_from(KINDS),
+    st.sampled_from((200, 200, 200, 400, 500)),
+    st.booleans(),
+)
 @example(("meta_info", "prompt_tokens"), "retype_frac", 200, False)
 @example(("meta_info", "completion_tokens"), "retype_bool", 200, False)  # `true` was read as 1 token generated
 @example(("meta_info", "prompt_tokens"), "retype_bool", 200, False)
-def test_a_broken_answer_is_never_ok(count: Callable[[], None], path: tuple[Any, ...], kind: str, status: int,
-                                     stream: bool) -> None:
+def test_a_broken_answer_is_never_ok(
+    count: Callable[[], None], path: tuple[Any, ...], kind: str, status: int, stream: bool
+) -> None:
     count()
     body = mutate(VALID, path, kind)
     res = _result(status, body, stream)
@@ -95,8 +110,9 @@ def test_a_broken_answer_is_never_ok(count: Callable[[], None], path: tuple[Any,
 
 
 @given(json_values, st.integers(min_value=100, max_value=599) | st.none(), st.booleans(), st.text(max_size=200))
-def test_arbitrary_answers_never_crash_and_ok_means_well_formed(count: Callable[[], None], body: Any,
-                                                                  status: int | None, stream: bool, raw: str) -> None:
+def test_arbitrary_answers_never_crash_and_ok_means_well_formed(
+    count: Callable[[], None], body: Any, status: int | None, stream: bool, raw: str
+) -> None:
     count()
     res = ProbeResult("p", SENT, 8, status, 0.01, body, raw, stream=stream)
     _ = (res.text, res.served, res.meta, res.searchable)
@@ -116,8 +132,9 @@ def test_stream_folding_never_crashes(count: Callable[[], None], events: list[An
 
 
 @given(st.text(max_size=300), st.integers(min_value=0, max_value=300), st.booleans())
-def test_scan_finds_foreign_whole_sentinels_and_never_ones_own(count: Callable[[], None], noise: str, at: int,
-                                                               plant_foreign: bool) -> None:
+def test_scan_finds_foreign_whole_sentinels_and_never_ones_own(
+    count: Callable[[], None], noise: str, at: int, plant_foreign: bool
+) -> None:
     count()
     own, foreign = new_sentinel("own"), new_sentinel("foreign")
     at = min(at, len(noise))
@@ -179,17 +196,28 @@ def generate() -> Iterator[_Generate]:
 
 sse_lines = st.one_of(
     st.builds(lambda v: b"data: " + json.dumps(v).encode() + b"\n\n", json_values),
-    st.just(b"data: [DONE]\n\n"), st.binary(max_size=40), st.just(b"data: {\"text\": \"trunc"),
-    st.just(b"data: \xff\xfe\n\n"), st.just(b": keep-alive\n\n"))
+    st.just(b"data: [DONE]\n\n"),
+    st.binary(max_size=40),
+    st.just(b'data: {"text": "trunc'),
+    st.just(b"data: \xff\xfe\n\n"),
+    st.just(b": keep-alive\n\n"),
+)
 
 
 @settings(max_examples=CLI_EXAMPLES)
-@given(st.sampled_from((200, 200, 200, 301, 400, 404, 429, 500, 503)), st.booleans(),
-       st.one_of(st.lists(sse_lines, max_size=6), st.lists(st.binary(max_size=60), max_size=3),
-                 st.builds(lambda v, cut: [json.dumps(v).encode()[:cut]], json_values, st.integers(0, 200))),
-       st.sampled_from((0.0, 0.0, 0.0, 0.15)))
-def test_client_never_crashes_on_any_answer(count: Callable[[], None], generate: _Generate, status: int,
-                                            stream: bool, chunks: list[bytes], pause_s: float) -> None:
+@given(
+    st.sampled_from((200, 200, 200, 301, 400, 404, 429, 500, 503)),
+    st.booleans(),
+    st.one_of(
+        st.lists(sse_lines, max_size=6),
+        st.lists(st.binary(max_size=60), max_size=3),
+        st.builds(lambda v, cut: [json.dumps(v).encode()[:cut]], json_values, st.integers(0, 200)),
+    ),
+    st.sampled_from((0.0, 0.0, 0.0, 0.15)),
+)
+def test_client_never_crashes_on_any_answer(
+    count: Callable[[], None], generate: _Generate, status: int, stream: bool, chunks: list[bytes], pause_s: float
+) -> None:
     count()
     generate.status, generate.chunks, generate.pause_s = status, chunks, pause_s
     generate.content_type = "text/event-stream" if stream else "application/json"

@@ -33,22 +33,48 @@ runner = CliRunner()
 # Generous: on a loaded CI machine a loopback answer can take a while; only the "slow" fault exceeds it.
 TIMEOUT = 3.0
 ENDPOINTS = ("/server_info", "/v1/models", "/model_info")
-HTTP_FAULTS = ("301", "302", "307", "400", "401", "403", "404", "500", "502", "503", "truncated", "non_utf8",
-               "not_object", "slow")
+HTTP_FAULTS = (
+    "301",
+    "302",
+    "307",
+    "400",
+    "401",
+    "403",
+    "404",
+    "500",
+    "502",
+    "503",
+    "truncated",
+    "non_utf8",
+    "not_object",
+    "slow",
+)
 
 
 def docs(role: str) -> dict[str, Any]:
-    return {"/server_info": P.server_info("0.5.23", mode=role, pool=2_040_000),
-            "/v1/models": P.v1_models(), "/model_info": P.model_info("0.5.23", role)}
+    return {
+        "/server_info": P.server_info("0.5.23", mode=role, pool=2_040_000),
+        "/v1/models": P.v1_models(),
+        "/model_info": P.model_info("0.5.23", role),
+    }
 
 
 BASE = {"prefill": docs("prefill"), "decode": docs("decode")}
 # What a gate needs: gate 1's fields, and the version the defenses gate judges the fixes by.
-NEEDED = {"/server_info": {("max_total_num_tokens",), ("max_req_input_len",), ("internal_states",),
-                           ("internal_states", 0), ("internal_states", 0, "memory_usage"),
-                           ("internal_states", 0, "memory_usage", "token_capacity"), ("dp_size",), ("version",)},
-          "/v1/models": {("data",), ("data", 0), ("data", 0, "max_model_len")},
-          "/model_info": set()}
+NEEDED = {
+    "/server_info": {
+        ("max_total_num_tokens",),
+        ("max_req_input_len",),
+        ("internal_states",),
+        ("internal_states", 0),
+        ("internal_states", 0, "memory_usage"),
+        ("internal_states", 0, "memory_usage", "token_capacity"),
+        ("dp_size",),
+        ("version",),
+    },
+    "/v1/models": {("data",), ("data", 0), ("data", 0, "max_model_len")},
+    "/model_info": set(),
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +105,25 @@ def _http_fault(doc: Any, fault: str) -> Route:
 def _run(workers: dict[str, PayloadServer]) -> tuple[Any, dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "r.json"
-        res = runner.invoke(app, ["check", "-q", "--prefill-url", workers["prefill"].url, "--decode-url",
-                                  workers["decode"].url, "--deferred-release-env", "--timeout", str(TIMEOUT),
-                                  "--trust-version",  # payload servers run no sglang code
-                                  "-f", "json", "-o", str(out)])
+        res = runner.invoke(
+            app,
+            [
+                "check",
+                "-q",
+                "--prefill-url",
+                workers["prefill"].url,
+                "--decode-url",
+                workers["decode"].url,
+                "--deferred-release-env",
+                "--timeout",
+                str(TIMEOUT),
+                "--trust-version",  # payload servers run no sglang code
+                "-f",
+                "json",
+                "-o",
+                str(out),
+            ],
+        )
         assert out.is_file(), f"no report written: {res.output}"
         return res, json.loads(out.read_text())
 
@@ -121,8 +162,9 @@ def mutation(draw: Callable[..., Any]) -> Mutation:
 @example(("prefill", "/server_info", "http", "302", ""))
 @example(("decode", "/v1/models", "http", "404", ""))
 @example(("prefill", "/model_info", "http", "404", ""))
-def test_check_exits_as_documented_on_any_broken_answer(count: Callable[[], None],
-                                                         workers: dict[str, PayloadServer], m: Mutation) -> None:
+def test_check_exits_as_documented_on_any_broken_answer(
+    count: Callable[[], None], workers: dict[str, PayloadServer], m: Mutation
+) -> None:
     count()
     role, endpoint, what, where, kind = m
     for r, srv in workers.items():

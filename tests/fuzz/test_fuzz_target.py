@@ -22,9 +22,15 @@ INFO = P.server_info("0.5.23", mode="prefill", pool=2_040_000, rank_pools=[2_040
 MODELS = P.v1_models()
 MODEL_INFO = P.model_info("0.5.23", "prefill")
 # What gate 1 rests on (sglang-surface.md section 1; pool_context.py).
-NEEDED_INFO = {("max_total_num_tokens",), ("max_req_input_len",), ("internal_states",), ("internal_states", 0),
-               ("internal_states", 0, "memory_usage"), ("internal_states", 0, "memory_usage", "token_capacity"),
-               ("dp_size",)}
+NEEDED_INFO = {
+    ("max_total_num_tokens",),
+    ("max_req_input_len",),
+    ("internal_states",),
+    ("internal_states", 0),
+    ("internal_states", 0, "memory_usage"),
+    ("internal_states", 0, "memory_usage", "token_capacity"),
+    ("dp_size",),
+}
 NEEDED_MODELS = {("data",), ("data", 0), ("data", 0, "max_model_len")}
 DOCS = {"server_info": (INFO, NEEDED_INFO), "/v1/models": (MODELS, NEEDED_MODELS)}
 
@@ -52,8 +58,9 @@ def mutation(draw: Callable[..., Any]) -> tuple[str, tuple[Any, ...], str]:
 @example(("server_info", ("max_req_input_len",), "zero"))  # was read as a valid bound: largest accepted -1
 @example(("server_info", ("dp_size",), "drop"))
 @example(("server_info", ("internal_states", 0), "retype_list"))
-def test_broken_needed_field_never_passes_gate_1(count: Callable[[], None],
-                                                  m: tuple[str, tuple[Any, ...], str]) -> None:
+def test_broken_needed_field_never_passes_gate_1(
+    count: Callable[[], None], m: tuple[str, tuple[Any, ...], str]
+) -> None:
     count()
     which, path, kind = m
     doc, needed = DOCS[which]
@@ -65,12 +72,18 @@ def test_broken_needed_field_never_passes_gate_1(count: Callable[[], None],
         assert failed, f"{which} {label(path)} {kind}: gate 1 passed: {[f.summary for f in findings]}"
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=6),
-                    max_leaves=30),
-       st.recursive(st.none() | st.integers() | st.text(max_size=10),
-                    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
-                    max_leaves=10))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+        lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=12), kids, max_size=6),
+        max_leaves=30,
+    ),
+    st.recursive(
+        st.none() | st.integers() | st.text(max_size=10),
+        lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+        max_leaves=10,
+    ),
+)
 def test_arbitrary_documents_never_crash_and_never_pass(count: Callable[[], None], info: Any, models: Any) -> None:
     count()
     if not isinstance(info, dict):

@@ -11,9 +11,20 @@ from kvgate.catalogue.source import from_site_packages
 from kvgate.findings import Finding, Outcome
 from kvgate.gates.defenses import DEFERRED_ENV, DefenseInputs, inputs_from_reading, run_defenses_gate
 
-P0 = DefenseInputs(node="prefill[0]", role="prefill", version="0.5.22", transfer_backend="mooncake",
-                   kv_checksum=False, kv_canary="none", tp_size=1, env_vars=None,
-                   architectures=("LlamaForCausalLM",), device="cuda", page_size=1, pp_size=1)
+P0 = DefenseInputs(
+    node="prefill[0]",
+    role="prefill",
+    version="0.5.22",
+    transfer_backend="mooncake",
+    kv_checksum=False,
+    kv_canary="none",
+    tp_size=1,
+    env_vars=None,
+    architectures=("LlamaForCausalLM",),
+    device="cuda",
+    page_size=1,
+    pp_size=1,
+)
 D0 = replace(P0, node="decode[0]", role="decode")
 
 
@@ -26,9 +37,17 @@ def _one(findings: list[Finding], check: str, node: str | None = None) -> Findin
 
 # --- release ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version, outcome", [("0.5.19", Outcome.FAILED), ("0.5.20", Outcome.FAILED),
-                                              ("0.5.21", Outcome.FAILED), ("0.5.22", Outcome.PASSED),
-                                              ("0.5.23", Outcome.PASSED)])
+
+@pytest.mark.parametrize(
+    "version, outcome",
+    [
+        ("0.5.19", Outcome.FAILED),
+        ("0.5.20", Outcome.FAILED),
+        ("0.5.21", Outcome.FAILED),
+        ("0.5.22", Outcome.PASSED),
+        ("0.5.23", Outcome.PASSED),
+    ],
+)
 def test_release_floor_when_the_version_string_is_trusted(version: str, outcome: Outcome) -> None:
     f = _one(run_defenses_gate([replace(P0, version=version)], trust_version=True), "release")
     assert f.outcome is outcome, f.summary
@@ -110,14 +129,22 @@ def test_source_assessment_is_trusted_over_version() -> None:
 
 # --- deferred release ------------------------------------------------------------------------
 
+
 def test_deferred_release_unknown_env_is_inconclusive() -> None:
     f = _one(run_defenses_gate([P0]), "deferred-release")
     assert f.outcome is Outcome.INCONCLUSIVE and "SGLANG_EXPOSE_OWN_ENV_VARS" in f.remedy
 
 
-@pytest.mark.parametrize("value, outcome", [("1", Outcome.PASSED), ("true", Outcome.PASSED),
-                                            ("0", Outcome.FAILED), ("no", Outcome.FAILED),
-                                            ("maybe", Outcome.INCONCLUSIVE)])
+@pytest.mark.parametrize(
+    "value, outcome",
+    [
+        ("1", Outcome.PASSED),
+        ("true", Outcome.PASSED),
+        ("0", Outcome.FAILED),
+        ("no", Outcome.FAILED),
+        ("maybe", Outcome.INCONCLUSIVE),
+    ],
+)
 def test_deferred_release_from_exposed_env(value: str, outcome: Outcome) -> None:
     f = _one(run_defenses_gate([replace(P0, env_vars={DEFERRED_ENV: value})]), "deferred-release")
     assert f.outcome is outcome
@@ -135,16 +162,25 @@ def test_operator_input_when_env_not_exposed() -> None:
     f = _one(run_defenses_gate([P0], deferred_release_env=False), "deferred-release")
     assert f.outcome is Outcome.FAILED and DEFERRED_ENV in f.remedy
     # What the server exposes wins over the operator's claim.
-    f = _one(run_defenses_gate([replace(P0, env_vars={DEFERRED_ENV: "0"})], deferred_release_env=True),
-             "deferred-release")
+    f = _one(
+        run_defenses_gate([replace(P0, env_vars={DEFERRED_ENV: "0"})], deferred_release_env=True), "deferred-release"
+    )
     assert f.outcome is Outcome.FAILED
 
 
 @pytest.mark.parametrize(
     "backend, version, outcome",
-    [("mooncake", "0.5.22", Outcome.PASSED), ("nixl", "0.5.21", Outcome.PASSED), ("ascend", "0.5.21", Outcome.PASSED),
-     ("mooncake_tcp", "0.5.22", Outcome.PASSED), ("mori", "0.5.22", Outcome.PASSED), ("mori", "0.5.21", Outcome.FAILED),
-     ("fake", "0.5.23", Outcome.FAILED), (None, "0.5.23", Outcome.INCONCLUSIVE), ("mori", None, Outcome.INCONCLUSIVE)],
+    [
+        ("mooncake", "0.5.22", Outcome.PASSED),
+        ("nixl", "0.5.21", Outcome.PASSED),
+        ("ascend", "0.5.21", Outcome.PASSED),
+        ("mooncake_tcp", "0.5.22", Outcome.PASSED),
+        ("mori", "0.5.22", Outcome.PASSED),
+        ("mori", "0.5.21", Outcome.FAILED),
+        ("fake", "0.5.23", Outcome.FAILED),
+        (None, "0.5.23", Outcome.INCONCLUSIVE),
+        ("mori", None, Outcome.INCONCLUSIVE),
+    ],
 )
 def test_deferred_release_backend_support(backend: str | None, version: str | None, outcome: Outcome) -> None:
     n = replace(P0, transfer_backend=backend, version=version)
@@ -153,6 +189,7 @@ def test_deferred_release_backend_support(backend: str | None, version: str | No
 
 
 # --- KV checksum -----------------------------------------------------------------------------
+
 
 def _checksum(*nodes: DefenseInputs, **kw: bool) -> Finding:
     return _one(run_defenses_gate(list(nodes), **kw), "kv-checksum")
@@ -177,16 +214,19 @@ def test_checksum_on_both_counts_on_0_5_23() -> None:
 
 def test_checksum_is_tp_unsafe_in_0_5_21_and_0_5_22() -> None:
     for v in ("0.5.21", "0.5.22"):
-        f = _checksum(replace(P0, kv_checksum=True, version=v, tp_size=4),
-                      replace(D0, kv_checksum=True, version=v, tp_size=4))
+        f = _checksum(
+            replace(P0, kv_checksum=True, version=v, tp_size=4), replace(D0, kv_checksum=True, version=v, tp_size=4)
+        )
         assert f.outcome is Outcome.INCONCLUSIVE and "TP-unsafe" in f.summary
     f = _checksum(replace(P0, kv_checksum=True, version="0.5.22"), replace(D0, kv_checksum=True, version="0.5.22"))
     assert f.outcome is Outcome.PASSED and "TP-unsafe" in f.summary  # TP=1, still says so
 
 
 def test_checksum_mismatched_layouts_admitted_unverified_on_0_5_23() -> None:
-    f = _checksum(replace(P0, kv_checksum=True, version="0.5.23", tp_size=2),
-                  replace(D0, kv_checksum=True, version="0.5.23", tp_size=8))
+    f = _checksum(
+        replace(P0, kv_checksum=True, version="0.5.23", tp_size=2),
+        replace(D0, kv_checksum=True, version="0.5.23", tp_size=8),
+    )
     assert f.outcome is Outcome.INCONCLUSIVE and "unverified" in f.summary
 
 
@@ -210,6 +250,7 @@ def test_checksum_needs_both_roles() -> None:
 
 
 # --- KV canary -------------------------------------------------------------------------------
+
 
 def _canary(n: DefenseInputs, **kw: object) -> Finding:
     return _one(run_defenses_gate([n], **kw), "kv-canary")  # type: ignore[arg-type]
@@ -241,8 +282,12 @@ def test_finding_count_and_gate_name() -> None:
     assert all(f.gate == "defenses" for f in findings)
     assert [f.check for f in findings].count("release") == 2 and [f.check for f in findings].count("kv-checksum") == 1
     outcomes = {f.check: f.outcome for f in findings}
-    want = {"release": Outcome.PASSED, "deferred-release": Outcome.PASSED, "kv-checksum": Outcome.INFO,
-            "kv-canary": Outcome.INFO}
+    want = {
+        "release": Outcome.PASSED,
+        "deferred-release": Outcome.PASSED,
+        "kv-checksum": Outcome.INFO,
+        "kv-canary": Outcome.INFO,
+    }
     assert outcomes == want, [(f.check, f.summary) for f in findings]
 
 
@@ -251,8 +296,15 @@ def test_adapter_from_a_node_reading() -> None:
     from tests.assets import sglang_payloads as Pl
 
     doc = Pl.server_info(pool=2_000_000, context=1_048_576)
-    doc.update(version="0.5.23", disaggregation_mode="decode", disaggregation_transfer_backend="nixl",
-               disaggregation_enable_kv_checksum=True, kv_canary="none", tp_size=2, device="cuda")
+    doc.update(
+        version="0.5.23",
+        disaggregation_mode="decode",
+        disaggregation_transfer_backend="nixl",
+        disaggregation_enable_kv_checksum=True,
+        kv_canary="none",
+        tp_size=2,
+        device="cuda",
+    )
     r = parse_node(NodeSpec("decode", "http://d", 0), "/server_info", doc, Pl.v1_models(1_048_576), None)
     n = inputs_from_reading(r)
     assert (n.node, n.role) == (r.node, r.role)  # the role the node reports (live role wins)
@@ -264,7 +316,9 @@ def test_profile_section_validation() -> None:
     from kvgate.gates.defenses import defense_options
 
     assert defense_options({"model_arch": "GlmMoeDsaForCausalLM", "deferred_release_env": True}) == {
-        "model_arch": "GlmMoeDsaForCausalLM", "deferred_release_env": True}
+        "model_arch": "GlmMoeDsaForCausalLM",
+        "deferred_release_env": True,
+    }
     with pytest.raises(ProfileError, match="defenses.require_checksum"):
         defense_options({"require_checksum": "yes"})
     with pytest.raises(ProfileError, match="unknown key"):

@@ -17,16 +17,25 @@ runner = CliRunner()
 BIG = 2_040_000
 
 
-def worker(make: Callable[..., PayloadServer], mode: str, context: int = 1_048_576, pool: int = BIG,
-           **kw: Any) -> PayloadServer:
-    return make({"/server_info": Route(P.server_info("0.5.22", mode=mode, context=context, pool=pool, **kw)),
-                 "/v1/models": Route(P.v1_models(context)), "/model_info": Route(P.model_info("0.5.22", mode))})
+def worker(
+    make: Callable[..., PayloadServer], mode: str, context: int = 1_048_576, pool: int = BIG, **kw: Any
+) -> PayloadServer:
+    return make(
+        {
+            "/server_info": Route(P.server_info("0.5.22", mode=mode, context=context, pool=pool, **kw)),
+            "/v1/models": Route(P.v1_models(context)),
+            "/model_info": Route(P.model_info("0.5.22", mode)),
+        }
+    )
 
 
 def fleet_failures(*args: str) -> tuple[int, list[tuple[str, str]]]:
     res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict", *args])
-    bad = [(f["check"], f["node"]) for f in json.loads(res.stdout)["findings"]
-           if f["gate"] == "fleet" and f["outcome"] == "failed"]
+    bad = [
+        (f["check"], f["node"])
+        for f in json.loads(res.stdout)["findings"]
+        if f["gate"] == "fleet" and f["outcome"] == "failed"
+    ]
     return res.exit_code, bad
 
 
@@ -44,8 +53,10 @@ def test_a_one_to_one_disagreement_names_both(payload_server: Callable[..., Payl
     d = worker(payload_server, "decode", page_size=16)
     code, bad = fleet_failures("--prefill-url", p.url, "--decode-url", d.url)
     assert code == ExitStatus.GATE_FAILED
-    assert sorted(bad) == [("page-size-consistency", f"decode[0] {d.url}"),
-                           ("page-size-consistency", f"prefill[0] {p.url}")]
+    assert sorted(bad) == [
+        ("page-size-consistency", f"decode[0] {d.url}"),
+        ("page-size-consistency", f"prefill[0] {p.url}"),
+    ]
 
 
 def test_the_prefill_that_admits_less_is_named(payload_server: Callable[..., PayloadServer]) -> None:
@@ -63,8 +74,23 @@ def test_pools_that_differ_above_the_context_do_not_block(payload_server: Callab
     a = worker(payload_server, "prefill", pool=BIG)
     b = worker(payload_server, "prefill", pool=BIG - 4_096)
     d = worker(payload_server, "decode")
-    res = runner.invoke(app, ["check", "--quiet", "--format", "json", "--trust-version", "--no-strict",
-                              "--prefill-url", a.url, "--prefill-url", b.url, "--decode-url", d.url])
+    res = runner.invoke(
+        app,
+        [
+            "check",
+            "--quiet",
+            "--format",
+            "json",
+            "--trust-version",
+            "--no-strict",
+            "--prefill-url",
+            a.url,
+            "--prefill-url",
+            b.url,
+            "--decode-url",
+            d.url,
+        ],
+    )
     assert res.exit_code == ExitStatus.PASSED, res.output
     adm = [f for f in json.loads(res.stdout)["findings"] if f["check"] == "prefill-admission-consistency"]
     assert len(adm) == 1 and adm[0]["outcome"] == "passed" and "2,035,904 .. 2,040,000" in adm[0]["summary"]

@@ -19,11 +19,13 @@ DSA = str(Path(__file__).resolve().parent / "model_configs" / "deepseek-v32-dsa.
 
 
 def worker(make: Callable[..., PayloadServer], mode: str, pool: int, version: str = "0.5.22") -> PayloadServer:
-    return make({
-        "/server_info": Route(P.server_info(version, mode=mode, context=1_048_576, pool=pool)),
-        "/v1/models": Route(P.v1_models(1_048_576)),
-        "/model_info": Route(P.model_info(version, mode)),
-    })
+    return make(
+        {
+            "/server_info": Route(P.server_info(version, mode=mode, context=1_048_576, pool=pool)),
+            "/v1/models": Route(P.v1_models(1_048_576)),
+            "/model_info": Route(P.model_info(version, mode)),
+        }
+    )
 
 
 def headroom_findings(res: Any) -> list[dict[str, Any]]:
@@ -32,11 +34,14 @@ def headroom_findings(res: Any) -> list[dict[str, Any]]:
 
 
 def test_incident_pool_is_explained_with_knobs_that_reproduce_the_observed_pool(
-        payload_server: Callable[..., PayloadServer]) -> None:
+    payload_server: Callable[..., PayloadServer],
+) -> None:
     p = worker(payload_server, "prefill", 681_280)
     d = worker(payload_server, "decode", 2_040_000)
-    res = runner.invoke(app, ["check", "--quiet", "--prefill-url", p.url, "--decode-url", d.url,
-                              "--model-config", DSA, "--format", "json"])
+    res = runner.invoke(
+        app,
+        ["check", "--quiet", "--prefill-url", p.url, "--decode-url", d.url, "--model-config", DSA, "--format", "json"],
+    )
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     failed = [f for f in headroom_findings(res) if f["outcome"] == "failed"]
     assert failed and all(f["node"].startswith("prefill") for f in failed)
@@ -52,7 +57,8 @@ def test_incident_pool_is_explained_with_knobs_that_reproduce_the_observed_pool(
 
 
 def test_a_plan_that_does_not_reproduce_the_pool_offers_no_knobs(
-        payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:
+    payload_server: Callable[..., PayloadServer], tmp_path: Path
+) -> None:
     p = worker(payload_server, "prefill", 681_280)
     prof = tmp_path / "p.yaml"
     # A stated free-memory figure that cannot give the observed pool.
@@ -67,6 +73,7 @@ def test_a_plan_that_does_not_reproduce_the_pool_offers_no_knobs(
 
 def test_a_bad_model_config_is_a_usage_error_before_any_request(tmp_path: Path) -> None:
     missing = tmp_path / "nope.json"
-    res = runner.invoke(app, ["check", "--quiet", "--prefill-url", "http://127.0.0.1:9", "--model-config",
-                              str(missing)])
+    res = runner.invoke(
+        app, ["check", "--quiet", "--prefill-url", "http://127.0.0.1:9", "--model-config", str(missing)]
+    )
     assert res.exit_code == ExitStatus.USAGE_ERROR and "cannot read" in res.stderr

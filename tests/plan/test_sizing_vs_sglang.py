@@ -52,21 +52,37 @@ class Case:
 
     def inputs(self) -> PlanInputs:
         return PlanInputs(
-            shape=load_shape(CONFIGS / f"{self.config}.json"), gpu_memory_gib=self.gpu_memory_gib,
-            gpus_per_worker=self.tp * self.pp, tp=self.tp, dp=self.dp, attention_dp=self.dp > 1, pp=self.pp,
-            mem_fraction_static=self.mem_fraction_static, context_length=self.context_length,
-            kv_cache_dtype=self.kv_cache_dtype, page_size=self.page_size, weights_gib=self.weights_gib,
-            max_total_tokens=self.max_total_tokens, gpu_sm=self.gpu_sm)
+            shape=load_shape(CONFIGS / f"{self.config}.json"),
+            gpu_memory_gib=self.gpu_memory_gib,
+            gpus_per_worker=self.tp * self.pp,
+            tp=self.tp,
+            dp=self.dp,
+            attention_dp=self.dp > 1,
+            pp=self.pp,
+            mem_fraction_static=self.mem_fraction_static,
+            context_length=self.context_length,
+            kv_cache_dtype=self.kv_cache_dtype,
+            page_size=self.page_size,
+            weights_gib=self.weights_gib,
+            max_total_tokens=self.max_total_tokens,
+            gpu_sm=self.gpu_sm,
+        )
 
     def probe_spec(self, model_dir: Path) -> dict[str, Any]:
         return {
-            "model_dir": str(model_dir), "tp": self.tp, "dp": self.dp, "pp": self.pp,
-            "mem_fraction_static": self.mem_fraction_static, "page_size": self.page_size,
-            "kv_cache_dtype": self.kv_cache_dtype, "context_length": self.context_length,
+            "model_dir": str(model_dir),
+            "tp": self.tp,
+            "dp": self.dp,
+            "pp": self.pp,
+            "mem_fraction_static": self.mem_fraction_static,
+            "page_size": self.page_size,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "context_length": self.context_length,
             "pre_load_gib": self.gpu_memory_gib,
             # The same float operation kvgate performs, so both sides see the same post-load figure.
             "post_load_gib": self.gpu_memory_gib - self.weights_gib,
-            "max_total_tokens": self.max_total_tokens, "gpu_sm": self.gpu_sm,
+            "max_total_tokens": self.max_total_tokens,
+            "gpu_sm": self.gpu_sm,
             "disaggregation_mode": self.disaggregation_mode,
         }
 
@@ -79,17 +95,60 @@ CASES = (
     Case("mla-tp8", "deepseek-v3-mla", 8, 0.85, 64, "auto", 163840, 139.5, 79.5),
     Case("mla-fp8-capped", "deepseek-v3-mla", 8, 0.88, 64, "fp8_e4m3", 163840, 139.5, 79.5, max_total_tokens=500_000),
     Case("mla-pp2", "deepseek-v3-mla", 8, 0.9, 64, "auto", 163840, 139.5, 40.25, pp=2),
-    Case("dsa-bf16-prefill", "deepseek-v32-dsa", 8, 0.85, 64, "auto", 163840, 139.5, 79.5,
-         disaggregation_mode="prefill"),
-    Case("dsa-fp8-hopper-decode", "deepseek-v32-dsa", 8, 0.85, 64, "fp8_e4m3", 163840, 139.5, 79.5,
-         disaggregation_mode="decode"),
-    Case("dsa-auto-blackwell", "deepseek-v32-dsa", 8, 0.85, 64, "auto", 163840, 178.0, 79.5, gpu_sm=100,
-         disaggregation_mode="prefill"),
+    Case(
+        "dsa-bf16-prefill", "deepseek-v32-dsa", 8, 0.85, 64, "auto", 163840, 139.5, 79.5, disaggregation_mode="prefill"
+    ),
+    Case(
+        "dsa-fp8-hopper-decode",
+        "deepseek-v32-dsa",
+        8,
+        0.85,
+        64,
+        "fp8_e4m3",
+        163840,
+        139.5,
+        79.5,
+        disaggregation_mode="decode",
+    ),
+    Case(
+        "dsa-auto-blackwell",
+        "deepseek-v32-dsa",
+        8,
+        0.85,
+        64,
+        "auto",
+        163840,
+        178.0,
+        79.5,
+        gpu_sm=100,
+        disaggregation_mode="prefill",
+    ),
     Case("gqa-explicit-head-dim", "qwen3-gqa", 4, 0.88, 16, "auto", 40960, 79.0, 16.2),
-    Case("glm-dsa-shared-topk-prefill", "glm-dsa", 8, 0.85, 64, "auto", 202752, 139.5, 71.0,
-         disaggregation_mode="prefill"),
-    Case("glm-dsa-fp8-decode-dp", "glm-dsa", 8, 0.9, 64, "fp8_e4m3", 202752, 139.5, 71.0, dp=8,
-         disaggregation_mode="decode"),
+    Case(
+        "glm-dsa-shared-topk-prefill",
+        "glm-dsa",
+        8,
+        0.85,
+        64,
+        "auto",
+        202752,
+        139.5,
+        71.0,
+        disaggregation_mode="prefill",
+    ),
+    Case(
+        "glm-dsa-fp8-decode-dp",
+        "glm-dsa",
+        8,
+        0.9,
+        64,
+        "fp8_e4m3",
+        202752,
+        139.5,
+        71.0,
+        dp=8,
+        disaggregation_mode="decode",
+    ),
 )
 
 
@@ -112,8 +171,14 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def run_probe(version: str, specs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Size every spec with sglang `version`'s own code, in one subprocess of its CPU environment."""
     env = cpu_env_or_skip(version)
-    proc = subprocess.run([env.python, str(HERE / "sglang_sizing_probe.py")], input=json.dumps(specs),
-                          capture_output=True, text=True, env=env.env(), timeout=900)
+    proc = subprocess.run(
+        [env.python, str(HERE / "sglang_sizing_probe.py")],
+        input=json.dumps(specs),
+        capture_output=True,
+        text=True,
+        env=env.env(),
+        timeout=900,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("KVGATE-RESULT ")]
     assert proc.returncode == 0 and lines, f"probe failed on {version}:\n{proc.stderr[-3000:]}"
     results: list[dict[str, Any]] = json.loads(lines[-1].split(" ", 1)[1])

@@ -84,16 +84,31 @@ class RealPair:
 
     def check_args(self) -> list[str]:
         """`kvgate check` against this pair, reading the code the workers run (the release's CPU env)."""
-        return ["check", "--prefill-url", self.prefill, "--decode-url", self.decode, "--router-url", self.router,
-                "--site-packages", self.deployment.code_sources()["*"]["site_packages"]]
+        return [
+            "check",
+            "--prefill-url",
+            self.prefill,
+            "--decode-url",
+            self.decode,
+            "--router-url",
+            self.router,
+            "--site-packages",
+            self.deployment.code_sources()["*"]["site_packages"],
+        ]
 
 
 def plan_for(spec: PairSpec) -> PDLaunchPlan:
     """kvgate's own launch plan of a real pair (what `kvgate up --device cpu --release R` starts)."""
     return PDLaunchPlan(
-        model_path=None, engine="sglang", device="cpu", release=spec.release, context_length=CONTEXT,
-        prefill_max_total_tokens=spec.prefill_pool, decode_max_total_tokens=spec.decode_pool,
-        skip_tokenizer_init=spec.skip_tokenizer_init, ready_deadline_s=600.0,
+        model_path=None,
+        engine="sglang",
+        device="cpu",
+        release=spec.release,
+        context_length=CONTEXT,
+        prefill_max_total_tokens=spec.prefill_pool,
+        decode_max_total_tokens=spec.decode_pool,
+        skip_tokenizer_init=spec.skip_tokenizer_init,
+        ready_deadline_s=600.0,
         # So the defenses gate reads the deferred-release setting the workers really run with.
         env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1"},
     )

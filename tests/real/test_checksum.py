@@ -22,9 +22,17 @@ pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 def test_kv_checksum_off_cuda_kills_the_prefill_at_its_first_send(tmp_path: Path) -> None:
     server_env_or_skip("0.5.22")
-    plan = PDLaunchPlan(model_path=None, engine="sglang", device="cpu", release="0.5.22", context_length=8192,
-                        prefill_max_total_tokens=10240, decode_max_total_tokens=10240, ready_deadline_s=600.0,
-                        extra_worker_args=("--disaggregation-enable-kv-checksum",))
+    plan = PDLaunchPlan(
+        model_path=None,
+        engine="sglang",
+        device="cpu",
+        release="0.5.22",
+        context_length=8192,
+        prefill_max_total_tokens=10240,
+        decode_max_total_tokens=10240,
+        ready_deadline_s=600.0,
+        extra_worker_args=("--disaggregation-enable-kv-checksum",),
+    )
     dep = PDDeployment(plan, log_dir=tmp_path)
     with pytest.raises(SupervisorError) as exc:
         dep.start()

@@ -34,9 +34,32 @@ def test_drill_on_real_0_5_19_blocks_and_names_the_served_request(tmp_path: Path
 def test_up_gate_on_a_healthy_real_0_5_22_pair_does_not_block(tmp_path: Path) -> None:
     server_env_or_skip("0.5.22")
     out = tmp_path / "up.json"
-    res = runner.invoke(app, ["up", "--device", "cpu", "--release", "0.5.22", "--context-length", "8192",
-                              "--prefill-pool", "10240", "--decode-pool", "10240", "--gate", "--profile", "cpu-tiny",
-                              "--log-dir", str(tmp_path / "logs"), "-q", "-f", "json", "-o", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "up",
+            "--device",
+            "cpu",
+            "--release",
+            "0.5.22",
+            "--context-length",
+            "8192",
+            "--prefill-pool",
+            "10240",
+            "--decode-pool",
+            "10240",
+            "--gate",
+            "--profile",
+            "cpu-tiny",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "-q",
+            "-f",
+            "json",
+            "-o",
+            str(out),
+        ],
+    )
     report = json.loads(out.read_text())
     failed = [(f["check"], f["summary"]) for f in report["findings"] if f["outcome"] == "failed"]
     assert not failed, failed

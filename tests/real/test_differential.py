@@ -58,7 +58,8 @@ def outcome(probe: LengthProbe, res: ProbeResult, numbers: set[int]) -> dict[str
         "frame": _frame(res),
         "keys": sorted(k for k in ("text", "output_ids", "meta_info", "error") if k in doc),
         # Promptness is part of a rejection's contract only (an accepted prefill's time is the machine's).
-        "prompt": None if probe.expect == ACCEPT or res.timed_out or res.status is None
+        "prompt": None
+        if probe.expect == ACCEPT or res.timed_out or res.status is None
         else res.elapsed_s < REJECT_WITHIN_S,
     }
 
@@ -88,8 +89,7 @@ def run_set(router: str, probes: list[LengthProbe], numbers: set[int]) -> dict[s
             client = accepting if p.expect == ACCEPT else rejecting
             for stream in (False, True):
                 # Byte-range ids are valid in both vocabularies (the simulator's bytes, the tiny model's 1,024).
-                res = client.generate(p.name, [65 + (i % 26) for i in range(p.length)], p.max_new_tokens,
-                                      stream=stream)
+                res = client.generate(p.name, [65 + (i % 26) for i in range(p.length)], p.max_new_tokens, stream=stream)
                 out[f"{p.name}{'/stream' if stream else ''}"] = outcome(p, res, numbers)
     return out
 
@@ -98,9 +98,14 @@ def test_simulator_matches_the_real_server(real_pair: RealPair) -> None:
     spec = real_pair.spec
     probes, numbers = probe_set(real_pair.prefill, real_pair.decode)
     real = run_set(real_pair.router, probes, numbers)
-    with SimDeployment(emulate=spec.release, context_length=8192, prefill_pool=spec.prefill_pool,
-                       decode_pool=spec.decode_pool, page_size=1,
-                       skip_tokenizer_init=spec.skip_tokenizer_init) as sim:
+    with SimDeployment(
+        emulate=spec.release,
+        context_length=8192,
+        prefill_pool=spec.prefill_pool,
+        decode_pool=spec.decode_pool,
+        page_size=1,
+        skip_tokenizer_init=spec.skip_tokenizer_init,
+    ) as sim:
         sim_probes, sim_numbers = probe_set(sim.prefill_urls[0], sim.decode_urls[0])
         assert [(p.name, p.length) for p in sim_probes] == [(p.name, p.length) for p in probes]
         simulated = run_set(sim.router_url or "", probes, sim_numbers)

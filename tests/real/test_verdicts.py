@@ -58,8 +58,9 @@ def _one(report: dict, check: str) -> dict:
 def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path) -> None:
     spec = real_pair.spec
     code, report = _check(real_pair, tmp_path)
-    summary = "\n".join(f"{f['outcome']} {f['check']}: {f['summary'][:600]}" for f in report["findings"]
-                        if f["outcome"] != "passed")
+    summary = "\n".join(
+        f"{f['outcome']} {f['check']}: {f['summary'][:600]}" for f in report["findings"] if f["outcome"] != "passed"
+    )
     if spec.kind == "healthy":
         assert not _failed(report, "pool-context"), summary
         probe_failures = _failed(report, "probes")
@@ -68,9 +69,13 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
             # forward and sends no KV, while the decode admitted it and waits for that KV until its 300 s
             # waiting timeout: a streaming client hangs. A real defect even with a healthy pool, so the
             # only probe failure allowed here is that hang (the issue expected none; the server decides).
-            probe_failures = [f for f in probe_failures
-                              if not (f["check"] in ("contract.pool_limit", "contract.danger_band")
-                                      and f["summary"].startswith("hang"))]
+            probe_failures = [
+                f
+                for f in probe_failures
+                if not (
+                    f["check"] in ("contract.pool_limit", "contract.danger_band") and f["summary"].startswith("hang")
+                )
+            ]
         assert not probe_failures, summary
         if spec.release in ("0.5.22", "0.5.23"):
             assert not _failed(report), summary
@@ -99,16 +104,40 @@ def test_plan_predicts_the_pool_the_real_server_sized(real_pair: RealPair, tmp_p
 
     spec = real_pair.spec
     with TargetClient(timeout=30.0) as client:
-        readings = {role: client.read_node(NodeSpec(role, url))
-                    for role, url in (("prefill", real_pair.prefill), ("decode", real_pair.decode))}
+        readings = {
+            role: client.read_node(NodeSpec(role, url))
+            for role, url in (("prefill", real_pair.prefill), ("decode", real_pair.decode))
+        }
     for role, reading in readings.items():
         cap = spec.prefill_pool if role == "prefill" else spec.decode_pool
         out = tmp_path / f"plan-{role}.json"
         # Free memory is not what binds on a CPU pair with a cap: any figure whose budget exceeds the cap.
-        res = runner.invoke(app, ["plan", "--model-config", str(tiny_model() / "config.json"), "--tp", "1",
-                                  "--gpu-memory-gib", "64", "--weights-gib", "0.01", "--mem-fraction-static", "0.05",
-                                  "--max-total-tokens", str(cap), "--context-length", "8192",
-                                  "--release", spec.release, "-f", "json", "-o", str(out)])
+        res = runner.invoke(
+            app,
+            [
+                "plan",
+                "--model-config",
+                str(tiny_model() / "config.json"),
+                "--tp",
+                "1",
+                "--gpu-memory-gib",
+                "64",
+                "--weights-gib",
+                "0.01",
+                "--mem-fraction-static",
+                "0.05",
+                "--max-total-tokens",
+                str(cap),
+                "--context-length",
+                "8192",
+                "--release",
+                spec.release,
+                "-f",
+                "json",
+                "-o",
+                str(out),
+            ],
+        )
         assert out.is_file(), res.output
         predicted = report_of(out)["target"]["prefill"]
         assert predicted["max_total_num_tokens"] == reading.max_total_num_tokens, (role, predicted, reading)

@@ -35,5 +35,3 @@ def wait_for(pred: Callable[[], bool], deadline_s: float = 30.0, poll_s: float =
 
 def generate(url: str, body: dict[str, Any], timeout: float = 120.0) -> httpx.Response:
     return httpx.post(url + "/generate", json=body, timeout=timeout)
-
-

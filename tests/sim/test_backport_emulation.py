@@ -16,8 +16,14 @@ SENTINEL = "PLANTED-9e4a"
 
 
 def _scenario(deployment, waiting_timeout: float = 120, **kw):
-    dep = deployment(context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=PAGE,
-                     waiting_timeout=waiting_timeout, **kw)
+    dep = deployment(
+        context_length=CONTEXT,
+        prefill_pool=PREFILL_POOL,
+        decode_pool=DECODE_POOL,
+        page_size=PAGE,
+        waiting_timeout=waiting_timeout,
+        **kw,
+    )
     # The plant's answer echoes its sentinel; the decode writes that answer's KV after the prompt
     # (slots 1000..1299), beyond what a truncating prefill will send for the next request.
     r = generate(dep.router_url, {"text": sentinel_prompt(SENTINEL, 1000), "sampling_params": {"max_new_tokens": 300}})
@@ -41,22 +47,21 @@ def test_backport_on_0520_retires_at_the_door(deployment) -> None:
     # the prefill, with nothing in flight for the room, acknowledged the abort: no 30 s hold.
     assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 15)
     # A streaming client, whose answer smg relays from the decode, gets the decode's timeout, not the 400.
-    r = generate(dep.router_url, {"input_ids": [ord("z")] * 2000, "sampling_params": {"max_new_tokens": 64},
-                                  "stream": True})
+    r = generate(
+        dep.router_url, {"input_ids": [ord("z")] * 2000, "sampling_params": {"max_new_tokens": 64}, "stream": True}
+    )
     assert "KVPoll.WaitingForInput" in r.text and "Input length" not in r.text, r.text
     assert wait_for(lambda: state(decode)["free_pages"] == state(decode)["num_pages"], 15)
 
 
 def test_auto_truncate_short_handoff_leaks_even_on_0522(deployment) -> None:
     dep = _scenario(deployment, emulate="0.5.22", allow_auto_truncate=True)
-    r = generate(dep.router_url, {"input_ids": TRUNCATED,
-                                  "sampling_params": {"max_new_tokens": 2000}})
+    r = generate(dep.router_url, {"input_ids": TRUNCATED, "sampling_params": {"max_new_tokens": 2000}})
     assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == 2001
     assert SENTINEL in r.json()["text"]  # decode read past what the truncating prefill sent
 
 
 def test_hardened_backport_refuses_the_short_handoff(deployment) -> None:
     dep = _scenario(deployment, emulate="0.5.20", fixed_by="kvgate-backport-hardened", allow_auto_truncate=True)
-    r = generate(dep.router_url, {"input_ids": TRUNCATED,
-                                  "sampling_params": {"max_new_tokens": 2000}})
+    r = generate(dep.router_url, {"input_ids": TRUNCATED, "sampling_params": {"max_new_tokens": 2000}})
     assert r.status_code >= 500 and "coverage mismatch" in r.text and SENTINEL not in r.text

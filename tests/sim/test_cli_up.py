@@ -34,8 +34,12 @@ def _children(pid: int) -> list[int]:
 
 
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "kvgate.cli", "sim", "up", "--log-dir", str(tmp_path), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvgate.cli", "sim", "up", "--log-dir", str(tmp_path), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -55,11 +59,17 @@ def test_sim_up_serves_and_tears_down_without_orphans(tmp_path: Path, sig: signa
         kids = _children(proc.pid)
         assert len(kids) == 3 and all(pid_alive(k) for k in kids)
         # the README's drill: an over-pool prompt through the router shows another request's text under 200
-        r = httpx.post(urls["router"] + "/generate", timeout=60, json={
-            "text": sentinel_prompt("PLANTED-BY-A", 900), "sampling_params": {"max_new_tokens": 8}})
+        r = httpx.post(
+            urls["router"] + "/generate",
+            timeout=60,
+            json={"text": sentinel_prompt("PLANTED-BY-A", 900), "sampling_params": {"max_new_tokens": 8}},
+        )
         assert r.status_code == 200
-        r = httpx.post(urls["router"] + "/generate", timeout=60, json={
-            "text": "q" * 2000, "sampling_params": {"max_new_tokens": 200}})
+        r = httpx.post(
+            urls["router"] + "/generate",
+            timeout=60,
+            json={"text": "q" * 2000, "sampling_params": {"max_new_tokens": 200}},
+        )
         assert r.status_code == 200 and "PLANTED-BY-A" in r.json()["text"]
     finally:
         proc.send_signal(sig)
@@ -72,14 +82,20 @@ def test_sim_up_serves_and_tears_down_without_orphans(tmp_path: Path, sig: signa
 
 
 def test_sim_up_rejects_an_unknown_release(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "kvgate.cli", "sim", "up", "--emulate", "0.4.0"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "sim", "up", "--emulate", "0.4.0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "0.5.19" in r.stderr
 
 
 def test_kvgate_help_does_not_import_torch_or_fastapi() -> None:
-    code = ("import sys; from kvgate.cli import app; "
-            "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, sorted(sys.modules)")
+    code = (
+        "import sys; from kvgate.cli import app; "
+        "assert 'torch' not in sys.modules and 'fastapi' not in sys.modules, sorted(sys.modules)"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, env={**os.environ})
 
 

@@ -20,8 +20,16 @@ def _shape(doc: Any) -> Any:
 
 
 def test_light_workers_answer_like_full_workers(deployment: Callable[..., SimDeployment]) -> None:
-    kw = dict(emulate="0.5.23", prefill=1, decode=1, context_length=4096, prefill_pool=1000, decode_pool=8192,
-              page_size=16, router=False)
+    kw = dict(
+        emulate="0.5.23",
+        prefill=1,
+        decode=1,
+        context_length=4096,
+        prefill_pool=1000,
+        decode_pool=8192,
+        page_size=16,
+        router=False,
+    )
     full = deployment(**kw)
     light = deployment(light=True, **kw)
     assert len(light.pids) == 1  # both workers in one process
@@ -36,7 +44,8 @@ def test_light_workers_answer_like_full_workers(deployment: Callable[..., SimDep
 
 
 def test_light_workers_do_not_generate_and_their_health_can_be_switched(
-        deployment: Callable[..., SimDeployment]) -> None:
+    deployment: Callable[..., SimDeployment],
+) -> None:
     dep = deployment(emulate="0.5.22", prefill=1, decode=2, context_length=4096, light=True, router=False)
     url = dep.decode_urls[1]
     res = httpx.post(url + "/generate", json={"text": "hi"}, timeout=10)

@@ -19,8 +19,9 @@ def _prompt(n: int) -> dict:
 
 
 def _dep(deployment, emulate: str):
-    return deployment(emulate=emulate, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                      decode_pool=DECODE_POOL, page_size=16)
+    return deployment(
+        emulate=emulate, context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=16
+    )
 
 
 def test_incident_numbers_on_0519_leak(deployment) -> None:
@@ -41,13 +42,17 @@ def test_incident_numbers_on_0522_reject_and_serve(deployment) -> None:
     dep = _dep(deployment, "0.5.22")
     r = generate(dep.router_url, _prompt(700_000))
     assert r.status_code == 400
-    assert (f"Input length (700000 tokens) exceeds the maximum allowed length ({LIMIT} tokens). "
-            "Use a shorter input or enable --allow-auto-truncate.") in r.json()["error"]["message"]
+    assert (
+        f"Input length (700000 tokens) exceeds the maximum allowed length ({LIMIT} tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    ) in r.json()["error"]["message"]
     r = generate(dep.router_url, _prompt(CONTEXT))
     assert r.status_code == 400
     # smg relays whichever worker's 400 comes first (the prefill's wraps the raw body); same message
-    assert (f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
-            in r.json()["error"]["message"])
+    assert (
+        f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
+        in r.json()["error"]["message"]
+    )
     r = generate(dep.router_url, _prompt(LIMIT - 1))  # the longest accepted prompt is served for real
     assert r.status_code == 200 and r.json()["meta_info"]["prompt_tokens"] == LIMIT - 1
     assert "x" * 100 in r.json()["text"]

@@ -50,18 +50,34 @@ def _a_in_flight(prefill_url: str) -> bool:
 
 
 def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
-    dep = deployment(emulate=emulate, prefill=2, decode=1, context_length=16384, prefill_pool=16384,
-                     decode_pool=65536, page_size=16, chunked_prefill_size=1024,
-                     prefill_tokens_per_s=[1024, 0], transfer_tokens_per_s=256, decode_tokens_per_s=25,
-                     deferred_release=deferred, router=False)
+    dep = deployment(
+        emulate=emulate,
+        prefill=2,
+        decode=1,
+        context_length=16384,
+        prefill_pool=16384,
+        decode_pool=65536,
+        page_size=16,
+        chunked_prefill_size=1024,
+        prefill_tokens_per_s=[1024, 0],
+        transfer_tokens_per_s=256,
+        decode_tokens_per_s=25,
+        deferred_release=deferred,
+        router=False,
+    )
     slow, fast = dep.prefill_urls
     slow_port, fast_port = dep.bootstrap_ports
     decode = dep.decode_urls[0]
     result: dict = {}
 
     def run_a() -> None:
-        result["A"] = pd_generate(slow, slow_port, decode, {
-            "text": _a_prompt(), "rid": "req-A", "sampling_params": {"max_new_tokens": 8}}, timeout=60)
+        result["A"] = pd_generate(
+            slow,
+            slow_port,
+            decode,
+            {"text": _a_prompt(), "rid": "req-A", "sampling_params": {"max_new_tokens": 8}},
+            timeout=60,
+        )
 
     th = threading.Thread(target=run_a)
     th.start()
@@ -71,8 +87,13 @@ def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
         assert httpx.post(decode + "/abort_request", json={"rid": "req-A"}, timeout=10).status_code == 200
         # the abort is handled asynchronously: let the decode retire A before B asks for pages
         assert wait_for(lambda: "req-A" not in state(decode)["transfers"], 30)
-        b = pd_generate(fast, fast_port, decode, {
-            "text": _b_prompt(), "rid": "req-B", "sampling_params": {"max_new_tokens": 150}}, timeout=60)
+        b = pd_generate(
+            fast,
+            fast_port,
+            decode,
+            {"text": _b_prompt(), "rid": "req-B", "sampling_params": {"max_new_tokens": 150}},
+            timeout=60,
+        )
     finally:
         th.join(60)
     assert b.decode.status_code == 200, b.decode.text

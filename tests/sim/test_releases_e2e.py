@@ -19,8 +19,10 @@ CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE = 4096, 1024, 16384, 16
 LIMIT = min(CONTEXT - 1, PREFILL_POOL - 1) - 5  # prefill max_req_input_len = 1018
 OVER = 2000  # prefill rejects (>= LIMIT), decode and context accept
 SENTINEL = "SENTINEL-7c1e-canary"
-INPUT_MSG = (f"Input length ({OVER} tokens) exceeds the maximum allowed length ({LIMIT} tokens). "
-             "Use a shorter input or enable --allow-auto-truncate.")
+INPUT_MSG = (
+    f"Input length ({OVER} tokens) exceeds the maximum allowed length ({LIMIT} tokens). "
+    "Use a shorter input or enable --allow-auto-truncate."
+)
 
 
 def _plant(router: str) -> None:
@@ -33,8 +35,9 @@ def _over_pool(stream: bool = False, n: int = OVER) -> dict:
 
 
 def test_0519_leaks_stale_pages_under_http_200(deployment) -> None:
-    dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE)
+    dep = deployment(
+        emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=PAGE
+    )
     info = httpx.get(dep.prefill_urls[0] + "/server_info", timeout=10).json()
     assert info["max_req_input_len"] == LIMIT and info["max_total_num_tokens"] == PREFILL_POOL
     _plant(dep.router_url)
@@ -54,8 +57,14 @@ def test_0519_leaks_stale_pages_under_http_200(deployment) -> None:
 
 def test_0520_no_leak_but_decode_hangs_until_waiting_timeout(deployment) -> None:
     timeout = 3.0
-    dep = deployment(emulate="0.5.20", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE, waiting_timeout=timeout)
+    dep = deployment(
+        emulate="0.5.20",
+        context_length=CONTEXT,
+        prefill_pool=PREFILL_POOL,
+        decode_pool=DECODE_POOL,
+        page_size=PAGE,
+        waiting_timeout=timeout,
+    )
     _plant(dep.router_url)
     decode = dep.decode_urls[0]
     # Streaming: smg relays the decode's stream, so the client sees the error only after the timeout.
@@ -83,8 +92,14 @@ def test_0521_plus_door_reject_is_a_400_but_the_decode_is_not_told(deployment, v
     client gets the prefill's 400 at once, a streaming one (smg relays the decode) waits for that
     timeout. A 5 s waiting timeout instead of SGLang's 300 s keeps the test short."""
     timeout = 5.0
-    dep = deployment(emulate=version, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE, waiting_timeout=timeout)
+    dep = deployment(
+        emulate=version,
+        context_length=CONTEXT,
+        prefill_pool=PREFILL_POOL,
+        decode_pool=DECODE_POOL,
+        page_size=PAGE,
+        waiting_timeout=timeout,
+    )
     _plant(dep.router_url)
     decode, prefill = dep.decode_urls[0], dep.prefill_urls[0]
     received = state(decode)["stats"]["kv_pages_received"]
@@ -117,8 +132,14 @@ def test_a_rejected_stream_holds_a_small_decode_pool_until_the_waiting_timeout(d
     and the next request queues behind it. A 6 s waiting timeout stands in for SGLang's 300 s."""
     timeout = 6.0
     small_pool = 160 * PAGE  # room for one over-pool reservation (126 pages), not two requests
-    dep = deployment(emulate=version, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=small_pool, page_size=PAGE, waiting_timeout=timeout)
+    dep = deployment(
+        emulate=version,
+        context_length=CONTEXT,
+        prefill_pool=PREFILL_POOL,
+        decode_pool=small_pool,
+        page_size=PAGE,
+        waiting_timeout=timeout,
+    )
     decode = dep.decode_urls[0]
     t0 = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):  # the client gives up long before the decode does
@@ -133,18 +154,28 @@ def test_a_rejected_stream_holds_a_small_decode_pool_until_the_waiting_timeout(d
 
 
 def test_context_overflow_is_a_tokenizer_stage_400(deployment) -> None:
-    dep = deployment(emulate="0.5.22", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE)
+    dep = deployment(
+        emulate="0.5.22", context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=PAGE
+    )
     r = generate(dep.router_url, _over_pool(n=CONTEXT))
     assert r.status_code == 400
     # smg relays whichever worker's 400 comes first (the prefill's wraps the raw body); same message
-    assert (f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
-            in r.json()["error"]["message"])
+    assert (
+        f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
+        in r.json()["error"]["message"]
+    )
 
 
 def test_several_prefill_and_decode_workers_serve_their_own_content(deployment) -> None:
-    dep = deployment(emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE)
+    dep = deployment(
+        emulate="0.5.22",
+        prefill=2,
+        decode=2,
+        context_length=CONTEXT,
+        prefill_pool=PREFILL_POOL,
+        decode_pool=DECODE_POOL,
+        page_size=PAGE,
+    )
 
     def one(i: int) -> tuple[int, str]:
         r = generate(dep.router_url, {"text": f"request-{i}-line\n" * 30, "sampling_params": {"max_new_tokens": 17}})
@@ -162,8 +193,14 @@ def test_several_prefill_and_decode_workers_serve_their_own_content(deployment) 
 def test_latency_signal_leaky_answer_is_faster_than_a_real_prefill(deployment) -> None:
     """incident.md section 5, signal 3: prefill time grows with length; the leak skips the prefill."""
     tps = 2000.0
-    dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL,
-                     decode_pool=DECODE_POOL, page_size=PAGE, prefill_tokens_per_s=tps)
+    dep = deployment(
+        emulate="0.5.19",
+        context_length=CONTEXT,
+        prefill_pool=PREFILL_POOL,
+        decode_pool=DECODE_POOL,
+        page_size=PAGE,
+        prefill_tokens_per_s=tps,
+    )
     t0 = time.monotonic()
     ok = generate(dep.router_url, _over_pool(n=1000))
     accepted_s = time.monotonic() - t0
@@ -177,8 +214,15 @@ def test_latency_signal_leaky_answer_is_faster_than_a_real_prefill(deployment) -
 
 
 def test_kv_transfer_takes_time_when_bandwidth_is_set(deployment) -> None:
-    dep = deployment(emulate="0.5.22", context_length=CONTEXT, prefill_pool=4096, decode_pool=DECODE_POOL,
-                     page_size=PAGE, prefill_tokens_per_s=0, transfer_tokens_per_s=4096)
+    dep = deployment(
+        emulate="0.5.22",
+        context_length=CONTEXT,
+        prefill_pool=4096,
+        decode_pool=DECODE_POOL,
+        page_size=PAGE,
+        prefill_tokens_per_s=0,
+        transfer_tokens_per_s=4096,
+    )
     t0 = time.monotonic()
     r = generate(dep.router_url, {"text": "payload line\n" * 230, "sampling_params": {"max_new_tokens": 13}})
     assert r.status_code == 200 and r.json()["text"] == "payload line\n"

@@ -72,16 +72,31 @@ def test_tokenizer_stage_rejects_context_with_sglangs_message() -> None:
 
 def test_scheduler_stage_is_set_finish_with_abort() -> None:
     eng = _engine("0.5.19", context=4096, pool=100)
-    req = SimReq(rid="r", input_ids=torch.ones(94, dtype=torch.int32), max_new_tokens=4,
-                 bootstrap_host="127.0.0.1", bootstrap_port=1, bootstrap_room=7, caller_tokens=94)
+    req = SimReq(
+        rid="r",
+        input_ids=torch.ones(94, dtype=torch.int32),
+        max_new_tokens=4,
+        bootstrap_host="127.0.0.1",
+        bootstrap_port=1,
+        bootstrap_room=7,
+        caller_tokens=94,
+    )
     eng.scheduler_stage(req)  # 94 >= max_req_input_len (99 - 5)
     assert req.to_finish is not None
-    assert req.to_finish.message == ("Input length (94 tokens) exceeds the maximum allowed length (94 tokens). "
-                                      "Use a shorter input or enable --allow-auto-truncate.")
+    assert req.to_finish.message == (
+        "Input length (94 tokens) exceeds the maximum allowed length (94 tokens). "
+        "Use a shorter input or enable --allow-auto-truncate."
+    )
     assert req.input_ids.tolist() == [0]
     assert not req.finished()  # the bug's root: finished() reads finished_reason only
-    ok = SimReq(rid="s", input_ids=torch.ones(93, dtype=torch.int32), max_new_tokens=4,
-                bootstrap_host=None, bootstrap_port=None, bootstrap_room=8)
+    ok = SimReq(
+        rid="s",
+        input_ids=torch.ones(93, dtype=torch.int32),
+        max_new_tokens=4,
+        bootstrap_host=None,
+        bootstrap_port=None,
+        bootstrap_room=8,
+    )
     eng.scheduler_stage(ok)
     assert ok.to_finish is None and ok.input_ids.numel() == 93
 
@@ -94,7 +109,10 @@ def test_release_table() -> None:
     assert not r20.admission_door_rejects(True, False) and r21.admission_door_rejects(True, False)
     assert not r21.admission_door_rejects(True, holds_resources=True)  # re-entry/preempted: not dropped
     assert (r19.deferred_release_default, r20.deferred_release_default, r21.deferred_release_default) == (
-        False, False, True)
+        False,
+        False,
+        True,
+    )
     assert all(get_release(v).deferred_release_default is DEFERRED_RELEASE_DEFAULT[v] for v in RELEASES)
     assert not r20.has_kv_checksum_flag and r21.has_kv_checksum_flag
     assert not r22.has_decode_allocation_args and r23.has_decode_allocation_args

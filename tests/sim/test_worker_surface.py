@@ -15,8 +15,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("version", RELEASES)
 def test_server_info_keys_per_release(deployment, version: str) -> None:
-    dep = deployment(emulate=version, context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16,
-                     router=False, expose_env_vars=True, deferred_release=False)
+    dep = deployment(
+        emulate=version,
+        context_length=8192,
+        prefill_pool=4096,
+        decode_pool=65536,
+        page_size=16,
+        router=False,
+        expose_env_vars=True,
+        deferred_release=False,
+    )
     n = tuple(int(x) for x in version.split("."))
     for url, mode in ((dep.prefill_urls[0], "prefill"), (dep.decode_urls[0], "decode")):
         info = httpx.get(url + "/server_info", timeout=10).json()
@@ -50,19 +58,26 @@ def test_worker_without_bootstrap_room_and_completions_shape(deployment) -> None
     dep = deployment(emulate="0.5.22", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16)
     r = generate(dep.prefill_urls[0], {"text": "hi", "rid": "x1"})
     assert r.status_code == 400
-    assert r.json() == {"error": {"message": (
-        "Invalid request: Disaggregated request received without bootstrap room id. req.rid='x1'")}}
+    assert r.json() == {
+        "error": {
+            "message": ("Invalid request: Disaggregated request received without bootstrap room id. req.rid='x1'")
+        }
+    }
     info = httpx.get(dep.prefill_urls[0] + "/server_info", timeout=10).json()
     assert "env_vars" not in info["internal_states"][0]  # only with SGLANG_EXPOSE_OWN_ENV_VARS=1
     model = httpx.get(dep.prefill_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
-    r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
-                   json={"model": model, "prompt": "alpha\nbeta\nalpha\n", "max_tokens": 11})
+    r = httpx.post(
+        dep.router_url + "/v1/completions",
+        timeout=30,
+        json={"model": model, "prompt": "alpha\nbeta\nalpha\n", "max_tokens": 11},
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["choices"][0]["text"] == "alpha\nbeta\n"
     assert body["usage"]["prompt_tokens"] == 17 and body["usage"]["completion_tokens"] == 11
-    r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
-                   json={"model": model, "prompt": "z" * 5000, "max_tokens": 4})
+    r = httpx.post(
+        dep.router_url + "/v1/completions", timeout=30, json={"model": model, "prompt": "z" * 5000, "max_tokens": 4}
+    )
     assert r.status_code == 400
     assert "Input length (5000 tokens) exceeds the maximum allowed length (4090 tokens)." in r.text
     # streaming /generate through the router: token events with cumulative text, then [DONE]
@@ -73,13 +88,17 @@ def test_worker_without_bootstrap_room_and_completions_shape(deployment) -> None
 
 def test_streaming_completions_through_the_router(deployment) -> None:
     # waiting_timeout: the over-pool stream below waits for it (SGLang's 300 s would make the test slow)
-    dep = deployment(emulate="0.5.21", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16,
-                     waiting_timeout=4)
+    dep = deployment(
+        emulate="0.5.21", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16, waiting_timeout=4
+    )
     model = httpx.get(dep.decode_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
-    r = httpx.post(dep.router_url + "/v1/completions", timeout=30,
-                   json={"model": model, "prompt": "alpha\nbeta\n", "max_tokens": 11, "stream": True})
+    r = httpx.post(
+        dep.router_url + "/v1/completions",
+        timeout=30,
+        json={"model": model, "prompt": "alpha\nbeta\n", "max_tokens": 11, "stream": True},
+    )
     assert r.status_code == 200, r.text
-    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    events = [line[len("data: ") :] for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert "".join(c["choices"][0]["text"] for c in chunks) == "alpha\nbeta\n"

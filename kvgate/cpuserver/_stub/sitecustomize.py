@@ -19,8 +19,12 @@ import sys
 from types import ModuleType
 from typing import Any
 
-_TORCHVISION_STUB = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                 "backport", "_stub", "sitecustomize.py")
+_TORCHVISION_STUB = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "backport",
+    "_stub",
+    "sitecustomize.py",
+)
 _spec = importlib.util.spec_from_file_location("_kvgate_torchvision_stub", _TORCHVISION_STUB)
 if _spec is not None and _spec.loader is not None:
     _mod = importlib.util.module_from_spec(_spec)

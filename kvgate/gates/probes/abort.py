@@ -73,25 +73,47 @@ def _aborted_in_flight(result: ProbeResult, at: float) -> bool:
         return False
     if result.cancelled:
         return True
-    return (result.status is not None and not result.served and result.elapsed_s >= at
-            and "abort" in result.raw.lower())
+    return result.status is not None and not result.served and result.elapsed_s >= at and "abort" in result.raw.lower()
 
 
-def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, settings: ProbeSettings,
-              model: LatencyModel | None, node: str) -> Finding:
+def run_abort(
+    sender: Sender,
+    decode_urls: Sequence[str],
+    limits: ProbeLimits,
+    settings: ProbeSettings,
+    model: LatencyModel | None,
+    node: str,
+) -> Finding:
     """Cancel long requests mid-transfer and check that no canary carries their content."""
     la = abort_length(limits, settings)
-    victim_p = LengthProbe("abort_victim", la, ACCEPT, "none", "request cancelled mid-transfer",
-                           max_new_tokens_for(limits, la, settings.max_new_tokens))
+    victim_p = LengthProbe(
+        "abort_victim",
+        la,
+        ACCEPT,
+        "none",
+        "request cancelled mid-transfer",
+        max_new_tokens_for(limits, la, settings.max_new_tokens),
+    )
     per = max(limits.one_page * 2, -(-la // settings.abort_canaries))
     per = min(per, limits.longest_accepted)
-    canary_p = LengthProbe("abort_canary", per, ACCEPT, "none", "canary after a cancel",
-                           max_new_tokens_for(limits, per, settings.max_new_tokens))
+    canary_p = LengthProbe(
+        "abort_canary",
+        per,
+        ACCEPT,
+        "none",
+        "canary after a cancel",
+        max_new_tokens_for(limits, per, settings.max_new_tokens),
+    )
     if model is None:
         cal = sender.one(victim_p, "abort-calibration")
         if not cal.result.served:
-            return inconclusive(GATE, CHECK, node, f"calibration request of {la:,} tokens failed: "
-                                f"HTTP {cal.result.status}, timed_out={cal.result.timed_out}")
+            return inconclusive(
+                GATE,
+                CHECK,
+                node,
+                f"calibration request of {la:,} tokens failed: "
+                f"HTTP {cal.result.status}, timed_out={cal.result.timed_out}",
+            )
         expected = cal.result.elapsed_s
     else:
         expected = model.expected_s(la)
@@ -123,8 +145,12 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
             # Without decode URLs the only cancel left is the client's disconnect.
             disconnect = at if not decode_urls else None
             # This try's box, phase and deadline, bound now: a thread outliving its join must not see the next's.
-            t = threading.Thread(target=lambda box=box, phase=phase, disconnect=disconnect: box.append(
-                sender.one(victim_p, phase, cancel_after_s=disconnect)), daemon=True)
+            t = threading.Thread(
+                target=lambda box=box, phase=phase, disconnect=disconnect: box.append(
+                    sender.one(victim_p, phase, cancel_after_s=disconnect)
+                ),
+                daemon=True,
+            )
             t.start()
             time.sleep(at)
             acked = bool(decode_urls)
@@ -135,19 +161,25 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
                 if not ok:
                     notes.append(f"try {tries}: /abort_request not acknowledged: {answers}")
             acked = acked and bool(rids)
-            batch = sender.many([canary_p] * settings.abort_canaries, f"{phase}-canary",
-                                f"abort canaries after cancel {tries}")
+            batch = sender.many(
+                [canary_p] * settings.abort_canaries, f"{phase}-canary", f"abort canaries after cancel {tries}"
+            )
             t.join(timeout=settings.deadline_s + at)
             victim = box[0] if box else None
             # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
             # With decode URLs the cancel counts only if every decode acknowledged it and the victim's
             # answer shows it; a disconnect alone is counted, as unacknowledged.
-            hit = victim if (victim is not None and _aborted_in_flight(victim.result, at)
-                             and (acked or not decode_urls)) else None
+            hit = (
+                victim
+                if (victim is not None and _aborted_in_flight(victim.result, at) and (acked or not decode_urls))
+                else None
+            )
             if victim is not None:
-                sender.observer.log(f"abort try {tries}: cancel at {at:.3f} s of ~{expected:.3f} s expected; victim "
-                                    f"{'aborted in flight' if hit is not None else 'answered first'} "
-                                    f"(HTTP {victim.result.status}, {victim.result.elapsed_s:.3f} s)")
+                sender.observer.log(
+                    f"abort try {tries}: cancel at {at:.3f} s of ~{expected:.3f} s expected; victim "
+                    f"{'aborted in flight' if hit is not None else 'answered first'} "
+                    f"(HTTP {victim.result.status}, {victim.result.elapsed_s:.3f} s)"
+                )
             canaries += batch
             sightings += sender.sightings(batch)
             if hit is not None:
@@ -157,45 +189,79 @@ def run_abort(sender: Sender, decode_urls: Sequence[str], limits: ProbeLimits, s
                 acknowledged += acked
                 handle.advance(1)
             else:
-                what = "no answer" if victim is None else (
-                    f"HTTP {victim.result.status}, timed_out={victim.result.timed_out}, "
-                    f"transport_error={victim.result.transport_error}")
+                what = (
+                    "no answer"
+                    if victim is None
+                    else (
+                        f"HTTP {victim.result.status}, timed_out={victim.result.timed_out}, "
+                        f"transport_error={victim.result.transport_error}"
+                    )
+                )
                 notes.append(f"try {tries}: no acknowledged abort in flight at {at:.3f} s ({what})")
                 if victim is not None and victim.result.served:
                     # it was faster than expected: aim the next cancels inside what was observed
                     expected = min(expected, victim.result.elapsed_s)
-    ev = [Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
-          Evidence(node, "abort.canaries", len(canaries)),
-          Evidence(node, "abort.cancel_points_s", points),
-          Evidence(node, "abort.tries", tries),
-          Evidence(node, "abort.acknowledged", acknowledged, "every counted cancel acknowledged by /abort_request")]
+    ev = [
+        Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
+        Evidence(node, "abort.canaries", len(canaries)),
+        Evidence(node, "abort.cancel_points_s", points),
+        Evidence(node, "abort.tries", tries),
+        Evidence(node, "abort.acknowledged", acknowledged, "every counted cancel acknowledged by /abort_request"),
+    ]
     if sightings:
         ev.append(Evidence(node, "abort.sightings", owners(sightings), "no canary carries another request's content"))
         from_cancelled = [s for s in sightings if "abort_victim" in s.source]
         leaked = owners(from_cancelled or sightings)
-        return failed(GATE, CHECK, node, f"cross-request content after an abort mid-transfer: {leaked[0]}"
-                      + (f" (+{len(leaked) - 1} more)" if len(leaked) > 1 else ""), *ev,
-                      remedy="enable deferred decode KV release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1, "
-                             "default from 0.5.21) and upgrade to 0.5.22+")
+        return failed(
+            GATE,
+            CHECK,
+            node,
+            f"cross-request content after an abort mid-transfer: {leaked[0]}"
+            + (f" (+{len(leaked) - 1} more)" if len(leaked) > 1 else ""),
+            *ev,
+            remedy="enable deferred decode KV release (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1, "
+            "default from 0.5.21) and upgrade to 0.5.22+",
+        )
     answered = [c for c in canaries if c.result.status == 200]
     if not cancelled:
-        return inconclusive(GATE, CHECK, node, f"no request could be cancelled mid-transfer in {tries} tries (none was "
-                            "an acknowledged abort in flight): nothing observed; see abort.notes, raise abort_tokens "
-                            "or abort_budget", *ev,
-                            Evidence(node, "abort.notes", notes[:6]))
+        return inconclusive(
+            GATE,
+            CHECK,
+            node,
+            f"no request could be cancelled mid-transfer in {tries} tries (none was "
+            "an acknowledged abort in flight): nothing observed; see abort.notes, raise abort_tokens "
+            "or abort_budget",
+            *ev,
+            Evidence(node, "abort.notes", notes[:6]),
+        )
     if not acknowledged:
-        how = ("no --decode-url: cancelled by client disconnect only, which a router may not propagate"
-               if not decode_urls else "no /abort_request was acknowledged by every decode")
-        return inconclusive(GATE, CHECK, node, f"{len(cancelled)} request(s) ended after the cancel, but {how}: "
-                            "the abort itself was not observed", *ev, Evidence(node, "abort.notes", notes[:6]),
-                            remedy="pass every decode worker with --decode-url (and a token allowed to call "
-                                   "/abort_request)")
+        how = (
+            "no --decode-url: cancelled by client disconnect only, which a router may not propagate"
+            if not decode_urls
+            else "no /abort_request was acknowledged by every decode"
+        )
+        return inconclusive(
+            GATE,
+            CHECK,
+            node,
+            f"{len(cancelled)} request(s) ended after the cancel, but {how}: the abort itself was not observed",
+            *ev,
+            Evidence(node, "abort.notes", notes[:6]),
+            remedy="pass every decode worker with --decode-url (and a token allowed to call /abort_request)",
+        )
     if len(answered) < len(canaries):
         lost = [f"{c.label}: HTTP {c.result.status}" for c in canaries if c.result.status != 200]
-        return inconclusive(GATE, CHECK, node, f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}",
-                            *ev)
-    return passed(GATE, CHECK, node, f"{acknowledged} request(s) of {la:,} tokens cancelled mid-transfer "
-                  "(acknowledged and observed); "
-                  f"{len(answered)} canaries sent right after carry only their own content (absence of evidence: "
-                  "the decode may not have reused those pages yet; the defenses gate's deferred-release check "
-                  "is what proves page lifetime)", *ev)
+        return inconclusive(
+            GATE, CHECK, node, f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}", *ev
+        )
+    return passed(
+        GATE,
+        CHECK,
+        node,
+        f"{acknowledged} request(s) of {la:,} tokens cancelled mid-transfer "
+        "(acknowledged and observed); "
+        f"{len(answered)} canaries sent right after carry only their own content (absence of evidence: "
+        "the decode may not have reused those pages yet; the defenses gate's deferred-release check "
+        "is what proves page lifetime)",
+        *ev,
+    )

@@ -58,14 +58,27 @@ class Sender:
     def rid(self, probe: LengthProbe, phase: str) -> str:
         return f"kvgate-{self.run_id}-{phase}-{probe.name}-{secrets.token_hex(3)}"
 
-    def one(self, probe: LengthProbe, phase: str, *, cancel_after_s: float | None = None,
-            stream: bool = False, sentinel: Sentinel | None = None) -> Sent:
+    def one(
+        self,
+        probe: LengthProbe,
+        phase: str,
+        *,
+        cancel_after_s: float | None = None,
+        stream: bool = False,
+        sentinel: Sentinel | None = None,
+    ) -> Sent:
         """Send one probe carrying a sentinel densely (every token belongs to a sentinel copy): a fresh
         one, or `sentinel` again (the same length then sends the very same ids)."""
         s = sentinel or self.sentinel(f"{probe.label} [{phase}]")
         if self.stalled is not None:
-            rec = Sent(probe, phase, s, ProbeResult(probe.name, probe.length, probe.max_new_tokens, None, 0.0,
-                                                    stream=stream, not_sent=self.stalled))
+            rec = Sent(
+                probe,
+                phase,
+                s,
+                ProbeResult(
+                    probe.name, probe.length, probe.max_new_tokens, None, 0.0, stream=stream, not_sent=self.stalled
+                ),
+            )
             with self._lock:
                 self.sent.append(rec)
             return rec
@@ -73,8 +86,9 @@ class Sender:
         rid = self.rid(probe, phase)
         with self._lock:
             self.rids.setdefault(phase, []).append(rid)
-        res = self.client.generate(probe.name, ids, probe.max_new_tokens, rid=rid, cancel_after_s=cancel_after_s,
-                                   stream=stream)
+        res = self.client.generate(
+            probe.name, ids, probe.max_new_tokens, rid=rid, cancel_after_s=cancel_after_s, stream=stream
+        )
         del ids
         self.meter.add(res, accepted_length=probe.expect == ACCEPT)
         rec = Sent(probe, phase, s, res)
@@ -95,16 +109,19 @@ class Sender:
         elif res.status is not None:
             self._unanswered = 0
         if self.stall_after and self._unanswered >= self.stall_after and self.stalled is None:
-            self.stalled = (f"{self._unanswered} accepted-length requests in a row got no answer within the "
-                            f"{self.client.deadline_s:g} s probe deadline")
+            self.stalled = (
+                f"{self._unanswered} accepted-length requests in a row got no answer within the "
+                f"{self.client.deadline_s:g} s probe deadline"
+            )
 
     def pending_rids(self, phase: str) -> list[str]:
         """Request ids sent (or being sent) in `phase`."""
         with self._lock:
             return list(self.rids.get(phase, []))
 
-    def many(self, probes: Sequence[LengthProbe], phase: str, description: str,
-             streamed: Sequence[LengthProbe] = ()) -> list[Sent]:
+    def many(
+        self, probes: Sequence[LengthProbe], phase: str, description: str, streamed: Sequence[LengthProbe] = ()
+    ) -> list[Sent]:
         """Send all probes at once (concurrent tenants), `streamed` ones as streaming requests too;
         progress advances per answer."""
         out: list[Sent] = []

@@ -107,8 +107,9 @@ class GenerateClient:
         self.deadline_s = deadline_s
         self.raw_limit = raw_limit
 
-    def payload(self, ids: list[int], max_new_tokens: int, rid: str | None = None,
-                stream: bool = False) -> dict[str, Any]:
+    def payload(
+        self, ids: list[int], max_new_tokens: int, rid: str | None = None, stream: bool = False
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
@@ -118,31 +119,64 @@ class GenerateClient:
             body["rid"] = rid
         return body
 
-    def generate(self, name: str, ids: list[int], max_new_tokens: int, *, rid: str | None = None,
-                 deadline_s: float | None = None, cancel_after_s: float | None = None,
-                 stream: bool = False) -> ProbeResult:
+    def generate(
+        self,
+        name: str,
+        ids: list[int],
+        max_new_tokens: int,
+        *,
+        rid: str | None = None,
+        deadline_s: float | None = None,
+        cancel_after_s: float | None = None,
+        stream: bool = False,
+    ) -> ProbeResult:
         """POST one probe. `cancel_after_s` drops the connection after that long (client-side cancel)."""
         if stream:
-            return replace(self._generate_stream(name, ids, max_new_tokens, rid, deadline_s or self.deadline_s),
-                           deadline_s=deadline_s or self.deadline_s)
-        return replace(self._generate_plain(name, ids, max_new_tokens, rid, deadline_s, cancel_after_s),
-                       deadline_s=None if cancel_after_s is not None else (deadline_s or self.deadline_s))
+            return replace(
+                self._generate_stream(name, ids, max_new_tokens, rid, deadline_s or self.deadline_s),
+                deadline_s=deadline_s or self.deadline_s,
+            )
+        return replace(
+            self._generate_plain(name, ids, max_new_tokens, rid, deadline_s, cancel_after_s),
+            deadline_s=None if cancel_after_s is not None else (deadline_s or self.deadline_s),
+        )
 
-    def _generate_plain(self, name: str, ids: list[int], max_new_tokens: int, rid: str | None,
-                        deadline_s: float | None, cancel_after_s: float | None) -> ProbeResult:
+    def _generate_plain(
+        self,
+        name: str,
+        ids: list[int],
+        max_new_tokens: int,
+        rid: str | None,
+        deadline_s: float | None,
+        cancel_after_s: float | None,
+    ) -> ProbeResult:
         limit = cancel_after_s if cancel_after_s is not None else (deadline_s or self.deadline_s)
         timeout = httpx.Timeout(limit, connect=min(limit, 10.0))
         content = json.dumps(self.payload(ids, max_new_tokens, rid)).encode()
         t0 = time.monotonic()
         try:
-            resp = self.http.post(self.url, content=content, timeout=timeout,
-                                  headers={"Content-Type": "application/json"})
+            resp = self.http.post(
+                self.url, content=content, timeout=timeout, headers={"Content-Type": "application/json"}
+            )
         except httpx.TimeoutException:
-            return ProbeResult(name, len(ids), max_new_tokens, None, time.monotonic() - t0,
-                               timed_out=cancel_after_s is None, cancelled=cancel_after_s is not None)
+            return ProbeResult(
+                name,
+                len(ids),
+                max_new_tokens,
+                None,
+                time.monotonic() - t0,
+                timed_out=cancel_after_s is None,
+                cancelled=cancel_after_s is not None,
+            )
         except httpx.HTTPError as exc:
-            return ProbeResult(name, len(ids), max_new_tokens, None, time.monotonic() - t0,
-                               transport_error=f"{type(exc).__name__}: {exc}")
+            return ProbeResult(
+                name,
+                len(ids),
+                max_new_tokens,
+                None,
+                time.monotonic() - t0,
+                transport_error=f"{type(exc).__name__}: {exc}",
+            )
         elapsed = time.monotonic() - t0
         raw = resp.content[: self.raw_limit].decode("utf-8", errors="replace")
         try:
@@ -152,11 +186,11 @@ class GenerateClient:
         if elapsed > limit and cancel_after_s is None:
             # httpx's read timeout is per read; a trickled answer past the deadline is still a hang.
             return ProbeResult(name, len(ids), max_new_tokens, resp.status_code, elapsed, body, raw, timed_out=True)
-        return ProbeResult(name, len(ids), max_new_tokens, resp.status_code, elapsed, body, raw,
-                           cancelled=False)
+        return ProbeResult(name, len(ids), max_new_tokens, resp.status_code, elapsed, body, raw, cancelled=False)
 
-    def _generate_stream(self, name: str, ids: list[int], max_new_tokens: int, rid: str | None,
-                         deadline: float) -> ProbeResult:
+    def _generate_stream(
+        self, name: str, ids: list[int], max_new_tokens: int, rid: str | None, deadline: float
+    ) -> ProbeResult:
         """Streaming /generate: the router relays the decode's stream, so a decode that waits for KV that
         never comes shows here (a non-streaming request may get the prefill's error at once)."""
         content = json.dumps(self.payload(ids, max_new_tokens, rid, stream=True)).encode()
@@ -167,8 +201,13 @@ class GenerateClient:
         status: int | None = None
         timed_out = False
         try:
-            with self.http.stream("POST", self.url, content=content, headers={"Content-Type": "application/json"},
-                                  timeout=httpx.Timeout(deadline, connect=min(deadline, 10.0))) as resp:
+            with self.http.stream(
+                "POST",
+                self.url,
+                content=content,
+                headers={"Content-Type": "application/json"},
+                timeout=httpx.Timeout(deadline, connect=min(deadline, 10.0)),
+            ) as resp:
                 status = resp.status_code
                 for line in resp.iter_lines():
                     if time.monotonic() - t0 > deadline:
@@ -189,13 +228,32 @@ class GenerateClient:
         except httpx.TimeoutException:
             timed_out = True
         except httpx.HTTPError as exc:
-            return ProbeResult(name, len(ids), max_new_tokens, status, time.monotonic() - t0, None,
-                               "\n".join(raw_parts)[: self.raw_limit], transport_error=f"{type(exc).__name__}: {exc}",
-                               stream=True, ttft_s=ttft)
+            return ProbeResult(
+                name,
+                len(ids),
+                max_new_tokens,
+                status,
+                time.monotonic() - t0,
+                None,
+                "\n".join(raw_parts)[: self.raw_limit],
+                transport_error=f"{type(exc).__name__}: {exc}",
+                stream=True,
+                ttft_s=ttft,
+            )
         elapsed = time.monotonic() - t0
         body = _stream_body(events)
-        return ProbeResult(name, len(ids), max_new_tokens, None if timed_out and status is None else status, elapsed,
-                           body, "\n".join(raw_parts)[: self.raw_limit], timed_out=timed_out, stream=True, ttft_s=ttft)
+        return ProbeResult(
+            name,
+            len(ids),
+            max_new_tokens,
+            None if timed_out and status is None else status,
+            elapsed,
+            body,
+            "\n".join(raw_parts)[: self.raw_limit],
+            timed_out=timed_out,
+            stream=True,
+            ttft_s=ttft,
+        )
 
 
 def _stream_body(events: list[Any]) -> Any:

@@ -32,8 +32,9 @@ def _server_codec(http: httpx.Client, readings: Sequence[NodeReading]) -> tuple[
     return None, why
 
 
-def select_codec(http: httpx.Client, readings: Sequence[NodeReading],
-                 settings: ProbeSettings) -> tuple[TokenCodec | None, str]:
+def select_codec(
+    http: httpx.Client, readings: Sequence[NodeReading], settings: ProbeSettings
+) -> tuple[TokenCodec | None, str]:
     """The codec and a sentence saying why; None when sentinels cannot be decoded (canaries inconclusive)."""
     if settings.tokenizer == "bytes":
         return ByteCodec(settings.byte_offset), f"byte-level ids (offset {settings.byte_offset}, from the profile)"

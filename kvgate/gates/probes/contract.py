@@ -98,8 +98,12 @@ def _placeholder_ran(res: ProbeResult) -> bool:
     """At most one token generated over the one-token placeholder (`prompt_tokens` 1, not what was sent)."""
     ids = res.output_ids
     ct = res.meta.get("completion_tokens")
-    return (res.meta.get("prompt_tokens") == 1 != res.sent_tokens and isinstance(ct, int) and ct <= 1
-            and (ids is None or len(ids) <= 1))
+    return (
+        res.meta.get("prompt_tokens") == 1 != res.sent_tokens
+        and isinstance(ct, int)
+        and ct <= 1
+        and (ids is None or len(ids) <= 1)
+    )
 
 
 def _abort_status(res: ProbeResult) -> int | None:
@@ -121,16 +125,18 @@ def _generated(res: ProbeResult) -> str:
     return f"completion_tokens {res.meta.get('completion_tokens')!r}"
 
 
-def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[int],
-             reject_within_s: float) -> Classified:
+def classify(
+    probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[int], reject_within_s: float
+) -> Classified:
     """Check one answer against the whole contract of its probe."""
     if res.not_sent is not None:
         return Classified(Verdict.NO_OBSERVATION, f"not sent: {res.not_sent}")
     if res.timed_out:
         limit = f"the {res.deadline_s:g} s probe deadline" if res.deadline_s else "the probe deadline"
         mode = "streaming" if res.stream else "non-streaming"
-        return Classified(Verdict.HANG, f"no complete {mode} answer within {limit} (gave up after "
-                                        f"{res.elapsed_s:.1f} s)")
+        return Classified(
+            Verdict.HANG, f"no complete {mode} answer within {limit} (gave up after {res.elapsed_s:.1f} s)"
+        )
     if res.status is None:
         return Classified(Verdict.NO_OBSERVATION, f"transport failure: {res.transport_error}")
     st = res.status
@@ -156,15 +162,18 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
         if res.generated and not late:
             return Classified(Verdict.REJECTION_WITH_TEXT, f"{how} {st} with {_generated(res)}")
         if res.elapsed_s > reject_within_s:
-            return Classified(Verdict.SLOW_REJECTION,
-                              f"{how} {st} after {res.elapsed_s:.1f} s (> {reject_within_s:g} s)")
+            return Classified(
+                Verdict.SLOW_REJECTION, f"{how} {st} after {res.elapsed_s:.1f} s (> {reject_within_s:g} s)"
+            )
         if not _names_limit(res.raw, limit_numbers):
             return Classified(Verdict.REJECTION_UNEXPLAINED, f"{how} {st} body names no limit: {res.raw[:200]!r}")
         if late:
-            return Classified(Verdict.OK_REJECTED_LATE,
-                              f"{how} {st} in {res.elapsed_s:.2f} s, after its one-token placeholder ran "
-                              f"(prompt_tokens 1, {_generated(res)}: the pre-#38935 path, see the defenses gate): "
-                              f"{res.raw[:160]!r}")
+            return Classified(
+                Verdict.OK_REJECTED_LATE,
+                f"{how} {st} in {res.elapsed_s:.2f} s, after its one-token placeholder ran "
+                f"(prompt_tokens 1, {_generated(res)}: the pre-#38935 path, see the defenses gate): "
+                f"{res.raw[:160]!r}",
+            )
         return Classified(Verdict.OK_REJECTED, f"{how} {st} in {res.elapsed_s:.2f} s: {res.raw[:160]!r}")
     if st != 200:
         return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
@@ -177,17 +186,21 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
     ftype, fr = _finish(meta)
     if probe.expect != ACCEPT:
         if res.generated:
-            return Classified(Verdict.SERVED_OVER_LIMIT,
-                              f"over-limit request served: HTTP 200 with {_generated(res)} for a length that must "
-                              f"be rejected (prompt_tokens {meta.get('prompt_tokens')!r}, finish_reason {fr!r})")
+            return Classified(
+                Verdict.SERVED_OVER_LIMIT,
+                f"over-limit request served: HTTP 200 with {_generated(res)} for a length that must "
+                f"be rejected (prompt_tokens {meta.get('prompt_tokens')!r}, finish_reason {fr!r})",
+            )
         if ftype == "abort":
             return Classified(Verdict.ABORT_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
         if ftype == "length":
             return Classified(Verdict.LENGTH_UNDER_200, f"HTTP 200 with finish_reason {fr!r}")
         return Classified(Verdict.EMPTY_200_OVER_LIMIT, f"HTTP 200 for a length that must be rejected: {fr!r}")
     if "meta_info" not in body or (res.answer is None):
-        return Classified(Verdict.MALFORMED_RESPONSE,
-                          f"HTTP 200 without meta_info or an output (text or output_ids): {res.raw[:160]!r}")
+        return Classified(
+            Verdict.MALFORMED_RESPONSE,
+            f"HTTP 200 without meta_info or an output (text or output_ids): {res.raw[:160]!r}",
+        )
     pt = meta.get("prompt_tokens")
     if pt != res.sent_tokens:
         return Classified(Verdict.PROMPT_TOKENS_MISMATCH, f"meta_info.prompt_tokens {pt!r}, sent {res.sent_tokens}")
@@ -200,5 +213,6 @@ def classify(probe: LengthProbe, res: ProbeResult, *, limit_numbers: Iterable[in
         return Classified(Verdict.LENGTH_UNDER_200, f"finish_reason {fr!r} with completion_tokens {ct!r}")
     if ftype not in ("stop", "length"):
         return Classified(Verdict.MISSING_FINISH_REASON, f"unknown finish_reason {fr!r}")
-    return Classified(Verdict.OK_ACCEPTED, f"HTTP 200, prompt_tokens {pt}, finish_reason {ftype}, "
-                                           f"{res.elapsed_s:.2f} s")
+    return Classified(
+        Verdict.OK_ACCEPTED, f"HTTP 200, prompt_tokens {pt}, finish_reason {ftype}, {res.elapsed_s:.2f} s"
+    )

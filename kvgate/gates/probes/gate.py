@@ -43,11 +43,15 @@ from kvgate.target import DECODE, PREFILL
 GATE = "probes"
 #: Accepted-length requests left unanswered in a row before the run stops sending (see Sender.stall_after).
 STALL_AFTER = 3
-REMEDY_REJECT = ("upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
-                 "raise the KV pool to at least the context")
-REMEDY_UNTOLD_DECODE = ("raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
-                        "help, no SGLang release through 0.5.23 (nor kvgate's backport) tells the decode that the "
-                        "prefill retired a request")
+REMEDY_REJECT = (
+    "upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
+    "raise the KV pool to at least the context"
+)
+REMEDY_UNTOLD_DECODE = (
+    "raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
+    "help, no SGLang release through 0.5.23 (nor kvgate's backport) tells the decode that the "
+    "prefill retired a request"
+)
 
 
 class ProbeGate:
@@ -60,24 +64,29 @@ class ProbeGate:
 
     def run(self, ctx: GateContext) -> list[Finding]:
         """Probe the deployment behind `ctx.options.router_url`; never raises for target behaviour."""
-        settings = self.settings or ProbeSettings.from_mapping(ctx.options.probes,
-                                                               ctx.options.profile_name or "probes")
+        settings = self.settings or ProbeSettings.from_mapping(ctx.options.probes, ctx.options.profile_name or "probes")
         router = ctx.options.router_url
         node = f"router {router}" if router else "deployment"
         if not router:
             return [inconclusive(GATE, "setup", node, "probes need --router-url: nothing was probed")]
         limits, problems = limits_from_readings(ctx.readings)
         if limits is None:
-            return [inconclusive(GATE, "setup", node, "cannot plan exact probe lengths: " + "; ".join(problems),
-                                 remedy="fix the readings gate 1 reports as missing")]
+            return [
+                inconclusive(
+                    GATE,
+                    "setup",
+                    node,
+                    "cannot plan exact probe lengths: " + "; ".join(problems),
+                    remedy="fix the readings gate 1 reports as missing",
+                )
+            ]
         return _Run(ctx, settings, limits, router.rstrip("/"), node).execute()
 
 
 class _Run:
     """State of one probe run."""
 
-    def __init__(self, ctx: GateContext, settings: ProbeSettings, limits: ProbeLimits, router: str,
-                 node: str) -> None:
+    def __init__(self, ctx: GateContext, settings: ProbeSettings, limits: ProbeLimits, router: str, node: str) -> None:
         self.ctx = ctx
         self.settings = settings
         self.limits = limits
@@ -88,9 +97,13 @@ class _Run:
         self.codec_note = how
         self.can_decode = codec is not None
         # Without a codec the contract probes still run: byte ids are valid in every real vocabulary.
-        self.sender = Sender(GenerateClient(ctx.client.http, router, settings.deadline_s),
-                             codec or ByteCodec(settings.byte_offset), self.meter, self.obs,
-                             stall_after=STALL_AFTER if settings.early_stop else 0)
+        self.sender = Sender(
+            GenerateClient(ctx.client.http, router, settings.deadline_s),
+            codec or ByteCodec(settings.byte_offset),
+            self.meter,
+            self.obs,
+            stall_after=STALL_AFTER if settings.early_stop else 0,
+        )
         self.findings: list[Finding] = []
         self.observations: dict[str, list[tuple[Sent, Classified]]] = {}
         self.answered: list[Sent] = []  # every classified request, phase by phase (a batch's requests together)
@@ -104,9 +117,12 @@ class _Run:
         probes = plan_length_probes(lim, s.max_new_tokens)
         by_name = {p.name: p for p in probes}
         over = [p for p in probes if p.name in ("pool_limit", "danger_band")]
-        self.obs.log(f"probes: context {lim.context:,}, max_req_input_len {lim.max_req_input_len:,}, "
-                     f"page {lim.page_size}; lengths " + ", ".join(p.label for p in probes)
-                     + f"; sentinels via {self.codec_note}")
+        self.obs.log(
+            f"probes: context {lim.context:,}, max_req_input_len {lim.max_req_input_len:,}, "
+            f"page {lim.page_size}; lengths "
+            + ", ".join(p.label for p in probes)
+            + f"; sentinels via {self.codec_note}"
+        )
         tenant = self._tenant_probe()
         samples: list[LatencySamples | None] = [None]
         plant_b: list[Sent] = []
@@ -117,16 +133,18 @@ class _Run:
                 self._contract(rec)
 
         def round_a() -> None:
-            plants = self.sender.many([tenant(f"plantA{i:02d}") for i in range(s.tenants)], "A-plant",
-                                      f"round A: {s.tenants} small plants")
+            plants = self.sender.many(
+                [tenant(f"plantA{i:02d}") for i in range(s.tenants)], "A-plant", f"round A: {s.tenants} small plants"
+            )
             for rec in plants:
                 self._contract(rec)
             self._round("A", over, tenant, plants)
 
         def isolation() -> None:
             if not s.isolation_probe:
-                self.findings.append(inconclusive(GATE, "isolation.greedy_replay", self.node,
-                                                  "not run: isolation_probe is false"))
+                self.findings.append(
+                    inconclusive(GATE, "isolation.greedy_replay", self.node, "not run: isolation_probe is false")
+                )
                 return
             self.findings.append(run_isolation(self.sender, lim, s, self.node))
 
@@ -135,8 +153,9 @@ class _Run:
 
         def abort() -> None:
             if not s.abort_probe:
-                self.findings.append(inconclusive(GATE, "abort.mid_transfer", self.node,
-                                                  "not run: abort_probe is false"))
+                self.findings.append(
+                    inconclusive(GATE, "abort.mid_transfer", self.node, "not run: abort_probe is false")
+                )
                 return
             decodes = [r.spec.url for r in self.ctx.nodes(DECODE)]
             model = samples[0].model(s.latency_alpha) if samples[0] is not None else None
@@ -148,8 +167,9 @@ class _Run:
                 self.stopped_by = self.stopped_by or f"abort probe: {f.summary}"
 
         def round_b() -> None:
-            with self.obs.step(f"round B: plant at the longest accepted length ({by_name['longest_accepted'].length:,}"
-                               " tokens)"):
+            with self.obs.step(
+                f"round B: plant at the longest accepted length ({by_name['longest_accepted'].length:,} tokens)"
+            ):
                 plant = self.sender.one(by_name["longest_accepted"], "B-plant")
             plant_b.append(plant)
             self._contract(plant)
@@ -174,19 +194,38 @@ class _Run:
                 self.stalled_by = f"{title}: {self.sender.stalled}"
         self._contract_findings(probes)
         if "latency" not in skipped:
-            served = [rec for name in ("pool_limit", "danger_band") for rec, _ in self.observations.get(name, [])
-                      if rec.result.served]
+            served = [
+                rec
+                for name in ("pool_limit", "danger_band")
+                for rec, _ in self.observations.get(name, [])
+                if rec.result.served
+            ]
             self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
         lost = self.sender.transport_failures
         if lost and lost == self.meter.requests:
-            self.findings.append(error(GATE, "transport", self.node, f"the router never answered: all {lost} probe "
-                                       "requests failed at the transport level"))
+            self.findings.append(
+                error(
+                    GATE,
+                    "transport",
+                    self.node,
+                    f"the router never answered: all {lost} probe requests failed at the transport level",
+                )
+            )
         if skipped:
-            why = f"a confirmed leak ({self.stopped_by})" if self.stopped_by else \
-                f"the deployment stopped answering ({self.stalled_by})"
-            self.findings.append(inconclusive(GATE, "skipped", self.node,
-                                              f"not run after {why}: " + ", ".join(skipped) + " (run them with "
-                                              "--keep-going, or the profile's probes.early_stop: false)"))
+            why = (
+                f"a confirmed leak ({self.stopped_by})"
+                if self.stopped_by
+                else f"the deployment stopped answering ({self.stalled_by})"
+            )
+            self.findings.append(
+                inconclusive(
+                    GATE,
+                    "skipped",
+                    self.node,
+                    f"not run after {why}: " + ", ".join(skipped) + " (run them with "
+                    "--keep-going, or the profile's probes.early_stop: false)",
+                )
+            )
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
 
@@ -202,15 +241,17 @@ class _Run:
 
         return make
 
-    def _round(self, tag: str, over: list[LengthProbe], tenant: Callable[[str], LengthProbe],
-               plants: list[Sent]) -> None:
+    def _round(
+        self, tag: str, over: list[LengthProbe], tenant: Callable[[str], LengthProbe], plants: list[Sent]
+    ) -> None:
         """After a plant: abort-path probes and fresh tenants, all at once; then scan every answer."""
         s = self.settings
         batch = list(over) + [tenant(f"{tag}{i:02d}") for i in range(s.tenants)]
         # Over-limit probes go both ways: non-streaming (the router may answer with the prefill's error)
         # and streaming (the router relays the decode, so a decode waiting for KV that never comes hangs).
-        recs = self.sender.many(batch, f"{tag}", f"round {tag}: {len(over)} over-limit probe(s) x 2 + "
-                                                  f"{s.tenants} tenants", streamed=over)
+        recs = self.sender.many(
+            batch, f"{tag}", f"round {tag}: {len(over)} over-limit probe(s) x 2 + {s.tenants} tenants", streamed=over
+        )
         tenants: list[tuple[Sent, Classified]] = []
         for rec in recs:
             c = self._contract(rec)
@@ -236,12 +277,25 @@ class _Run:
         for p in probes:
             obs = self.observations.get(p.name, [])
             check = f"contract.{p.name}"
-            expect = "HTTP 200, prompt_tokens == sent, finish reason" if p.expect == ACCEPT else \
-                "4xx promptly, error names the limit, no text"
-            ev = [Evidence(self.node, f"{rec.label}", {"verdict": c.verdict.value, "detail": c.detail,
-                                                      "status": rec.result.status,
-                                                      "elapsed_s": round(rec.result.elapsed_s, 3)}, expect)
-                  for rec, c in obs]
+            expect = (
+                "HTTP 200, prompt_tokens == sent, finish reason"
+                if p.expect == ACCEPT
+                else "4xx promptly, error names the limit, no text"
+            )
+            ev = [
+                Evidence(
+                    self.node,
+                    f"{rec.label}",
+                    {
+                        "verdict": c.verdict.value,
+                        "detail": c.detail,
+                        "status": rec.result.status,
+                        "elapsed_s": round(rec.result.elapsed_s, 3),
+                    },
+                    expect,
+                )
+                for rec, c in obs
+            ]
             if not obs:
                 self.findings.append(inconclusive(GATE, check, self.node, f"{p.label}: not run", *ev))
                 continue
@@ -250,19 +304,28 @@ class _Run:
                 rec, c = bad[0]
                 classes = sorted({c2.verdict.value for _, c2 in bad})
                 why, remedy = self._untold_decode(p, obs, rec, c)
-                self.findings.append(failed(GATE, check, self.node,
-                                            f"{c.verdict.value}: {rec.label}: {c.detail}"
-                                            + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else "")
-                                            + why, *ev, remedy=remedy))
+                self.findings.append(
+                    failed(
+                        GATE,
+                        check,
+                        self.node,
+                        f"{c.verdict.value}: {rec.label}: {c.detail}"
+                        + (f" (classes seen: {', '.join(classes)})" if len(classes) > 1 else "")
+                        + why,
+                        *ev,
+                        remedy=remedy,
+                    )
+                )
             elif unseen := [(rec, c) for rec, c in obs if c.verdict == Verdict.NO_OBSERVATION]:
-                self.findings.append(inconclusive(GATE, check, self.node,
-                                                  f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev))
+                self.findings.append(
+                    inconclusive(GATE, check, self.node, f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev)
+                )
             else:
-                self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}",
-                                            *ev))
+                self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}", *ev))
 
-    def _untold_decode(self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first_rec: Sent,
-                       first: Classified) -> tuple[str, str]:
+    def _untold_decode(
+        self, p: LengthProbe, obs: list[tuple[Sent, Classified]], first_rec: Sent, first: Classified
+    ) -> tuple[str, str]:
         """Why a probe hangs when a prefill refuses a length that a decode admits, and the remedy.
 
         Measured on the real servers (0.5.20-0.5.23 behind smg 1.13.0): the prefill retires the request
@@ -281,24 +344,37 @@ class _Run:
         if p.expect == ACCEPT:
             at = next((i for i, r in enumerate(self.answered) if r is first_rec), 0)
             before = {id(r) for r in self.answered[:at]}
-            hung = [rec for name in ("pool_limit", "danger_band") for rec, c in self.observations.get(name, [])
-                    if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit
-                    and id(rec) in before]
+            hung = [
+                rec
+                for name in ("pool_limit", "danger_band")
+                for rec, c in self.observations.get(name, [])
+                if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit and id(rec) in before
+            ]
             if not hung:
                 return "", REMEDY_REJECT
-            return (f"; {len(hung)} rejected request(s) sent before or with it hung the same way ({hung[0].label}): "
-                    "the prefill rejected them, the decode was not told and holds their KV reservations until "
-                    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by default), so on a small decode pool an "
-                    "accepted request can queue behind them"), REMEDY_UNTOLD_DECODE
+            return (
+                f"; {len(hung)} rejected request(s) sent before or with it hung the same way ({hung[0].label}): "
+                "the prefill rejected them, the decode was not told and holds their KV reservations until "
+                "SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by default), so on a small decode pool an "
+                "accepted request can queue behind them"
+            ), REMEDY_UNTOLD_DECODE
         if not prefill_limit <= p.length < decode_limit:
             return "", REMEDY_REJECT
-        twin = next((f" and gave the non-streaming request its {rec.result.status} in {rec.result.elapsed_s:.1f} s"
-                     for rec, c in obs if not rec.result.stream and c.verdict == Verdict.OK_REJECTED), "")
-        why = (f"; the prefill rejects this length (its max_req_input_len is {prefill_limit:,}, the "
-               f"decode's {decode_limit:,}){twin}, but the decode, which admitted it, is not told: it holds "
-               "its KV reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by "
-               "default), and the router relays a streaming answer from the decode (what real SGLang "
-               "0.5.20-0.5.23 behind smg 1.13.0 did)")
+        twin = next(
+            (
+                f" and gave the non-streaming request its {rec.result.status} in {rec.result.elapsed_s:.1f} s"
+                for rec, c in obs
+                if not rec.result.stream and c.verdict == Verdict.OK_REJECTED
+            ),
+            "",
+        )
+        why = (
+            f"; the prefill rejects this length (its max_req_input_len is {prefill_limit:,}, the "
+            f"decode's {decode_limit:,}){twin}, but the decode, which admitted it, is not told: it holds "
+            "its KV reservation and waits for the KV until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by "
+            "default), and the router relays a streaming answer from the decode (what real SGLang "
+            "0.5.20-0.5.23 behind smg 1.13.0 did)"
+        )
         return why, REMEDY_UNTOLD_DECODE
 
     def _prefill_rejects_decode_admits(self) -> tuple[int, int] | None:
@@ -312,33 +388,62 @@ class _Run:
     def _canary_finding(self, tag: str, plants: list[Sent], recs: list[Sent], sightings: list[Sighting]) -> Finding:
         check = f"canary.round_{tag.lower()}"
         answered = [r for r in list(plants) + recs if r.result.status is not None and r.result.raw]
-        ev = [Evidence(self.node, "canary.plants", [p.label for p in plants]),
-              Evidence(self.node, "canary.answers_scanned", len(answered)),
-              Evidence(self.node, "canary.sentinels", len(self.sender.book))]
+        ev = [
+            Evidence(self.node, "canary.plants", [p.label for p in plants]),
+            Evidence(self.node, "canary.answers_scanned", len(answered)),
+            Evidence(self.node, "canary.sentinels", len(self.sender.book)),
+        ]
         if sightings:
             what = owners(sightings)
             ev.append(Evidence(self.node, "canary.leaks", what, "every answer carries only its own sentinel"))
-            return failed(GATE, check, self.node,
-                          f"cross-request content: {len(what)} foreign sentinel sighting(s); first: content of "
-                          f"{sightings[0].source} leaked into {sightings[0].victim}: {sightings[0].shown}",
-                          *ev, remedy=REMEDY_REJECT)
+            return failed(
+                GATE,
+                check,
+                self.node,
+                f"cross-request content: {len(what)} foreign sentinel sighting(s); first: content of "
+                f"{sightings[0].source} leaked into {sightings[0].victim}: {sightings[0].shown}",
+                *ev,
+                remedy=REMEDY_REJECT,
+            )
         if not self.can_decode:
-            return inconclusive(GATE, check, self.node, f"sentinels cannot be decoded ({self.codec_note}): "
-                                "canary content was not checked; the isolation check does not need it", *ev)
+            return inconclusive(
+                GATE,
+                check,
+                self.node,
+                f"sentinels cannot be decoded ({self.codec_note}): "
+                "canary content was not checked; the isolation check does not need it",
+                *ev,
+            )
         if not answered:
             return inconclusive(GATE, check, self.node, "no answer to scan", *ev)
         if not any(self.sender.readable(r.result) for r in answered if r.result.served):
-            return inconclusive(GATE, check, self.node, "no answer carried readable text (a server started with "
-                                "--skip-tokenizer-init returns output_ids only): canary content was not checked; "
-                                "the isolation check does not need it", *ev)
-        return passed(GATE, check, self.node, f"{len(answered)} answers after {len(plants)} plant(s) carry no "
-                      "foreign sentinel", *ev)
+            return inconclusive(
+                GATE,
+                check,
+                self.node,
+                "no answer carried readable text (a server started with "
+                "--skip-tokenizer-init returns output_ids only): canary content was not checked; "
+                "the isolation check does not need it",
+                *ev,
+            )
+        return passed(
+            GATE,
+            check,
+            self.node,
+            f"{len(answered)} answers after {len(plants)} plant(s) carry no foreign sentinel",
+            *ev,
+        )
 
     def _tenant_finding(self, tag: str, tenants: list[tuple[Sent, Classified]], plants: list[Sent]) -> Finding:
         check = f"tenants.round_{tag.lower()}"
         # Each tenant was classified once already, by _contract; reuse that verdict.
-        all_tc = tenants + [(rec, c) for p in plants if p.probe.name.startswith("tenant-")
-                            for rec, c in self.observations.get(p.probe.name, []) if rec is p]
+        all_tc = tenants + [
+            (rec, c)
+            for p in plants
+            if p.probe.name.startswith("tenant-")
+            for rec, c in self.observations.get(p.probe.name, [])
+            if rec is p
+        ]
         all_t = [r for r, _ in all_tc]
         bad = []
         unobserved = []
@@ -348,16 +453,24 @@ class _Run:
             elif not c.verdict.ok:
                 bad.append(f"{r.label}: {c.verdict.value}: {c.detail}")
         echoed = sum(1 for r in all_t if r.sentinel.found_in(r.result.text))
-        ev = [Evidence(self.node, "tenants.sent", len(all_t)),
-              # Not required (a real model need not repeat its prompt); the simulator echoes it.
-              Evidence(self.node, "tenants.own_sentinel_echoed", echoed),
-              Evidence(self.node, "tenants.bad", bad[:10], "every tenant answered 200 with its own prompt_tokens")]
+        ev = [
+            Evidence(self.node, "tenants.sent", len(all_t)),
+            # Not required (a real model need not repeat its prompt); the simulator echoes it.
+            Evidence(self.node, "tenants.own_sentinel_echoed", echoed),
+            Evidence(self.node, "tenants.bad", bad[:10], "every tenant answered 200 with its own prompt_tokens"),
+        ]
         if not all_t:
             return inconclusive(GATE, check, self.node, "no tenant ran", *ev)
         if bad:
-            return failed(GATE, check, self.node, f"{len(bad)} of {len(all_t)} tenant requests broke the contract: "
-                          f"{bad[0]}", *ev)
+            return failed(
+                GATE, check, self.node, f"{len(bad)} of {len(all_t)} tenant requests broke the contract: {bad[0]}", *ev
+            )
         if unobserved:
-            return inconclusive(GATE, check, self.node, f"{len(unobserved)} of {len(all_t)} tenant requests got no "
-                                f"answer at all: {unobserved[0]}", *ev)
+            return inconclusive(
+                GATE,
+                check,
+                self.node,
+                f"{len(unobserved)} of {len(all_t)} tenant requests got no answer at all: {unobserved[0]}",
+                *ev,
+            )
         return passed(GATE, check, self.node, f"{len(all_t)} concurrent tenant requests answered in full", *ev)

@@ -45,8 +45,12 @@ class _Answer:
     @classmethod
     def of(cls, rec: Sent) -> _Answer:
         r = rec.result
-        return cls(rec.label, r.answer if r.served else None, r.served and r.generated,
-                   r.status is not None and not r.timed_out)
+        return cls(
+            rec.label,
+            r.answer if r.served else None,
+            r.served and r.generated,
+            r.status is not None and not r.timed_out,
+        )
 
     def show(self) -> str:
         a = self.answer
@@ -59,57 +63,112 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
     """The greedy-replay isolation check (see the module docstring)."""
     n = settings.isolation_new_tokens
     q_len = min(max(4 * limits.page_size, 64), limits.longest_accepted)
-    q = LengthProbe("isolation_replay", q_len, ACCEPT, "none", "fixed prompt replayed",
-                    max_new_tokens_for(limits, q_len, n))
+    q = LengthProbe(
+        "isolation_replay", q_len, ACCEPT, "none", "fixed prompt replayed", max_new_tokens_for(limits, q_len, n)
+    )
     fixed = sender.sentinel("isolation replay prompt (kvgate's own, sent identically each time)")
     over = None
     if limits.reject_band is not None:
         m = limits.max_req_input_len
-        over = LengthProbe("isolation_over_limit", m, REJECT, "pool", "fixed over-limit prompt replayed",
-                           max_new_tokens_for(limits, m, n))
+        over = LengthProbe(
+            "isolation_over_limit",
+            m,
+            REJECT,
+            "pool",
+            "fixed over-limit prompt replayed",
+            max_new_tokens_for(limits, m, n),
+        )
     tenant_len = min(max(2 * limits.page_size, 64), limits.longest_accepted)
-    tenant = LengthProbe("isolation_tenant", tenant_len, ACCEPT, "none", "other tenant's traffic",
-                         max_new_tokens_for(limits, tenant_len, n))
+    tenant = LengthProbe(
+        "isolation_tenant",
+        tenant_len,
+        ACCEPT,
+        "none",
+        "other tenant's traffic",
+        max_new_tokens_for(limits, tenant_len, n),
+    )
 
     with sender.observer.step("isolation: greedy replay of one prompt around other tenants' traffic"):
         control = [_Answer.of(sender.one(q, f"iso-control{i}", sentinel=fixed)) for i in range(2)]
         after: list[tuple[str, _Answer | None, _Answer]] = []
         for tag in ("X", "Y"):
-            sender.many([tenant] * settings.isolation_tenants, f"iso-traffic{tag}",
-                        f"isolation: traffic {tag} ({settings.isolation_tenants} tenants)")
+            sender.many(
+                [tenant] * settings.isolation_tenants,
+                f"iso-traffic{tag}",
+                f"isolation: traffic {tag} ({settings.isolation_tenants} tenants)",
+            )
             o = _Answer.of(sender.one(over, f"iso-after{tag}", sentinel=fixed)) if over is not None else None
             after.append((tag, o, _Answer.of(sender.one(q, f"iso-after{tag}", sentinel=fixed))))
 
-    ev = [Evidence(node, "isolation.control", [a.show() for a in control], "the same answer twice"),
-          Evidence(node, "isolation.after_traffic",
-                   {tag: {"replay": a.show(), "over_limit": o.show() if o else "not planned"} for tag, o, a in after},
-                   "the control's answer; over-limit prompts never served")]
+    ev = [
+        Evidence(node, "isolation.control", [a.show() for a in control], "the same answer twice"),
+        Evidence(
+            node,
+            "isolation.after_traffic",
+            {tag: {"replay": a.show(), "over_limit": o.show() if o else "not planned"} for tag, o, a in after},
+            "the control's answer; over-limit prompts never served",
+        ),
+    ]
     if not all(a.observed and a.answer is not None for a in control):
-        return inconclusive(GATE, CHECK, node, "the replay prompt was not answered: " +
-                            "; ".join(f"{a.label}: {a.show()}" for a in control), *ev)
+        return inconclusive(
+            GATE,
+            CHECK,
+            node,
+            "the replay prompt was not answered: " + "; ".join(f"{a.label}: {a.show()}" for a in control),
+            *ev,
+        )
     if control[0].answer != control[1].answer:
-        return inconclusive(GATE, CHECK, node, "the same greedy prompt got two different answers in a row "
-                            f"({control[0].show()} vs {control[1].show()}): this deployment does not serve "
-                            "reproducibly, so answers cannot show foreign KV", *ev,
-                            remedy="run the gate against workers started with --enable-deterministic-inference")
+        return inconclusive(
+            GATE,
+            CHECK,
+            node,
+            "the same greedy prompt got two different answers in a row "
+            f"({control[0].show()} vs {control[1].show()}): this deployment does not serve "
+            "reproducibly, so answers cannot show foreign KV",
+            *ev,
+            remedy="run the gate against workers started with --enable-deterministic-inference",
+        )
     ref = control[0].answer
     changed = [f"{a.label}: {a.show()}" for _, _, a in after if a.observed and a.answer != ref]
     if changed:
-        return failed(GATE, CHECK, node, f"the same prompt was answered differently after other tenants' traffic "
-                      f"({changed[0]}; control {control[0].show()}): answers depend on other requests' KV", *ev,
-                      remedy="upgrade to SGLang 0.5.22+ or backport; raise the KV pool to at least the context")
+        return failed(
+            GATE,
+            CHECK,
+            node,
+            f"the same prompt was answered differently after other tenants' traffic "
+            f"({changed[0]}; control {control[0].show()}): answers depend on other requests' KV",
+            *ev,
+            remedy="upgrade to SGLang 0.5.22+ or backport; raise the KV pool to at least the context",
+        )
     overs = [o for _, o, _ in after if o is not None]
     if over is not None and len(overs) == 2 and all(o.served for o in overs) and overs[0].answer != overs[1].answer:
-        return failed(GATE, CHECK, node, f"over-limit request served from stale KV: the same {over.length:,}-token "
-                      f"prompt was answered {overs[0].show()} after traffic X and {overs[1].show()} after traffic Y "
-                      "(its answer is built from other tenants' pages)", *ev,
-                      remedy="upgrade to SGLang 0.5.22+ (#38935) or backport; raise the KV pool to at least the "
-                      "context")
+        return failed(
+            GATE,
+            CHECK,
+            node,
+            f"over-limit request served from stale KV: the same {over.length:,}-token "
+            f"prompt was answered {overs[0].show()} after traffic X and {overs[1].show()} after traffic Y "
+            "(its answer is built from other tenants' pages)",
+            *ev,
+            remedy="upgrade to SGLang 0.5.22+ (#38935) or backport; raise the KV pool to at least the context",
+        )
     unobserved = [a.label for _, _, a in after if not a.observed]
     if unobserved:
         return inconclusive(GATE, CHECK, node, "replays after traffic got no answer: " + ", ".join(unobserved), *ev)
     served = [o.label for o in overs if o.served]
-    note = (f"; the over-limit prompt was served ({', '.join(served)}) but its answer did not change with "
-            "the traffic (the contract probes judge that)") if served else ""
-    return passed(GATE, CHECK, node, f"the same greedy answer before and after two rounds of "
-                  f"{settings.isolation_tenants} other tenants' requests{note}", *ev)
+    note = (
+        (
+            f"; the over-limit prompt was served ({', '.join(served)}) but its answer did not change with "
+            "the traffic (the contract probes judge that)"
+        )
+        if served
+        else ""
+    )
+    return passed(
+        GATE,
+        CHECK,
+        node,
+        f"the same greedy answer before and after two rounds of "
+        f"{settings.isolation_tenants} other tenants' requests{note}",
+        *ev,
+    )

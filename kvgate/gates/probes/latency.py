@@ -91,8 +91,13 @@ def collect_latency(sender: Sender, limits: ProbeLimits, settings: ProbeSettings
     return LatencySamples(short_p.length, ll, tuple(short), tuple(long), tuple(bad))
 
 
-def latency_finding(samples: LatencySamples | None, settings: ProbeSettings, served_over_limit: list[Sent],
-                    plant: Sent | None, node: str) -> Finding:
+def latency_finding(
+    samples: LatencySamples | None,
+    settings: ProbeSettings,
+    served_over_limit: list[Sent],
+    plant: Sent | None,
+    node: str,
+) -> Finding:
     """Verdict of signal 3: KS over the buckets, and over-limit answers served faster than a real prefill.
 
     A rejected-length prompt answered with 200 in under half the time the at-limit plant (a real
@@ -102,9 +107,18 @@ def latency_finding(samples: LatencySamples | None, settings: ProbeSettings, ser
         return inconclusive(GATE, CHECK, node, "no long length above one page fits the limits")
     ks = samples.ks()
     model = samples.model(settings.latency_alpha)
-    ev: list[Evidence] = [Evidence(node, "latency.samples", {"short": len(samples.short), "long": len(samples.long),
-                                                             "short_tokens": samples.short_tokens,
-                                                             "long_tokens": samples.long_tokens})]
+    ev: list[Evidence] = [
+        Evidence(
+            node,
+            "latency.samples",
+            {
+                "short": len(samples.short),
+                "long": len(samples.long),
+                "short_tokens": samples.short_tokens,
+                "long_tokens": samples.long_tokens,
+            },
+        )
+    ]
     fast: list[str] = []
     for rec in served_over_limit:
         ref = None
@@ -113,27 +127,53 @@ def latency_finding(samples: LatencySamples | None, settings: ProbeSettings, ser
         elif model is not None:
             ref = (model.expected_s(rec.probe.length), "a real prefill of that length should take about")
         if ref is not None and rec.result.elapsed_s < 0.5 * ref[0]:
-            fast.append(f"{rec.label} answered 200 in {rec.result.elapsed_s * 1000:.1f} ms; {ref[1]} "
-                        f"{ref[0] * 1000:.1f} ms")
+            fast.append(
+                f"{rec.label} answered 200 in {rec.result.elapsed_s * 1000:.1f} ms; {ref[1]} {ref[0] * 1000:.1f} ms"
+            )
     if ks is not None:
-        ev += [Evidence(node, "latency.median_s",
-                        {"short": round(ks.median_short, 4), "long": round(ks.median_long, 4)}),
-               Evidence(node, "latency.ks", {"d_plus": round(ks.d_plus, 4), "p_value": ks.p_value},
-                        f"p < {settings.latency_alpha:g} (long slower than one-page)")]
+        ev += [
+            Evidence(node, "latency.median_s", {"short": round(ks.median_short, 4), "long": round(ks.median_long, 4)}),
+            Evidence(
+                node,
+                "latency.ks",
+                {"d_plus": round(ks.d_plus, 4), "p_value": ks.p_value},
+                f"p < {settings.latency_alpha:g} (long slower than one-page)",
+            ),
+        ]
     if fast:
         ev.append(Evidence(node, "latency.served_too_fast", fast, "a rejected length is never served"))
-        return failed(GATE, CHECK, node, f"latency_too_fast: {fast[0]}: served without its prefill "
-                      "(latency too good: read from another request's KV)", *ev,
-                      remedy="upgrade to SGLang 0.5.22+; rejected requests must be retired at admission")
+        return failed(
+            GATE,
+            CHECK,
+            node,
+            f"latency_too_fast: {fast[0]}: served without its prefill "
+            "(latency too good: read from another request's KV)",
+            *ev,
+            remedy="upgrade to SGLang 0.5.22+; rejected requests must be retired at admission",
+        )
     if ks is None:
-        return inconclusive(GATE, CHECK, node, f"too few answered latency samples ({len(samples.short)} short, "
-                            f"{len(samples.long)} long); failures: {list(samples.failures[:3])}", *ev)
-    how = (f"one-sided two-sample KS over {ks.n_short} one-page ({samples.short_tokens} tokens) and {ks.n_long} "
-           f"long ({samples.long_tokens:,} tokens) samples: D+={ks.d_plus:.3f}, p={ks.p_value:.2g}, medians "
-           f"{ks.median_short * 1000:.1f} ms vs {ks.median_long * 1000:.1f} ms")
+        return inconclusive(
+            GATE,
+            CHECK,
+            node,
+            f"too few answered latency samples ({len(samples.short)} short, "
+            f"{len(samples.long)} long); failures: {list(samples.failures[:3])}",
+            *ev,
+        )
+    how = (
+        f"one-sided two-sample KS over {ks.n_short} one-page ({samples.short_tokens} tokens) and {ks.n_long} "
+        f"long ({samples.long_tokens:,} tokens) samples: D+={ks.d_plus:.3f}, p={ks.p_value:.2g}, medians "
+        f"{ks.median_short * 1000:.1f} ms vs {ks.median_long * 1000:.1f} ms"
+    )
     if ks.significant(settings.latency_alpha):
         return passed(GATE, CHECK, node, f"long prompts are measurably slower ({how})", *ev)
-    return inconclusive(GATE, CHECK, node, f"could not show that long prompts are slower than one-page prompts at "
-                        f"alpha={settings.latency_alpha:g} ({how}): at this length the prefill may be below the "
-                        "noise, or long prompts are served without a prefill; raise latency_long_tokens or "
-                        "latency_samples", *ev)
+    return inconclusive(
+        GATE,
+        CHECK,
+        node,
+        f"could not show that long prompts are slower than one-page prompts at "
+        f"alpha={settings.latency_alpha:g} ({how}): at this length the prefill may be below the "
+        "noise, or long prompts are served without a prefill; raise latency_long_tokens or "
+        "latency_samples",
+        *ev,
+    )

@@ -82,8 +82,9 @@ def limits_from_readings(readings: Sequence[NodeReading]) -> tuple[ProbeLimits |
         max_req_input_len=min(m for m in mrils if m is not None),
         page_size=max(pages) if pages else 1,
         pool=min(pools) if pools else None,
-        named_limits=frozenset(n for r in readings for n in (r.context_length, r.max_req_input_len,
-                                                             r.max_total_num_tokens) if n),
+        named_limits=frozenset(
+            n for r in readings for n in (r.context_length, r.max_req_input_len, r.max_total_num_tokens) if n
+        ),
     )
     if limits.longest_accepted < 1:
         return None, [f"no prompt length is accepted (max_req_input_len {limits.max_req_input_len})"]
@@ -101,26 +102,58 @@ def plan_length_probes(limits: ProbeLimits, max_new_tokens: int) -> list[LengthP
     """The exact-length probes, cheapest first: tokenizer rejections, then the abort path, then the plant."""
     c, m = limits.context, limits.max_req_input_len
     out = [
-        LengthProbe("beyond_context", c + limits.page_size, REJECT, "context",
-                    "beyond the context: the tokenizer must reject it", max_new_tokens_for(limits, c, max_new_tokens)),
-        LengthProbe("context_limit", c, REJECT, "context",
-                    "first rejected length of the context bound (SGLang rejects len >= context)",
-                    max_new_tokens_for(limits, c, max_new_tokens)),
+        LengthProbe(
+            "beyond_context",
+            c + limits.page_size,
+            REJECT,
+            "context",
+            "beyond the context: the tokenizer must reject it",
+            max_new_tokens_for(limits, c, max_new_tokens),
+        ),
+        LengthProbe(
+            "context_limit",
+            c,
+            REJECT,
+            "context",
+            "first rejected length of the context bound (SGLang rejects len >= context)",
+            max_new_tokens_for(limits, c, max_new_tokens),
+        ),
     ]
     band = limits.reject_band
     if band is not None:
-        out.append(LengthProbe("pool_limit", m, REJECT, "pool",
-                               "first rejected length of the pool bound (max_req_input_len): the abort path",
-                               max_new_tokens_for(limits, m, max_new_tokens)))
+        out.append(
+            LengthProbe(
+                "pool_limit",
+                m,
+                REJECT,
+                "pool",
+                "first rejected length of the pool bound (max_req_input_len): the abort path",
+                max_new_tokens_for(limits, m, max_new_tokens),
+            )
+        )
         lo, hi = band
         # Inside the band, far enough from the context that a full answer fits (prompt + max_new_tokens).
         mid = min((lo + hi + 1) // 2, c - max_new_tokens)
         if mid > lo:
-            out.append(LengthProbe("danger_band", mid, REJECT, "pool",
-                                   f"inside the reject band [{lo:,}, {hi:,}] that passes the tokenizer",
-                                   max_new_tokens_for(limits, mid, max_new_tokens)))
+            out.append(
+                LengthProbe(
+                    "danger_band",
+                    mid,
+                    REJECT,
+                    "pool",
+                    f"inside the reject band [{lo:,}, {hi:,}] that passes the tokenizer",
+                    max_new_tokens_for(limits, mid, max_new_tokens),
+                )
+            )
     a = limits.longest_accepted
-    out.append(LengthProbe("longest_accepted", a, ACCEPT, "none",
-                           "largest accepted prompt (max_req_input_len - 1); it is also the canary plant",
-                           max_new_tokens_for(limits, a, max_new_tokens)))
+    out.append(
+        LengthProbe(
+            "longest_accepted",
+            a,
+            ACCEPT,
+            "none",
+            "largest accepted prompt (max_req_input_len - 1); it is also the canary plant",
+            max_new_tokens_for(limits, a, max_new_tokens),
+        )
+    )
     return out

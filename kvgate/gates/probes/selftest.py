@@ -23,8 +23,13 @@ GATE = "probes"
 CHECK = "selftest.positive_control"
 NODE = "self-test (simulated SGLang 0.5.19 behind smg)"
 # The incident's ratio (681,280 / 1,048,576 = 0.65) at 1/16 scale, so it runs in seconds.
-SELFTEST_SHAPE: dict[str, Any] = {"emulate": "0.5.19", "context_length": 65_536, "prefill_pool": 42_580,
-                                  "decode_pool": 262_144, "page_size": 16}
+SELFTEST_SHAPE: dict[str, Any] = {
+    "emulate": "0.5.19",
+    "context_length": 65_536,
+    "prefill_pool": 42_580,
+    "decode_pool": 262_144,
+    "page_size": 16,
+}
 
 
 def control_settings(settings: ProbeSettings) -> ProbeSettings:
@@ -37,25 +42,55 @@ def control_settings(settings: ProbeSettings) -> ProbeSettings:
 
 def not_started(exc: BaseException) -> list[Finding]:
     """The control could not start: nothing was controlled, so it blocks (inconclusive, blocking)."""
-    return [dataclasses.replace(
-        inconclusive(GATE, CHECK, NODE, f"could not start the simulator: {type(exc).__name__}: {exc}"
-                     "; the positive control did not run, so no probe verdict can be trusted",
-                     remedy="install kvgate[sim,router] (torch, fastapi, uvicorn, smg==1.13.0)"),
-        blocking=True)]
+    return [
+        dataclasses.replace(
+            inconclusive(
+                GATE,
+                CHECK,
+                NODE,
+                f"could not start the simulator: {type(exc).__name__}: {exc}"
+                "; the positive control did not run, so no probe verdict can be trusted",
+                remedy="install kvgate[sim,router] (torch, fastapi, uvicorn, smg==1.13.0)",
+            ),
+            blocking=True,
+        )
+    ]
 
 
 def judge(findings: Sequence[Finding], wall_s: float) -> list[Finding]:
     """The verdict on the probe findings of the control run: PASSED only if they saw the leak."""
     probe_findings = [f for f in findings if f.gate == GATE]
     leaks = [f for f in probe_findings if f.outcome == Outcome.FAILED and f.check.startswith("canary.")]
-    served = [f for f in probe_findings if f.outcome == Outcome.FAILED and f.check.startswith("contract.")
-              and f.summary.startswith("served_over_limit")]
-    ev = [Evidence(NODE, "shape", SELFTEST_SHAPE),
-          Evidence(NODE, "probe_findings", {f.test_id: f.outcome.value for f in probe_findings}),
-          Evidence(NODE, "wall_s", wall_s)]
+    served = [
+        f
+        for f in probe_findings
+        if f.outcome == Outcome.FAILED and f.check.startswith("contract.") and f.summary.startswith("served_over_limit")
+    ]
+    ev = [
+        Evidence(NODE, "shape", SELFTEST_SHAPE),
+        Evidence(NODE, "probe_findings", {f.test_id: f.outcome.value for f in probe_findings}),
+        Evidence(NODE, "wall_s", wall_s),
+    ]
     if leaks:
-        return [passed(GATE, CHECK, NODE, "the probes see the known leak of emulated 0.5.19: "
-                       f"{leaks[0].summary}", *ev, Evidence(NODE, "detected_by", [f.test_id for f in leaks + served]))]
-    return [failed(GATE, CHECK, NODE, "the probes did NOT see the known leak of emulated 0.5.19 "
-                   f"({len(served)} over-limit 200s, no foreign sentinel): they are blind, their 'no leak' cannot "
-                   "be trusted", *ev, remedy="check probe settings (tokenizer, max_new_tokens, tenants)")]
+        return [
+            passed(
+                GATE,
+                CHECK,
+                NODE,
+                f"the probes see the known leak of emulated 0.5.19: {leaks[0].summary}",
+                *ev,
+                Evidence(NODE, "detected_by", [f.test_id for f in leaks + served]),
+            )
+        ]
+    return [
+        failed(
+            GATE,
+            CHECK,
+            NODE,
+            "the probes did NOT see the known leak of emulated 0.5.19 "
+            f"({len(served)} over-limit 200s, no foreign sentinel): they are blind, their 'no leak' cannot "
+            "be trusted",
+            *ev,
+            remedy="check probe settings (tokenizer, max_new_tokens, tenants)",
+        )
+    ]

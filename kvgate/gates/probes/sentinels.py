@@ -56,8 +56,8 @@ class Sentinel:
 
     @property
     def fragments(self) -> tuple[str, ...]:
-        rnd = self.core[len(PREFIX):]
-        return tuple(rnd[i:i + FRAGMENT] for i in range(len(rnd) - FRAGMENT + 1))
+        rnd = self.core[len(PREFIX) :]
+        return tuple(rnd[i : i + FRAGMENT] for i in range(len(rnd) - FRAGMENT + 1))
 
     def fragment_in(self, text: str) -> str | None:
         """The first fragment of this sentinel's random part found in `text`, if any."""
@@ -109,8 +109,9 @@ class ServerCodec:
         self.timeout = timeout
 
     def encode(self, text: str) -> list[int]:
-        resp = self.http.post(self.base + "/v1/tokenize", json={"prompt": text, "add_special_tokens": False},
-                              timeout=self.timeout)
+        resp = self.http.post(
+            self.base + "/v1/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=self.timeout
+        )
         resp.raise_for_status()
         tokens = resp.json().get("tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):

@@ -91,10 +91,16 @@ class ProbeSettings:
             bad("deadline_s", f"must be > 0 and below SGLang's {SGLANG_WAITING_TIMEOUT_S:g} s waiting timeout")
         if not self.reject_within_s > 0:
             bad("reject_within_s", "must be > 0")
-        for key, lo, hi in (("tenants", 1, 1024), ("max_new_tokens", 1, 8192), ("latency_samples", 3, 1000),
-                            ("abort_attempts", 1, 20), ("abort_canaries", 1, 256),
-                            ("isolation_new_tokens", 1, 256), ("isolation_tenants", 1, 256),
-                            ("byte_offset", 0, 1 << 30)):
+        for key, lo, hi in (
+            ("tenants", 1, 1024),
+            ("max_new_tokens", 1, 8192),
+            ("latency_samples", 3, 1000),
+            ("abort_attempts", 1, 20),
+            ("abort_canaries", 1, 256),
+            ("isolation_new_tokens", 1, 256),
+            ("isolation_tenants", 1, 256),
+            ("byte_offset", 0, 1 << 30),
+        ):
             v = getattr(self, key)
             if not lo <= v <= hi:
                 bad(key, f"must be between {lo} and {hi}, got {v}")

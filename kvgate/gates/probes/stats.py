@@ -76,5 +76,11 @@ def ks_long_slower(short: Sequence[float], long: Sequence[float]) -> KsResult:
     if not short or not long:
         raise ValueError("both samples must be non-empty")
     d = d_plus(short, long)
-    return KsResult(d, p_value_one_sided(len(short), len(long), d), len(short), len(long),
-                    statistics.median(short), statistics.median(long))
+    return KsResult(
+        d,
+        p_value_one_sided(len(short), len(long), d),
+        len(short),
+        len(long),
+        statistics.median(short),
+        statistics.median(long),
+    )

@@ -34,8 +34,16 @@ class _Client:
         self.victim = victim
         self.http = httpx.Client()
 
-    def generate(self, name: str, ids: list[int], max_new_tokens: int, *, rid: str | None = None,
-                 cancel_after_s: float | None = None, stream: bool = False) -> ProbeResult:
+    def generate(
+        self,
+        name: str,
+        ids: list[int],
+        max_new_tokens: int,
+        *,
+        rid: str | None = None,
+        cancel_after_s: float | None = None,
+        stream: bool = False,
+    ) -> ProbeResult:
         if name == "abort_victim":
             return self.victim(name, len(ids), max_new_tokens)
         body = {"text": "ok", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "stop"}}}
@@ -95,17 +103,22 @@ def abort_endpoint() -> Iterator[Any]:
 
 def _aborted(n: str, k: int, m: int) -> ProbeResult:
     """What a decode-initiated abort mid-transfer answers through the router (SGLang's 500 message)."""
-    raw = ('{"object":"error","message":"Decode transfer failed for request rank=0 ... with exception '
-           'KVTransferError(bootstrap_room=1): Aborted by AbortReq.","type":"500","param":null,"code":500}')
+    raw = (
+        '{"object":"error","message":"Decode transfer failed for request rank=0 ... with exception '
+        'KVTransferError(bootstrap_room=1): Aborted by AbortReq.","type":"500","param":null,"code":500}'
+    )
     return ProbeResult(n, k, m, 500, 0.5, None, raw)
 
 
-@pytest.mark.parametrize("victim", [
-    # transport failure: nothing was sent, nothing was aborted
-    lambda n, k, m: ProbeResult(n, k, m, None, 0.0, transport_error="ConnectError: refused"),
-    # an error answer that came before the cancel point
-    lambda n, k, m: ProbeResult(n, k, m, 503, 0.0, None, "busy"),
-])
+@pytest.mark.parametrize(
+    "victim",
+    [
+        # transport failure: nothing was sent, nothing was aborted
+        lambda n, k, m: ProbeResult(n, k, m, None, 0.0, transport_error="ConnectError: refused"),
+        # an error answer that came before the cancel point
+        lambda n, k, m: ProbeResult(n, k, m, 503, 0.0, None, "busy"),
+    ],
+)
 def test_failures_that_are_no_abort_do_not_count_as_cancelled(victim: Any) -> None:
     f = _run(victim)
     assert f.outcome == Outcome.INCONCLUSIVE, f.summary
@@ -138,12 +151,15 @@ def test_issue_route_3_unacknowledged_abort_request_is_not_a_pass(abort_endpoint
     assert any(f"HTTP {status}" in n for n in notes)
 
 
-@pytest.mark.parametrize("victim", [
-    # a timeout after the cancel point: nobody saw an abort
-    lambda n, k, m: ProbeResult(n, k, m, None, 5.0, timed_out=True),
-    # an unrelated 5xx after the cancel point
-    lambda n, k, m: ProbeResult(n, k, m, 503, 0.5, None, '{"message":"busy"}'),
-])
+@pytest.mark.parametrize(
+    "victim",
+    [
+        # a timeout after the cancel point: nobody saw an abort
+        lambda n, k, m: ProbeResult(n, k, m, None, 5.0, timed_out=True),
+        # an unrelated 5xx after the cancel point
+        lambda n, k, m: ProbeResult(n, k, m, 503, 0.5, None, '{"message":"busy"}'),
+    ],
+)
 def test_issue_route_3_a_timeout_or_unrelated_5xx_is_not_an_abort(abort_endpoint: Any, victim: Any) -> None:
     decode = abort_endpoint(200)
     f = _run(victim, (decode.url,))

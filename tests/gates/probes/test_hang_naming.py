@@ -27,8 +27,10 @@ BAND = LengthProbe("pool_limit", 8186, REJECT, "pool", "first rejected length of
 
 def _run(prefill_mril: int, decode_mril: int) -> Any:
     run = object.__new__(_Run)
-    nodes = {PREFILL: [SimpleNamespace(max_req_input_len=prefill_mril)],
-             DECODE: [SimpleNamespace(max_req_input_len=decode_mril)]}
+    nodes = {
+        PREFILL: [SimpleNamespace(max_req_input_len=prefill_mril)],
+        DECODE: [SimpleNamespace(max_req_input_len=decode_mril)],
+    }
     run.ctx = SimpleNamespace(nodes=lambda role: nodes[role])
     run.node = "router"
     run.findings = []
@@ -38,8 +40,16 @@ def _run(prefill_mril: int, decode_mril: int) -> Any:
 
 
 def _observe(run: Any, probe: LengthProbe, phase: str, verdict: Verdict, *, stream: bool, status: int | None) -> None:
-    res = ProbeResult(probe.name, probe.length, probe.max_new_tokens, status, 0.3 if status else 20.0,
-                      timed_out=status is None, stream=stream, deadline_s=20.0)
+    res = ProbeResult(
+        probe.name,
+        probe.length,
+        probe.max_new_tokens,
+        status,
+        0.3 if status else 20.0,
+        timed_out=status is None,
+        stream=stream,
+        deadline_s=20.0,
+    )
     rec = Sent(probe, phase, Sentinel(f"{probe.name}-{phase}", "KVG0000000000"), res)
     run.observations.setdefault(probe.name, []).append((rec, Classified(verdict, "detail")))
     run.answered.append(rec)
@@ -64,8 +74,10 @@ def test_an_accepted_request_hanging_behind_such_streams_is_explained() -> None:
     _observe(run, LONGEST, "B-plant", Verdict.HANG, stream=False, status=None)
     run._contract_findings([LONGEST])
     (f,) = run.findings
-    assert "1 rejected request(s) sent before or with it hung the same way (pool_limit (4,090 tokens) [A-stream])" \
+    assert (
+        "1 rejected request(s) sent before or with it hung the same way (pool_limit (4,090 tokens) [A-stream])"
         in f.summary
+    )
     assert "can queue behind them" in f.summary and f.remedy == REMEDY_UNTOLD_DECODE
 
 

@@ -13,8 +13,9 @@ def _reading(role: str, context: int, pool: int, url: str, page: int = 64):
 
 
 def test_incident_numbers() -> None:
-    lim = ProbeLimits(context=1_048_576, max_req_input_len=max_req_input_len(1_048_576, 681_280), page_size=64,
-                      pool=681_280)
+    lim = ProbeLimits(
+        context=1_048_576, max_req_input_len=max_req_input_len(1_048_576, 681_280), page_size=64, pool=681_280
+    )
     plan = {p.name: p for p in plan_length_probes(lim, 48)}
     assert plan["longest_accepted"].length == 681_273 and plan["longest_accepted"].expect == ACCEPT
     assert plan["pool_limit"].length == 681_274 and plan["pool_limit"].expect == REJECT
@@ -37,8 +38,10 @@ def test_prompt_plus_generation_never_exceeds_context() -> None:
 
 
 def test_most_restrictive_limit_across_nodes() -> None:
-    readings = [_reading("prefill", 1_048_576, 681_280, "http://p"),
-                _reading("decode", 1_048_576, 2_000_000, "http://d")]
+    readings = [
+        _reading("prefill", 1_048_576, 681_280, "http://p"),
+        _reading("decode", 1_048_576, 2_000_000, "http://d"),
+    ]
     lim, problems = limits_from_readings(readings)
     assert not problems and lim is not None
     assert lim.max_req_input_len == max_req_input_len(1_048_576, 681_280)

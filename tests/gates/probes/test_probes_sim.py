@@ -32,8 +32,12 @@ def check(dep: SimDeployment, settings: dict[str, Any], *, with_gate1: bool = Fa
     gates: list[Gate] = [ProbeGate(ProbeSettings.from_mapping(settings, "test"))]
     if with_gate1:
         gates.insert(0, PoolContextGate())
-    options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                           router_url=dep.router_url, timeout=30.0)
+    options = CheckOptions(
+        prefill_urls=tuple(dep.prefill_urls),
+        decode_urls=tuple(dep.decode_urls),
+        router_url=dep.router_url,
+        timeout=30.0,
+    )
     return run_check(options, gates=gates)
 
 
@@ -48,8 +52,9 @@ def failed_probes(report: Report) -> list[Finding]:
 
 
 def test_0519_incident_numbers_leak_is_named(deployment: Any) -> None:
-    dep = deployment(emulate="0.5.19", context_length=CONTEXT, prefill_pool=INCIDENT_POOL,
-                     decode_pool=4_194_304, page_size=64)
+    dep = deployment(
+        emulate="0.5.19", context_length=CONTEXT, prefill_pool=INCIDENT_POOL, decode_pool=4_194_304, page_size=64
+    )
     report = check(dep, {"deadline_s": 30})
     assert report.exit_status == ExitStatus.GATE_FAILED
     leak = probe(report, "canary.round_a")
@@ -65,8 +70,14 @@ def test_0519_incident_numbers_leak_is_named(deployment: Any) -> None:
 
 
 def test_0520_hangs_within_the_probe_deadline(deployment: Any) -> None:
-    dep = deployment(emulate="0.5.20", context_length=131_072, prefill_pool=81_920, decode_pool=2_097_152,
-                     page_size=16, waiting_timeout=20)
+    dep = deployment(
+        emulate="0.5.20",
+        context_length=131_072,
+        prefill_pool=81_920,
+        decode_pool=2_097_152,
+        page_size=16,
+        waiting_timeout=20,
+    )
     report = check(dep, {"deadline_s": 3, "tenants": 8, "latency_samples": 6, "abort_attempts": 1})
     assert report.exit_status == ExitStatus.GATE_FAILED
     hang = probe(report, "contract.pool_limit")
@@ -97,11 +108,14 @@ class _FreezeDecodeAt(NullObserver):
 
 
 def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) -> None:
-    dep = deployment(emulate="0.5.22", context_length=16_384, prefill_pool=32_768, decode_pool=32_768,
-                     page_size=16)
+    dep = deployment(emulate="0.5.22", context_length=16_384, prefill_pool=32_768, decode_pool=32_768, page_size=16)
     freeze = _FreezeDecodeAt(dep, "isolation (greedy replay)")
-    options = CheckOptions(prefill_urls=tuple(dep.prefill_urls), decode_urls=tuple(dep.decode_urls),
-                           router_url=dep.router_url, timeout=30.0)
+    options = CheckOptions(
+        prefill_urls=tuple(dep.prefill_urls),
+        decode_urls=tuple(dep.decode_urls),
+        router_url=dep.router_url,
+        timeout=30.0,
+    )
     settings = ProbeSettings.from_mapping({"deadline_s": 3, "tenants": 4, "latency_samples": 4}, "test")
     try:
         report = run_check(options, gates=[ProbeGate(settings)], observer=freeze)
@@ -113,8 +127,9 @@ def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) ->
     assert skipped.outcome == Outcome.INCONCLUSIVE and "stopped answering" in skipped.summary, skipped.summary
     assert "abort mid-transfer" in skipped.summary and "canary round B" in skipped.summary
     # what was not sent is not reported as run, let alone passed
-    assert not [f for f in report.findings if f.gate == "probes" and f.check in ("abort.mid_transfer",
-                                                                               "canary.round_b")]
+    assert not [
+        f for f in report.findings if f.gate == "probes" and f.check in ("abort.mid_transfer", "canary.round_b")
+    ]
     assert report.exit_status != ExitStatus.PASSED
 
 
@@ -122,11 +137,15 @@ def test_0522_pool_below_context_is_blocked_and_its_streams_hang(deployment: Any
     """The real 0.5.21+ servers: the prefill's door rejects an over-pool length with a 400, which smg gives
     a non-streaming client at once; the decode admits it, is not told and waits for the KV until its
     waiting timeout, and a streaming client (relayed from the decode) hangs. Gate 1 blocks the pool."""
-    dep = deployment(emulate="0.5.22", context_length=131_072, prefill_pool=81_920, decode_pool=1_048_576,
-                     page_size=16)
+    dep = deployment(emulate="0.5.22", context_length=131_072, prefill_pool=81_920, decode_pool=1_048_576, page_size=16)
     report = check(dep, {"deadline_s": 10, "tenants": 8, "latency_samples": 8}, with_gate1=True)
-    for name in ("contract.context_limit", "contract.beyond_context", "contract.longest_accepted",
-                 "canary.round_a", "canary.round_b"):
+    for name in (
+        "contract.context_limit",
+        "contract.beyond_context",
+        "contract.longest_accepted",
+        "canary.round_a",
+        "canary.round_b",
+    ):
         assert probe(report, name).outcome == Outcome.PASSED, probe(report, name).summary
     for name in ("contract.pool_limit", "contract.danger_band"):
         f = probe(report, name)
@@ -145,21 +164,29 @@ def test_0522_pool_below_context_is_blocked_and_its_streams_hang(deployment: Any
 
 
 def test_0522_pool_of_2_04m_passes(deployment: Any) -> None:
-    dep = deployment(emulate="0.5.22", context_length=CONTEXT, prefill_pool=2_040_000, decode_pool=2_200_000,
-                     page_size=64)
+    dep = deployment(
+        emulate="0.5.22", context_length=CONTEXT, prefill_pool=2_040_000, decode_pool=2_200_000, page_size=64
+    )
     report = check(dep, {"deadline_s": 30}, with_gate1=True)
     assert [f.test_id for f in report.findings if f.outcome == Outcome.FAILED] == []
-    for name in ("contract.pool_limit", "contract.context_limit", "contract.beyond_context",
-                 "contract.longest_accepted", "canary.round_a", "canary.round_b", "tenants.round_a",
-                 "tenants.round_b", "latency.prefill_scaling"):
+    for name in (
+        "contract.pool_limit",
+        "contract.context_limit",
+        "contract.beyond_context",
+        "contract.longest_accepted",
+        "canary.round_a",
+        "canary.round_b",
+        "tenants.round_a",
+        "tenants.round_b",
+        "latency.prefill_scaling",
+    ):
         assert probe(report, name).outcome == Outcome.PASSED, probe(report, name).summary
     assert report.exit_status == ExitStatus.PASSED
     assert report.cost["probe_prefill_ratio_of_context"] <= 1.2
 
 
 def test_32_concurrent_tenants_each_carry_only_their_own_sentinel(deployment: Any) -> None:
-    dep = deployment(emulate="0.5.22", context_length=65_536, prefill_pool=131_072, decode_pool=262_144,
-                     page_size=16)
+    dep = deployment(emulate="0.5.22", context_length=65_536, prefill_pool=131_072, decode_pool=262_144, page_size=16)
     report = check(dep, {"tenants": 32, "abort_probe": False, "latency_samples": 4})
     for name in ("tenants.round_a", "tenants.round_b"):
         f = probe(report, name)
@@ -178,14 +205,30 @@ def test_32_concurrent_tenants_each_carry_only_their_own_sentinel(deployment: An
 # has a bandwidth equal to the slow prefill's compute: each 1024-token chunk's write is in flight for
 # about as long as the next chunk takes to compute. One prefill is slow (a long prefill to cancel), one
 # instant (canaries routed there finish their own small writes while the victim's write is in flight).
-ABORT_SHAPE = dict(prefill=2, context_length=16_384, prefill_pool=65_536, decode_pool=262_144, page_size=16,
-                   chunked_prefill_size=1024, prefill_tokens_per_s=[2048, 0], transfer_tokens_per_s=2048,
-                   decode_tokens_per_s=25)
+ABORT_SHAPE = dict(
+    prefill=2,
+    context_length=16_384,
+    prefill_pool=65_536,
+    decode_pool=262_144,
+    page_size=16,
+    chunked_prefill_size=1024,
+    prefill_tokens_per_s=[2048, 0],
+    transfer_tokens_per_s=2048,
+    decode_tokens_per_s=25,
+)
 # 32 canaries of 128 tokens (each write an eighth of a victim chunk's) cover the victim's 4096 tokens;
 # up to 5 in-flight cancels (10 tries) within 6 context-lengths of tokens; the leak case stops at the
 # first sighting.
-ABORT_SETTINGS = {"deadline_s": 20, "tenants": 4, "latency_samples": 4, "abort_tokens": 4096,
-                  "abort_attempts": 5, "abort_canaries": 32, "max_new_tokens": 32, "abort_budget": 6}
+ABORT_SETTINGS = {
+    "deadline_s": 20,
+    "tenants": 4,
+    "latency_samples": 4,
+    "abort_tokens": 4096,
+    "abort_attempts": 5,
+    "abort_canaries": 32,
+    "max_new_tokens": 32,
+    "abort_budget": 6,
+}
 
 
 def test_deferred_release_off_abort_mid_transfer_finds_cross_request_content(deployment: Any) -> None:

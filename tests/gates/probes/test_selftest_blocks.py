@@ -55,8 +55,9 @@ class _Blind:
 
 
 @pytest.mark.parametrize("strictness", [(), ("--no-strict",), ("--strict",)])
-def test_control_that_could_not_run_blocks_even_without_strict(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               strictness: tuple[str, ...]) -> None:
+def test_control_that_could_not_run_blocks_even_without_strict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strictness: tuple[str, ...]
+) -> None:
     import kvgate.sim.deploy as deploy
 
     monkeypatch.setattr(deploy, "SimDeployment", _NoRouter)

@@ -30,7 +30,7 @@ def test_dense_plant_round_trips_through_the_simulator_tokenizer() -> None:
     page = 16
     # at least one whole sentinel per 2 pages, a fragment in every page
     for i in range(0, 1000 - page, page):
-        assert s.found_in(sim_tokenizer.decode(ids[i:i + page]))
+        assert s.found_in(sim_tokenizer.decode(ids[i : i + page]))
 
 
 def test_scan_attributes_foreign_and_ignores_own() -> None:
