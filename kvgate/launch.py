@@ -20,6 +20,7 @@ from pathlib import Path
 
 from kvgate.errors import UsageError
 from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port
+from kvgate.upstream import HEALTH_CHECK_TIMEOUT_S
 
 ENGINES = ("sglang", "sim")
 DEVICES = ("gpu", "cpu")
@@ -206,7 +207,12 @@ class PDDeployment:
                     self.decode_urls.append(url)
             # The router only after every worker is ready: smg gives up on a worker that is not healthy
             # within its start-up timeout and never retries it, and a loaded machine can start slowly.
-            sup.wait_ready(workers, deadline_s=self.plan.ready_deadline_s, poll_s=0.5)
+            sup.wait_ready(
+                workers,
+                deadline_s=self.plan.ready_deadline_s,
+                poll_s=0.5,
+                request_timeout_s=HEALTH_CHECK_TIMEOUT_S + 5.0,
+            )
             rport = free_port(self.plan.host)
             self.router_url = f"http://{self.plan.host}:{rport}"
             router = sup.start(

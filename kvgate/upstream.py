@@ -30,6 +30,11 @@ DEFERRED_RELEASE_DEFAULT: Mapping[str, bool] = MappingProxyType(
     {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True}
 )
 
+#: `/health` (srt/entrypoints/http_server.py `health_generate`) sends a one-token request and answers
+#: 200 at its first 1 s poll that saw the scheduler reply, or 503 after this many seconds
+#: (SGLANG_HEALTH_CHECK_TIMEOUT): a readiness poll with a shorter read timeout misses healthy answers.
+HEALTH_CHECK_TIMEOUT_S = 20
+
 
 # What pip prints when it never got an answer from the index (connection, DNS, proxy, TLS, timeout).
 # "No matching distribution" alone is an answer: wrong pins or an unsupported Python, not the network.
