@@ -7,7 +7,8 @@ SGLang's limits (sglang-surface.md section 2; the formulas live in `kvgate.admis
 rejects a prompt of N >= context tokens with a plain 400, the scheduler rejects N >= max_req_input_len
 = min(context - 1, pool - 1) - 5 through `set_finish_with_abort`, the path that leaked before
 #36988/#38935. Every length in between passes the tokenizer and takes the abort path: the reject band.
-When the pool is below the context that band is most of (pool, context], the incident's danger band.
+When the pool is below the context that band is most of the over-pool band (pool, context]: prompts
+that fit the context but not the pool, where every prompt the incident leaked was.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
             evidence.append(
                 Evidence(
                     node,
-                    "danger_band",
+                    "over_pool_band",
                     f"({pool:,}, {context:,}]",
                     "empty: every prompt that fits the context must fit the pool",
                 )
@@ -180,7 +181,7 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
             )
         else:
             what = (
-                f"danger band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
+                f"over-pool band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
                 if band
                 else f"below the required headroom x{headroom:g}"
             )

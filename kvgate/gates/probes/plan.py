@@ -17,6 +17,9 @@ from kvgate.target import PREFILL, NodeReading
 
 ACCEPT = "accept"
 REJECT = "reject"
+#: The probes that take the scheduler's abort path when the contract holds: the first rejected length
+#: of the pool bound and one in the middle of the reject band.
+ABORT_PATH_PROBES = ("pool_limit", "reject_band_middle")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +130,7 @@ def plan_length_probes(limits: ProbeLimits, max_new_tokens: int) -> list[LengthP
         if mid > lo:
             out.append(
                 LengthProbe(
-                    "danger_band",
+                    "reject_band_middle",
                     mid,
                     REJECT,
                     "pool",
