@@ -6,21 +6,22 @@ router is `smg launch --pd-disaggregation`. The same plan can run the embedded s
 (`engine="sim"`), whose workers take SGLang's flag names (placement flags accepted and ignored), so
 the same command lines are exercised where there is no GPU. With `device="cpu"` and a `release`, the
 real server runs on this CPU (kvgate.cpuserver: the release's cached environment, kvgate's tiny model,
-the flags cpu-sglang.md measured). Processes are owned by `kvgate.supervisor`: one process group each,
-per-process logs, a readiness deadline, teardown of every group.
+the flags cpu-sglang.md measured). The start sequence is `kvgate.pdstart`'s, the simulator's too;
+processes are owned by `kvgate.supervisor`: one process group each, per-process logs, a readiness
+deadline, teardown of every group.
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvgate.errors import UsageError
-from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port
-from kvgate.upstream import HEALTH_CHECK_TIMEOUT_S
+from kvgate.pdstart import DistinctPorts, PDLayout, WorkerProcess, start_pd
+from kvgate.supervisor import Supervisor
 
 ENGINES = ("sglang", "sim")
 DEVICES = ("gpu", "cpu")
@@ -101,18 +102,34 @@ class WorkerSlot:
         return f"{self.role}{self.index}"
 
 
-def plan_slots(plan: PDLaunchPlan) -> list[WorkerSlot]:
-    """Free ports for every worker; GPUs assigned in order, tp_size each."""
+def plan_slots(plan: PDLaunchPlan, ports: Callable[[], int] | None = None) -> list[WorkerSlot]:
+    """Free ports for every worker (from `ports`, distinct by default); GPUs assigned in order, tp_size each."""
+    ports = ports or DistinctPorts(plan.host)
     slots: list[WorkerSlot] = []
     gpu = 0
-    prefill_bootstrap = free_port(plan.host)
+    prefill_bootstrap = ports()
     for role, count in (("prefill", plan.prefill), ("decode", plan.decode)):
         for i in range(count):
             # Each prefill serves its own bootstrap; decodes name the first (the router passes the real one).
-            bport = free_port(plan.host) if role == "prefill" and i > 0 else prefill_bootstrap
-            slots.append(WorkerSlot(role, i, free_port(plan.host), bport, free_port(plan.host), gpu))
+            bport = ports() if role == "prefill" and i > 0 else prefill_bootstrap
+            slots.append(WorkerSlot(role, i, ports(), bport, ports(), gpu))
             gpu += plan.tp_size
     return slots
+
+
+def plan_layout(plan: PDLaunchPlan, ports: Callable[[], int] | None = None) -> PDLayout:
+    """The processes of `plan` (one per worker) and the workers the router fronts."""
+    processes: list[WorkerProcess] = []
+    prefill: list[tuple[str, int]] = []
+    decode: list[str] = []
+    for slot in plan_slots(plan, ports):
+        url = f"http://{plan.host}:{slot.port}"
+        processes.append(WorkerProcess(slot.name, tuple(worker_argv(plan, slot)), (url,)))
+        if slot.role == "prefill":
+            prefill.append((url, slot.bootstrap_port))
+        else:
+            decode.append(url)
+    return PDLayout(tuple(processes), tuple(prefill), tuple(decode))
 
 
 def worker_argv(plan: PDLaunchPlan, slot: WorkerSlot) -> list[str]:
@@ -182,85 +199,29 @@ class PDDeployment:
     supervisor: Supervisor | None = field(default=None, init=False)
 
     def start(self) -> PDDeployment:
-        from kvgate.sim.router import router_argv  # builds the real smg command line; imports nothing heavy
-
+        """Start the workers, then the router, and wait until a request is served (`kvgate.pdstart`)."""
         self.plan.validate()
         self.plan = self.plan.resolved()
         if not self.plan.model_path:
             raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
+        plan = self.plan
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-pd-"))
         self.log_dir = log_dir
-        # die_with_parent: workers holding GPUs must not outlive a kvgate that was SIGKILLed.
-        sup = Supervisor(log_dir=log_dir, grace_s=10.0, die_with_parent=True)
-        self.supervisor = sup
-        env = dict(self.plan.env)
-        try:
-            workers: list[ManagedProcess] = []
-            prefill_pairs: list[tuple[str, int]] = []
-            for slot in plan_slots(self.plan):
-                url = f"http://{self.plan.host}:{slot.port}"
-                workers.append(sup.start(slot.name, worker_argv(self.plan, slot), ready_url=url + "/health", env=env))
-                if slot.role == "prefill":
-                    self.prefill_urls.append(url)
-                    prefill_pairs.append((url, slot.bootstrap_port))
-                else:
-                    self.decode_urls.append(url)
-            # The router only after every worker is ready: smg gives up on a worker that is not healthy
-            # within its start-up timeout and never retries it, and a loaded machine can start slowly.
-            sup.wait_ready(
-                workers,
-                deadline_s=self.plan.ready_deadline_s,
-                poll_s=0.5,
-                request_timeout_s=HEALTH_CHECK_TIMEOUT_S + 5.0,
-            )
-            rport = free_port(self.plan.host)
-            self.router_url = f"http://{self.plan.host}:{rport}"
-            router = sup.start(
-                "router",
-                router_argv(
-                    prefill=prefill_pairs,
-                    decode=self.decode_urls,
-                    host=self.plan.host,
-                    port=rport,
-                    prometheus_port=free_port(self.plan.host),
-                ),
-                ready_url=self.router_url + "/readiness",
-            )
-            sup.wait_ready([router], deadline_s=min(300.0, self.plan.ready_deadline_s), poll_s=0.5)
-            self._wait_serving(min(120.0, self.plan.ready_deadline_s))
-        except BaseException:
-            sup.stop()
-            raise
-        return self
-
-    def _wait_serving(self, deadline_s: float) -> None:
-        """Until one short request is served through the router: smg answers 503 "No prefill workers
-        available" for a few seconds after /readiness turns 200 (measured on CPU, cpu-sglang.md)."""
-        import json
-        import time
-        import urllib.error
-        import urllib.request
-
-        body = json.dumps({"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 1}}).encode()
-        end = time.monotonic() + deadline_s
-        last = ""
-        while time.monotonic() < end:
-            req = urllib.request.Request(
-                f"{self.router_url}/generate", data=body, headers={"Content-Type": "application/json"}
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310 - the router we started
-                    if resp.status == 200:
-                        return
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}"
-            except OSError as exc:
-                last = str(exc)
-            time.sleep(0.5)
-        raise SupervisorError(
-            f"the router at {self.router_url} did not serve a request within {deadline_s:g} s "
-            f"({last}); see {self.log_dir}"
+        started = start_pd(
+            lambda ports: plan_layout(plan, ports),
+            # die_with_parent: workers holding GPUs must not outlive a kvgate that was SIGKILLed.
+            lambda: Supervisor(log_dir=log_dir, grace_s=10.0, die_with_parent=True),
+            host=plan.host,
+            env=dict(plan.env),
+            ready_deadline_s=plan.ready_deadline_s,
+            poll_s=0.5,
+            serve_check=True,
         )
+        self.supervisor = started.supervisor
+        self.router_url = started.router_url
+        self.prefill_urls = [url for url, _ in started.layout.prefill]
+        self.decode_urls = list(started.layout.decode)
+        return self
 
     def stop(self) -> None:
         if self.supervisor is not None:

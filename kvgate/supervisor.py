@@ -158,11 +158,8 @@ class Supervisor:
         deadline_s: float = 60.0,
         poll_s: float = 0.1,
         check: Callable[[ManagedProcess], bool] | None = None,
-        request_timeout_s: float = 1.0,
     ) -> None:
         """Poll each process's `ready_url` (or `check`) until all answer, one shared deadline.
-
-        `request_timeout_s` bounds one readiness request: it must exceed what a healthy endpoint takes.
 
         Raises SupervisorError naming the process (with its log tail) if one exits or the deadline passes.
         """
@@ -178,7 +175,7 @@ class Supervisor:
                         f"{proc.name} exited with status {code} before it was ready; log {proc.log_path}:\n"
                         f"{proc.log_tail()}"
                     )
-                ok = check(proc) if check is not None else http_ok(str(proc.ready_url), timeout=request_timeout_s)
+                ok = check(proc) if check is not None else http_ok(str(proc.ready_url), timeout=1.0)
                 if ok:
                     pending.remove(proc)
             if not pending:

@@ -17,7 +17,8 @@ PACKAGE = ROOT / "kvgate"
 # ("kvgate" alone is only the package's own __init__: the version).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, the
-    # release wheels, the process supervisor, progress observers, the check-ID pages.
+    # release wheels, SGLang's admission limits, the process supervisor and the one PD start sequence
+    # (workers, then the real router), progress observers, the check-ID pages.
     (
         "foundation",
         (
@@ -29,7 +30,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvgate.redact",
             "kvgate.extras",
             "kvgate.upstream",
+            "kvgate.admission",
             "kvgate.supervisor",
+            "kvgate.pdstart",
             "kvgate.progress",
             "kvgate.checkdocs",
         ),

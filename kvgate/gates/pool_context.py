@@ -3,23 +3,23 @@
 Why decode too: decode reserves pages for the whole prompt at bootstrap (incident.md section 2,
 step 1), so a decode pool below the context is the same hazard on the other side of the handoff.
 
-SGLang's limits (sglang-surface.md section 2):
-- the tokenizer rejects a prompt of N >= context tokens with a plain 400;
-- the scheduler rejects N >= max_req_input_len = min(context - 1, pool - 1) - 5 through
-  `set_finish_with_abort`, the path that leaked before #36988/#38935.
-So every length in [max_req_input_len, context - 1] passes the tokenizer and takes the abort path:
-the "reject band". When the pool is below the context that band is most of (pool, context], the
-incident's danger band.
+SGLang's limits (sglang-surface.md section 2; the formulas live in `kvgate.admission`): the tokenizer
+rejects a prompt of N >= context tokens with a plain 400, the scheduler rejects N >= max_req_input_len
+= min(context - 1, pool - 1) - 5 through `set_finish_with_abort`, the path that leaked before
+#36988/#38935. Every length in between passes the tokenizer and takes the abort path: the reject band.
+When the pool is below the context that band is most of the over-pool band (pool, context]: prompts
+that fit the context but not the pool, where every prompt the incident leaked was.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from kvgate.admission import AdmissionLimits, max_req_input_len
 from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.target import NodeReading
@@ -29,35 +29,6 @@ REMEDY_POOL = (
     "raise the KV pool (e.g. --max-total-tokens / --mem-fraction-static, fewer CUDA-graph sizes, more GPUs) "
     "or lower --context-length until pool >= context x headroom; re-run the gate after every capacity change"
 )
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The admission limits of one node, derived from what it reports."""
-
-    context: int
-    pool: int
-    max_req_input_len: int | None
-
-    @property
-    def expected_max_req_input_len(self) -> int:
-        return min(self.context - 1, self.pool - 1) - 5
-
-    @property
-    def largest_accepted(self) -> int | None:
-        return None if self.max_req_input_len is None else self.max_req_input_len - 1
-
-    @property
-    def reject_band(self) -> tuple[int, int] | None:
-        """Lengths that pass the tokenizer but are rejected by the scheduler (inclusive bounds)."""
-        lo = self.max_req_input_len if self.max_req_input_len is not None else self.expected_max_req_input_len
-        hi = self.context - 1
-        return (lo, hi) if lo <= hi else None
-
-    @property
-    def danger_band(self) -> tuple[int, int] | None:
-        """(pool, context]: prompts that fit the context but not the pool."""
-        return (self.pool + 1, self.context) if self.pool < self.context else None
 
 
 def _fmt(n: int | None) -> str:
@@ -185,18 +156,18 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
 
     required = math.ceil(context * headroom)
     for check_name, field_name, pool in pools:
-        limits = Limits(context=context, pool=pool, max_req_input_len=reading.max_req_input_len)
+        limits = AdmissionLimits.of(context, pool, reading.max_req_input_len)
         evidence = [
             Evidence(node, field_name, pool, f">= {required:,} (context {context:,} x headroom {headroom:g})"),
             Evidence(node, "context", context, ctx_src),
             Evidence(node, "ratio", round(pool / context, 4), f">= {headroom:g}"),
         ]
-        band = limits.danger_band
+        band = limits.over_pool_band
         if band:
             evidence.append(
                 Evidence(
                     node,
-                    "danger_band",
+                    "over_pool_band",
                     f"({pool:,}, {context:,}]",
                     "empty: every prompt that fits the context must fit the pool",
                 )
@@ -210,7 +181,7 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
             )
         else:
             what = (
-                f"danger band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
+                f"over-pool band ({pool:,}, {context:,}]: prompts that fit the context but not the pool"
                 if band
                 else f"below the required headroom x{headroom:g}"
             )
@@ -227,15 +198,15 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
 
     # server_info reports rank 0's max_req_input_len, so compare it with rank 0's pool.
     pool0 = reading.max_total_num_tokens if reading.max_total_num_tokens is not None else pools[0][2]
-    limits = Limits(context=context, pool=pool0, max_req_input_len=reading.max_req_input_len)
     if reading.max_req_input_len is not None:
-        expected = limits.expected_max_req_input_len
+        limits = AdmissionLimits.of(context, pool0, reading.max_req_input_len)
+        expected = max_req_input_len(context, pool0)
         band = limits.reject_band
         ev = [
             Evidence(
                 node, "max_req_input_len", reading.max_req_input_len, f"<= {expected:,} = min(context-1, pool-1)-5"
             ),
-            Evidence(node, "largest_accepted_prompt", limits.largest_accepted, None),
+            Evidence(node, "largest_accepted_prompt", limits.longest_accepted, None),
             Evidence(
                 node,
                 "reject_band",
@@ -262,7 +233,7 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
                     GATE,
                     "admission-limit",
                     node,
-                    f"largest accepted prompt {limits.largest_accepted:,}; {width:,} lengths take the abort path",
+                    f"largest accepted prompt {limits.longest_accepted:,}; {width:,} lengths take the abort path",
                     *ev,
                 )
             )

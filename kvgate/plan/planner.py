@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvgate.admission import max_req_input_len
 from kvgate.plan import sizing
 from kvgate.plan.model import ModelShape, PlanError
 from kvgate.plan.weights import estimate_weights_gib
@@ -125,7 +126,7 @@ class WorkerPlan:
 
     @property
     def max_req_input_len(self) -> int:
-        return sizing.max_req_input_len(self.inputs.context_length, self.pool)
+        return max_req_input_len(self.inputs.context_length, self.pool)
 
 
 def plan_worker(inp: PlanInputs) -> WorkerPlan:
@@ -201,7 +202,7 @@ def plan_worker(inp: PlanInputs) -> WorkerPlan:
     steps.append(
         Step(
             "max_req_input_len",
-            sizing.max_req_input_len(inp.context_length, pool),
+            max_req_input_len(inp.context_length, pool),
             f"min(context {inp.context_length:,} - 1, pool {pool:,} - 1) - 5",
         )
     )

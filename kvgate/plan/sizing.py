@@ -195,11 +195,6 @@ def pp_layer_ranges(num_layers: int, pp_size: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def max_req_input_len(context_len: int, pool: int) -> int:
-    """TpModelWorker.get_worker_info: min(context_len - 1, pool - 1) - 5."""
-    return min(context_len - 1, pool - 1) - 5
-
-
 def check_release(release: str) -> str:
     """A release the planner knows (the ones whose sizing code the test executes)."""
     if release not in RELEASES:

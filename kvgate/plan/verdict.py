@@ -34,7 +34,7 @@ def role_findings(role: str, plan: WorkerPlan) -> list[Finding]:
     node = f"{role} (planned)"
     evidence = [Evidence(node, s.name, s.value, s.formula) for s in plan.steps]
     band = f"({plan.pool:,}, {inp.context_length:,}]" if plan.pool < inp.context_length else "empty"
-    evidence.append(Evidence(node, "danger_band", band, "prompts that fit the context but not the pool"))
+    evidence.append(Evidence(node, "over_pool_band", band, "prompts that fit the context but not the pool"))
     ratio = round(plan.pool / inp.context_length, 4)
     if plan.fits:
         return [
@@ -49,7 +49,7 @@ def role_findings(role: str, plan: WorkerPlan) -> list[Finding]:
         ]
     ks = knobs(plan)
     evidence += [Evidence(node, f"knob {k.name}", k.needed if k.possible else "impossible", k.note) for k in ks]
-    what = f"danger band {band}" if plan.pool < inp.context_length else f"below the headroom x{inp.headroom:g}"
+    what = f"over-pool band {band}" if plan.pool < inp.context_length else f"below the headroom x{inp.headroom:g}"
     summary = (
         f"SGLang {inp.release} sizes {plan.pool:,} tokens < {inp.required:,} required for context "
         f"{inp.context_length:,}; {what}"

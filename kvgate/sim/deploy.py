@@ -11,16 +11,13 @@ import json
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from kvgate.sim.router import router_argv
-from kvgate.supervisor import ManagedProcess, Supervisor, SupervisorError, free_port, http_ok
+from kvgate.pdstart import DistinctPorts, PDLayout, WorkerProcess, start_pd
+from kvgate.supervisor import Supervisor, http_ok
 from kvgate.upstream import RELEASES
 
 
@@ -146,101 +143,70 @@ class SimDeployment:
         return argv
 
     def start(self, attempts: int = 3) -> SimDeployment:
-        """Start workers and router in parallel, then wait until all are ready (one deadline).
+        """Start the workers, then the router, and wait until all are ready (`kvgate.pdstart`).
 
         Ports are picked free just before the children bind them; if another process takes one in
         between (other test runs on the same machine), the start is retried with fresh ports.
         """
-        for attempt in range(1, attempts + 1):
-            try:
-                return self._start_once()
-            except SupervisorError as exc:
-                if attempt == attempts or "in use" not in str(exc).lower():
-                    raise
-                self.prefill_urls, self.decode_urls, self.bootstrap_ports = [], [], []
-                self.router_url = None
-        raise AssertionError("unreachable")
-
-    def _start_once(self) -> SimDeployment:
         if self.emulate not in RELEASES:
             raise ValueError(f"emulate must be one of {RELEASES}")
         if self.prefill < 1 or self.decode < 1:
             raise ValueError("need at least one prefill and one decode worker")
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-sim-"))
+        self.log_dir = log_dir
+        die_with_parent = threading.current_thread() is threading.main_thread()
+        started = start_pd(
+            lambda ports: self._layout(ports, log_dir),
+            lambda: Supervisor(log_dir=log_dir, grace_s=3.0, die_with_parent=die_with_parent),
+            host=self.host,
+            env=self._worker_env(),
+            ready_deadline_s=self.ready_deadline_s,
+            router=self.router,
+            router_args=self.router_args,
+            attempts=attempts,
+        )
+        self.supervisor = started.supervisor
+        self.router_url = started.router_url
+        self.prefill_urls = [url for url, _ in started.layout.prefill]
+        self.bootstrap_ports = [bport for _, bport in started.layout.prefill]
+        self.decode_urls = list(started.layout.decode)
+        return self
+
+    def _layout(self, ports: DistinctPorts, log_dir: Path) -> PDLayout:
+        """One process per worker, or (light) one fleet process serving every worker (its spec in `log_dir`)."""
         tps_list = _per_worker(self.prefill_tokens_per_s, self.prefill, "prefill_tokens_per_s")
         prefill_pools = _per_worker(self.prefill_pool, self.prefill, "prefill_pool")
         decode_pools = _per_worker(self.decode_pool, self.decode, "decode_pool")
-        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-sim-"))
-        self.log_dir = log_dir
-        sup = Supervisor(
-            log_dir=log_dir, grace_s=3.0, die_with_parent=threading.current_thread() is threading.main_thread()
-        )
-        self.supervisor = sup
-        env = self._worker_env()
-        workers: list[ManagedProcess] = []
+        processes: list[WorkerProcess] = []
         light: list[dict[str, Any]] = []
-        ports = _DistinctPorts()
-        try:
-            prefill_pairs: list[tuple[str, int]] = []
-            for i in range(self.prefill):
-                port, bport = ports(), ports()
-                url = f"http://{self.host}:{port}"
-                if self.light:
-                    light.append(self._light_worker("prefill", port, bport, int(prefill_pools[i])))
-                else:
-                    argv = self._worker_argv("prefill", port, bport, int(prefill_pools[i]), tps_list[i])
-                    workers.append(sup.start(f"prefill{i}", argv, ready_url=url + "/health", env=env))
-                self.prefill_urls.append(url)
-                self.bootstrap_ports.append(bport)
-                prefill_pairs.append((url, bport))
-            for i in range(self.decode):
-                port = ports()
-                url = f"http://{self.host}:{port}"
-                if self.light:
-                    light.append(self._light_worker("decode", port, self.bootstrap_ports[0], int(decode_pools[i])))
-                else:
-                    workers.append(
-                        sup.start(
-                            f"decode{i}",
-                            self._worker_argv("decode", port, self.bootstrap_ports[0], int(decode_pools[i]), 0.0),
-                            ready_url=url + "/health",
-                            env=env,
-                        )
-                    )
-                self.decode_urls.append(url)
+        prefill: list[tuple[str, int]] = []
+        decode: list[str] = []
+        for i in range(self.prefill):
+            port, bport = ports(), ports()
+            url = f"http://{self.host}:{port}"
             if self.light:
-                spec = log_dir / "fleet.json"
-                spec.write_text(json.dumps({"metadata_delay_s": self.metadata_delay_s, "workers": light}))
-                fleet = sup.start("fleet", [sys.executable, "-m", "kvgate.sim", "fleet", "--spec", str(spec)], env=env)
-                urls = self.prefill_urls + self.decode_urls
-                sup.wait_ready(
-                    [fleet],
-                    deadline_s=self.ready_deadline_s,
-                    check=lambda _p: all(http_ok(u + "/health") for u in urls),
-                )
-            router_proc = None
-            if self.router:
-                rport = ports()
-                self.router_url = f"http://{self.host}:{rport}"
-                router_proc = sup.start(
-                    "router",
-                    router_argv(
-                        prefill=prefill_pairs,
-                        decode=self.decode_urls,
-                        host=self.host,
-                        port=rport,
-                        prometheus_port=ports(),
-                        extra=self.router_args,
-                    ),
-                    ready_url=self.router_url + "/readiness",
-                )
-            sup.wait_ready(workers, deadline_s=self.ready_deadline_s)
-            if router_proc is not None:
-                sup.wait_ready([router_proc], deadline_s=self.ready_deadline_s)
-                self._wait_router_lists_all()
-        except BaseException:
-            sup.stop()
-            raise
-        return self
+                light.append(self._light_worker("prefill", port, bport, int(prefill_pools[i])))
+            else:
+                argv = self._worker_argv("prefill", port, bport, int(prefill_pools[i]), tps_list[i])
+                processes.append(WorkerProcess(f"prefill{i}", tuple(argv), (url,)))
+            prefill.append((url, bport))
+        # Every decode names the first prefill's bootstrap port (the router passes the real one).
+        first_bport = prefill[0][1]
+        for i in range(self.decode):
+            port = ports()
+            url = f"http://{self.host}:{port}"
+            if self.light:
+                light.append(self._light_worker("decode", port, first_bport, int(decode_pools[i])))
+            else:
+                argv = self._worker_argv("decode", port, first_bport, int(decode_pools[i]), 0.0)
+                processes.append(WorkerProcess(f"decode{i}", tuple(argv), (url,)))
+            decode.append(url)
+        if self.light:
+            spec = log_dir / "fleet.json"
+            spec.write_text(json.dumps({"metadata_delay_s": self.metadata_delay_s, "workers": light}))
+            argv = [sys.executable, "-m", "kvgate.sim", "fleet", "--spec", str(spec)]
+            processes.append(WorkerProcess("fleet", tuple(argv), tuple(url for url, _ in prefill) + tuple(decode)))
+        return PDLayout(tuple(processes), tuple(prefill), tuple(decode))
 
     def _light_worker(self, mode: str, port: int, bootstrap_port: int, pool: int) -> dict[str, Any]:
         """The WorkerConfig fields of one metadata-only worker (fleet.py builds the config from them)."""
@@ -260,25 +226,6 @@ class SimDeployment:
             "dp_size": self.dp_size,
             "launch_command": f"python -m kvgate.sim fleet (metadata-only {mode} worker on port {port})",
         }
-
-    def _wait_router_lists_all(self) -> None:
-        """smg's /readiness turns 200 with one healthy prefill and decode; wait until it knows every worker."""
-        want = len(self.prefill_urls) + len(self.decode_urls)
-        end = time.monotonic() + self.ready_deadline_s
-        seen = -1
-        while time.monotonic() < end:
-            try:
-                doc = httpx.get(f"{self.router_url}/workers", timeout=2.0).json()
-                # A DP worker is listed once per rank (smg --dp-aware): count workers, not entries.
-                seen = len(
-                    {w.get("dp_base_url") or w.get("url") for w in doc.get("workers", []) if w.get("status") == "ready"}
-                )
-            except (httpx.HTTPError, ValueError, AttributeError):
-                seen = -1
-            if seen >= want:
-                return
-            time.sleep(0.2)
-        raise SupervisorError(f"the router lists {seen} ready workers of {want} after {self.ready_deadline_s:.0f}s")
 
     def stop(self) -> None:
         """Stop everything (idempotent)."""
@@ -321,21 +268,6 @@ class SimDeployment:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
-
-
-class _DistinctPorts:
-    """free_port() may hand out a port twice once its probe socket is closed; a fleet of hundreds
-    draws enough ports for that to happen, so a deployment never uses one port twice."""
-
-    def __init__(self) -> None:
-        self.used: set[int] = set()
-
-    def __call__(self) -> int:
-        while True:
-            port = free_port()
-            if port not in self.used:
-                self.used.add(port)
-                return port
 
 
 def _per_worker(value: float | Sequence[float], count: int, name: str) -> list[float]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kvgate.admission import max_req_input_len
 from kvgate.sim.config import WorkerConfig, env_bool, env_float
 from kvgate.sim.kvpool import KVPool
 from kvgate.sim.releases import Release0519
@@ -55,8 +56,8 @@ class BaseEngine:
 
     @property
     def max_req_input_len(self) -> int:
-        """`managers/tp_worker.py get_worker_info`: min(context_len - 1, capacity - 1) - 5."""
-        return min(self.cfg.effective_context - 1, self.max_total_num_tokens - 1) - 5
+        """`managers/tp_worker.py get_worker_info` over the pool's capacity (`kvgate.admission`)."""
+        return max_req_input_len(self.cfg.effective_context, self.max_total_num_tokens)
 
     def tokenizer_stage(self, input_ids: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:
         """`managers/tokenizer_manager.py TokenizerManager._validate_one_request` (ValueError -> 400)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvgate.admission import max_req_input_len
 from kvgate.sim.config import WorkerConfig, env_bool, exportable_env_vars
 from kvgate.sim.releases import Release0519
 
@@ -21,11 +22,6 @@ def pool_capacity(max_total_tokens: int, page_size: int) -> int:
 #: SGLang reports the seed it resolved (without --random-seed a random int in [0, 2**30]:
 #: `arg_groups/serving_hook.py`); the toy model is deterministic, so the simulator reports a fixed one.
 RANDOM_SEED = 0
-
-
-def admission_limit(context: int, pool: int) -> int:
-    """`managers/tp_worker.py get_worker_info`: max_req_input_len = min(context - 1, pool - 1) - 5."""
-    return min(context - 1, pool - 1) - 5
 
 
 def resolved_args(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
@@ -93,7 +89,7 @@ def server_info(
         **args,
         "launch_command": cfg.launch_command,
         "max_total_num_tokens": pool_tokens,
-        "max_req_input_len": admission_limit(cfg.effective_context, pool_tokens),
+        "max_req_input_len": max_req_input_len(cfg.effective_context, pool_tokens),
         "status": "ready",
         "kvgate_simulator": True,
         **release.server_info_extra(cfg.mode),

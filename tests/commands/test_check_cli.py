@@ -58,9 +58,9 @@ def test_incident_pool_fails_and_names_both_numbers(payload_server: Callable[...
     assert {f["check"] for f in bad} == {"headroom", "headroom-dp0"}
     assert all(f["node"].startswith("prefill[0]") for f in bad)
     summary = bad[0]["summary"]
-    assert "681,280" in summary and "1,048,576" in summary and "danger band" in summary
+    assert "681,280" in summary and "1,048,576" in summary and "over-pool band" in summary
     ev = {e["field"]: e["value"] for e in bad[0]["evidence"]}
-    assert ev["danger_band"] == "(681,280, 1,048,576]"
+    assert ev["over_pool_band"] == "(681,280, 1,048,576]"
     limits = [f for f in doc["findings"] if f["check"] == "admission-limit" and f["node"].startswith("prefill")]
     ev = {e["field"]: e["value"] for e in limits[0]["evidence"]}
     assert ev["max_req_input_len"] == 681_274 and ev["largest_accepted_prompt"] == 681_273

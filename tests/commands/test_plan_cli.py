@@ -80,7 +80,7 @@ def test_incident_shape_is_short_and_every_number_is_in_the_report() -> None:
     assert steps["required_pool"]["value"] == math.ceil(1_048_576 * 1.25)
     bad = [f for f in doc["findings"] if f["outcome"] == "failed"]
     assert {f["node"] for f in bad} == {"prefill (planned)", "decode (planned)"}
-    assert f"danger band ({expected:,}, 1,048,576]" in bad[0]["summary"]
+    assert f"over-pool band ({expected:,}, 1,048,576]" in bad[0]["summary"]
     assert bad[0]["remedy"].startswith("any one of:")
 
 

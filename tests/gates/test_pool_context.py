@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-from kvgate.findings import Outcome
-from kvgate.gates.pool_context import Limits, check_node
+from kvgate.findings import Finding, Outcome
+from kvgate.gates.pool_context import check_node
 from kvgate.target import NodeSpec, parse_node
 from tests.assets import sglang_payloads as P
 
 
-def test_incident_limits() -> None:
-    lim = Limits(context=1_048_576, pool=681_280, max_req_input_len=681_274)
-    assert lim.expected_max_req_input_len == 681_274
-    assert lim.largest_accepted == 681_273
-    assert lim.reject_band == (681_274, 1_048_575)
-    assert lim.danger_band == (681_281, 1_048_576)
-
-
-def test_even_a_big_pool_leaves_a_six_token_abort_band() -> None:
-    lim = Limits(context=1_048_576, pool=2_040_000, max_req_input_len=1_048_570)
-    assert lim.danger_band is None
-    assert lim.reject_band == (1_048_570, 1_048_575)
-
-
-def _outcomes(pool: int, context: int, headroom: float, mri: int | None = None) -> dict[str, Outcome]:
+def _findings(pool: int, context: int, headroom: float, mri: int | None = None) -> dict[str, Finding]:
     doc = P.server_info(pool=pool, context=context)
     if mri is not None:
         doc["max_req_input_len"] = mri
     r = parse_node(NodeSpec("decode", "http://d", 0), "/server_info", doc, P.v1_models(context), None)
     object.__setattr__(r, "disaggregation_mode", "decode")
     object.__setattr__(r, "live_disaggregation_mode", "decode")
-    return {f.check: f.outcome for f in check_node(r, "decode", None, headroom)}
+    return {f.check: f for f in check_node(r, "decode", None, headroom)}
+
+
+def _outcomes(pool: int, context: int, headroom: float, mri: int | None = None) -> dict[str, Outcome]:
+    return {check: f.outcome for check, f in _findings(pool, context, headroom, mri).items()}
 
 
 def test_headroom_boundary() -> None:
@@ -40,6 +30,15 @@ def test_headroom_boundary() -> None:
 def test_admission_bound_looser_than_the_pool_fails() -> None:
     assert _outcomes(681_280, 1_048_576, 1.0, mri=1_048_570)["admission-limit"] is Outcome.FAILED
     assert _outcomes(681_280, 1_048_576, 1.0)["admission-limit"] is Outcome.PASSED
+
+
+def test_a_bound_above_the_context_names_the_tokenizers_longest_prompt() -> None:
+    """max_req_input_len 5,000 on a 4,096 context: the tokenizer rejects N >= 4,096 first, so the
+    longest accepted prompt is 4,095, not 4,999, and no length takes the abort path."""
+    f = _findings(8192, 4096, 1.0, mri=5000)["admission-limit"]
+    ev = {e.field: e.value for e in f.evidence}
+    assert f.outcome is Outcome.FAILED
+    assert ev["largest_accepted_prompt"] == 4095 and ev["reject_band"] is None
 
 
 def test_a_rank_without_memory_usage_fails_closed() -> None:

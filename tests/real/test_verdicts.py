@@ -73,7 +73,8 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
                 f
                 for f in probe_failures
                 if not (
-                    f["check"] in ("contract.pool_limit", "contract.danger_band") and f["summary"].startswith("hang")
+                    f["check"] in ("contract.pool_limit", "contract.reject_band_middle")
+                    and f["summary"].startswith("hang")
                 )
             ]
         assert not probe_failures, summary

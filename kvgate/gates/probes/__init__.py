@@ -11,7 +11,7 @@ API:
 - `Verdict`: the contract's outcome classes (failure class names in finding summaries).
 
 Check names (finding.check, gate "probes"): contract.{beyond_context,context_limit,pool_limit,
-danger_band,longest_accepted}, canary.round_a, canary.round_b, tenants.round_a, tenants.round_b,
+reject_band_middle,longest_accepted}, canary.round_a, canary.round_b, tenants.round_a, tenants.round_b,
 latency.prefill_scaling, abort.mid_transfer, plus setup / skipped / transport when they apply.
 Cost keys put in `ctx.cost`: probe_requests, probe_tokens_sent, probe_prefill_tokens,
 probe_over_limit_served_tokens, probe_wall_s, probe_prefill_ratio_of_context.

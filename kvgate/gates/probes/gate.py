@@ -3,7 +3,7 @@
 Order (cheapest that can fail first; incident.md sections 4-5):
 1. tokenizer rejections: beyond the context and at the context (no prefill when correct);
 2. canary round A: cheap plants (the tenants), then the abort-path probes (first rejected length of
-   the pool bound, the danger band) together with fresh concurrent tenants;
+   the pool bound, the middle of the reject band) together with fresh concurrent tenants;
 2b. isolation: greedy replay of one prompt around other tenants' traffic (needs no decodable text);
 3. latency: one-page vs long prompts, one-sided KS;
 4. abort mid-transfer;
@@ -29,6 +29,7 @@ from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
 from kvgate.gates.probes.plan import (
+    ABORT_PATH_PROBES,
     ACCEPT,
     LengthProbe,
     ProbeLimits,
@@ -116,7 +117,7 @@ class _Run:
         s, lim = self.settings, self.limits
         probes = plan_length_probes(lim, s.max_new_tokens)
         by_name = {p.name: p for p in probes}
-        over = [p for p in probes if p.name in ("pool_limit", "danger_band")]
+        over = [p for p in probes if p.name in ABORT_PATH_PROBES]
         self.obs.log(
             f"probes: context {lim.context:,}, max_req_input_len {lim.max_req_input_len:,}, "
             f"page {lim.page_size}; lengths "
@@ -195,10 +196,7 @@ class _Run:
         self._contract_findings(probes)
         if "latency" not in skipped:
             served = [
-                rec
-                for name in ("pool_limit", "danger_band")
-                for rec, _ in self.observations.get(name, [])
-                if rec.result.served
+                rec for name in ABORT_PATH_PROBES for rec, _ in self.observations.get(name, []) if rec.result.served
             ]
             self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
         lost = self.sender.transport_failures
@@ -346,7 +344,7 @@ class _Run:
             before = {id(r) for r in self.answered[:at]}
             hung = [
                 rec
-                for name in ("pool_limit", "danger_band")
+                for name in ABORT_PATH_PROBES
                 for rec, c in self.observations.get(name, [])
                 if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit and id(rec) in before
             ]

@@ -1,10 +1,10 @@
 """Exact probe lengths from what the workers report (gate 1's readings).
 
-SGLang's bounds (sglang-surface.md section 2): the tokenizer rejects len >= context with a 400; the
-scheduler rejects len >= max_req_input_len through `set_finish_with_abort`, the path that leaked
-(incident.md section 2). So the largest accepted prompt is max_req_input_len - 1, the first rejected
-length of the pool bound is max_req_input_len and that of the context bound is the context itself.
-Across nodes the most restrictive value of each limit applies.
+SGLang's bounds (sglang-surface.md section 2, `kvgate.admission`): the tokenizer rejects len >= context
+with a 400; the scheduler rejects len >= max_req_input_len through `set_finish_with_abort`, the path
+that leaked (incident.md section 2). So the longest accepted prompt is min(max_req_input_len, context) - 1,
+the first rejected length of the pool bound is max_req_input_len and that of the context bound is the
+context itself. Across nodes the most restrictive value of each limit applies.
 """
 
 from __future__ import annotations
@@ -12,32 +12,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvgate.admission import AdmissionLimits
 from kvgate.target import PREFILL, NodeReading
 
 ACCEPT = "accept"
 REJECT = "reject"
+#: The probes that take the scheduler's abort path when the contract holds: the first rejected length
+#: of the pool bound and one in the middle of the reject band.
+ABORT_PATH_PROBES = ("pool_limit", "reject_band_middle")
 
 
-@dataclass(frozen=True)
-class ProbeLimits:
-    """The deployment-wide limits the probes aim at."""
+@dataclass(frozen=True, kw_only=True)
+class ProbeLimits(AdmissionLimits):
+    """The deployment-wide limits the probes aim at: the most restrictive context, max_req_input_len
+    and prefill pool over every node, plus the page size."""
 
-    context: int
-    max_req_input_len: int
     page_size: int
-    pool: int | None
     # Every node's own context, max_req_input_len and pool: a rejection may name any of them (through
     # the router, real SGLang's decode refuses with its own limit, computed from its own pool).
     named_limits: frozenset[int] = frozenset()
-
-    @property
-    def longest_accepted(self) -> int:
-        return min(self.max_req_input_len, self.context) - 1
-
-    @property
-    def reject_band(self) -> tuple[int, int] | None:
-        """Lengths past the tokenizer that the scheduler rejects (inclusive): the abort path."""
-        return (self.max_req_input_len, self.context - 1) if self.max_req_input_len < self.context else None
 
     @property
     def one_page(self) -> int:
@@ -137,7 +130,7 @@ def plan_length_probes(limits: ProbeLimits, max_new_tokens: int) -> list[LengthP
         if mid > lo:
             out.append(
                 LengthProbe(
-                    "danger_band",
+                    "reject_band_middle",
                     mid,
                     REJECT,
                     "pool",

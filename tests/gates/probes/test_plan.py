@@ -21,7 +21,7 @@ def test_incident_numbers() -> None:
     assert plan["pool_limit"].length == 681_274 and plan["pool_limit"].expect == REJECT
     assert plan["context_limit"].length == 1_048_576
     assert plan["beyond_context"].length > 1_048_576
-    band = plan["danger_band"]
+    band = plan["reject_band_middle"]
     assert 681_274 < band.length < 1_048_576 and band.length + band.max_new_tokens <= 1_048_576
     # cheapest first: tokenizer rejections, abort path, then the one long accepted prefill
     assert [p.name for p in plan.values()][-1] == "longest_accepted"

@@ -62,7 +62,9 @@ def test_0519_incident_numbers_leak_is_named(deployment: Any) -> None:
     # names the leaked sentinel, which request's content it is, and the probe (with its length)
     sentinel = ANY_SENTINEL.search(leak.summary)
     assert sentinel is not None
-    assert re.search(r"leaked into (pool_limit \(681,274 tokens\)|danger_band \(\d{3},\d{3} tokens\))", leak.summary)
+    assert re.search(
+        r"leaked into (pool_limit \(681,274 tokens\)|reject_band_middle \(\d{3},\d{3} tokens\))", leak.summary
+    )
     assert probe(report, "contract.pool_limit").summary.startswith("served_over_limit: pool_limit (681,274 tokens)")
     # early stop: the expensive at-limit plant was not paid for, and that is said, not passed
     assert probe(report, "skipped").outcome == Outcome.INCONCLUSIVE
@@ -147,7 +149,7 @@ def test_0522_pool_below_context_is_blocked_and_its_streams_hang(deployment: Any
         "canary.round_b",
     ):
         assert probe(report, name).outcome == Outcome.PASSED, probe(report, name).summary
-    for name in ("contract.pool_limit", "contract.danger_band"):
+    for name in ("contract.pool_limit", "contract.reject_band_middle"):
         f = probe(report, name)
         assert f.outcome == Outcome.FAILED and f.summary.startswith("hang: "), f.summary
         assert "-stream]" in f.summary and "10 s probe deadline" in f.summary
@@ -158,7 +160,7 @@ def test_0522_pool_below_context_is_blocked_and_its_streams_hang(deployment: Any
         verdicts = {e.field: e.value["verdict"] for e in f.evidence}
         assert {v for k, v in verdicts.items() if "-stream]" not in k} == {"ok_rejected"}, verdicts
         assert {v for k, v in verdicts.items() if "-stream]" in k} == {"hang"}, verdicts
-    assert {f.check for f in failed_probes(report)} == {"contract.pool_limit", "contract.danger_band"}
+    assert {f.check for f in failed_probes(report)} == {"contract.pool_limit", "contract.reject_band_middle"}
     assert any(f.gate == "pool-context" and f.outcome == Outcome.FAILED for f in report.findings)
     assert report.exit_status == ExitStatus.GATE_FAILED
 
