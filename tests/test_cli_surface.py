@@ -106,7 +106,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     commands = [ln.strip() for ln in block.splitlines()]
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-len(commands) :] == commands
-    assert commands[-1] == ".venv/bin/pytest -q"  # the tests come last, after install and checks
+    assert commands[-1].startswith(".venv/bin/pytest -q")  # the tests come last, after install and checks
     assert any("pip install" in c for c in commands) and any("ruff check" in c and "mypy" in c for c in commands)
     assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
 
