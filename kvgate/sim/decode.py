@@ -15,7 +15,7 @@ from kvgate.sim import tokenizer, transfer
 from kvgate.sim.config import WorkerConfig
 from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import PoolExhausted
-from kvgate.sim.releases import Release0519
+from kvgate.sim.releases import SimRelease
 from kvgate.sim.request import Abort, RequestError, SimReq, TokenSink, meta_info
 from kvgate.sim.toymodel import attend
 
@@ -46,7 +46,7 @@ class _Transfer:
 class DecodeEngine(BaseEngine):
     """Decode side: prealloc at bootstrap, apply page writes, commit, attend, generate."""
 
-    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+    def __init__(self, cfg: WorkerConfig, release: SimRelease) -> None:
         super().__init__(cfg, release)
         self.transfers: dict[str, _Transfer] = {}
         self._held: set[asyncio.Task[None]] = set()  # strong refs until done (asyncio keeps weak ones)

@@ -22,14 +22,14 @@ import torch
 from kvgate.admission import max_req_input_len
 from kvgate.sim.config import WorkerConfig, env_bool, env_float
 from kvgate.sim.kvpool import KVPool
-from kvgate.sim.releases import Release0519
+from kvgate.sim.releases import SimRelease
 from kvgate.sim.request import Abort, RequestError, SimReq
 
 
 class BaseEngine:
     """What prefill and decode share: pool, limits, tokenizer-stage and scheduler-stage checks."""
 
-    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+    def __init__(self, cfg: WorkerConfig, release: SimRelease) -> None:
         self.cfg = cfg
         self.release = release
         self.pool = KVPool(cfg.max_total_tokens or cfg.DEFAULT_POOL, cfg.page_size)

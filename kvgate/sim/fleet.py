@@ -27,7 +27,7 @@ from typing import Any
 from kvgate.sim import surface
 from kvgate.sim.config import WorkerConfig
 from kvgate.sim.lifecycle import run_until_signalled
-from kvgate.sim.releases import Release0519, get_release
+from kvgate.sim.releases import SimRelease, get_release
 
 METADATA_PATHS = ("/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models")
 MAX_HEADER_BYTES = 65536
@@ -38,7 +38,7 @@ class LightWorker:
     """One metadata-only worker: its config, release, sized pool and health switch."""
 
     cfg: WorkerConfig
-    release: Release0519
+    release: SimRelease
     started: float = field(default_factory=time.time)
     healthy: bool = True
 

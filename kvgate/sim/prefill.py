@@ -14,7 +14,7 @@ from kvgate.sim import transfer
 from kvgate.sim.config import WorkerConfig
 from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import PoolExhausted
-from kvgate.sim.releases import Release0519
+from kvgate.sim.releases import SimRelease
 from kvgate.sim.request import Abort, RequestError, SimReq, meta_info
 
 
@@ -38,7 +38,7 @@ class _Room:
 class PrefillEngine(BaseEngine):
     """Prefill side: bootstrap server, chunked forward (requests interleave per chunk), KV sender queue."""
 
-    def __init__(self, cfg: WorkerConfig, release: Release0519) -> None:
+    def __init__(self, cfg: WorkerConfig, release: SimRelease) -> None:
         super().__init__(cfg, release)
         self.rooms: dict[int, _Room] = {}
         self._room_waiters: dict[int, asyncio.Future[_Room]] = {}

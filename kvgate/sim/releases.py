@@ -39,10 +39,15 @@ from typing import Any
 from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
-class Release0519:
-    """sglang 0.5.19: the leaky baseline (no #36988, no #38935, deferred release off by default)."""
+class SimRelease:
+    """The behaviour of one emulated release at every point where releases differ for isolation.
 
-    version = "0.5.19"
+    The base type every caller holds (a release class or `KvgateBackport`). Its defaults are the
+    oldest behaviour kvgate emulates (0.5.19's, the leaky baseline); each release class overrides what
+    its release changed, citing the code.
+    """
+
+    version: str
     #: `/ready` was added in 0.5.20 (`entrypoints/http_server.py ready`).
     has_ready_endpoint = False
     #: `--disaggregation-enable-kv-checksum` (a server arg, reported in server_info) from 0.5.21.
@@ -95,6 +100,12 @@ class Release0519:
     def model_info_extra(self, mode: str) -> dict[str, Any]:
         """Keys of `/model_info` that only some releases have."""
         return {}
+
+
+class Release0519(SimRelease):
+    """sglang 0.5.19: the leaky baseline (no #36988, no #38935, deferred release off by default)."""
+
+    version = "0.5.19"
 
 
 class Release0520(Release0519):
@@ -163,7 +174,7 @@ class Release0523(Release0522):
         return extra
 
 
-class KvgateBackport:
+class KvgateBackport(SimRelease):
     """kvgate's own backport series on 0.5.19/0.5.20 (issue 6), applied on top of a release object.
 
     1. admission door: `is_unadmitted_reject` requests are retired at `PrefillBootstrapQueue.add` /
@@ -177,15 +188,18 @@ class KvgateBackport:
     The simulator's mismatch message is its own; the backport's real wording lives in backports/.
     """
 
-    def __init__(self, base: Release0519, hardened: bool) -> None:
+    def __init__(self, base: SimRelease, hardened: bool) -> None:
         self._base = base
         self.version = base.version
         self.has_ready_endpoint = base.has_ready_endpoint
-        self.deferred_release_default = True  # the series turns it on, as #41023 does in 0.5.21
+        self.has_kv_checksum_flag = base.has_kv_checksum_flag
+        self.has_decode_allocation_args = base.has_decode_allocation_args
+        self.has_kvgate_backport = base.has_kvgate_backport
         self.hardened = hardened
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._base, name)
+    @property
+    def deferred_release_default(self) -> bool:
+        return True  # the series turns it on, as #41023 does in 0.5.21
 
     def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
         return aborted and not holds_resources
@@ -196,8 +210,20 @@ class KvgateBackport:
     def stops_late_chunks_after_abort(self) -> bool:
         return True
 
+    def acks_abort_after_drain(self) -> bool:
+        return self._base.acks_abort_after_drain()
+
     def validates_transfer_coverage(self) -> bool:
         return self.hardened
+
+    def server_info_extra(self, mode: str) -> dict[str, Any]:
+        return self._base.server_info_extra(mode)
+
+    def internal_state_extra(self, mode: str) -> dict[str, Any]:
+        return self._base.internal_state_extra(mode)
+
+    def model_info_extra(self, mode: str) -> dict[str, Any]:
+        return self._base.model_info_extra(mode)
 
 
 FIXED_BY = ("kvgate-backport", "kvgate-backport-hardened")
@@ -205,12 +231,12 @@ FIXED_BY = ("kvgate-backport", "kvgate-backport-hardened")
 
 #: One class per release of `kvgate.upstream.RELEASES`, the one list of releases kvgate knows
 #: (tests/sim/test_units.py checks that every release there has one).
-_BY_VERSION: dict[str, type[Release0519]] = {
+_BY_VERSION: dict[str, type[SimRelease]] = {
     cls.version: cls for cls in (Release0519, Release0520, Release0521, Release0522, Release0523)
 }
 
 
-def get_release(version: str, fixed_by: str | None = None) -> Release0519:
+def get_release(version: str, fixed_by: str | None = None) -> SimRelease:
     """The behaviour object of an emulated release (optionally with kvgate's backport); ValueError if unknown."""
     try:
         release = _BY_VERSION[version]()
@@ -223,4 +249,4 @@ def get_release(version: str, fixed_by: str | None = None) -> Release0519:
     if not release.has_kvgate_backport:
         with_series = " and ".join(v for v in RELEASES if v in _BY_VERSION and _BY_VERSION[v].has_kvgate_backport)
         raise ValueError(f"--fixed-by kvgate-backport applies to {with_series} only")
-    return KvgateBackport(release, hardened=fixed_by.endswith("hardened"))  # type: ignore[return-value]
+    return KvgateBackport(release, hardened=fixed_by.endswith("hardened"))

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvgate.admission import max_req_input_len
 from kvgate.sim.config import WorkerConfig, env_bool, exportable_env_vars
-from kvgate.sim.releases import Release0519
+from kvgate.sim.releases import SimRelease
 
 
 def pool_capacity(max_total_tokens: int, page_size: int) -> int:
@@ -24,7 +24,7 @@ def pool_capacity(max_total_tokens: int, page_size: int) -> int:
 RANDOM_SEED = 0
 
 
-def resolved_args(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
+def resolved_args(cfg: WorkerConfig, release: SimRelease) -> dict[str, Any]:
     """The ServerArgs part of `/server_info` (flag names as SGLang resolves them)."""
     args: dict[str, Any] = {
         "model_path": cfg.model_path,
@@ -63,7 +63,7 @@ def resolved_args(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
 
 
 def server_info(
-    cfg: WorkerConfig, release: Release0519, *, pool_tokens: int, started: float, last_gen_throughput: float = 0.0
+    cfg: WorkerConfig, release: SimRelease, *, pool_tokens: int, started: float, last_gen_throughput: float = 0.0
 ) -> dict[str, Any]:
     """`/server_info`: resolved args, the sized pool, the admission limit and one internal state."""
     args = resolved_args(cfg, release)
@@ -99,7 +99,7 @@ def server_info(
     }
 
 
-def model_info(cfg: WorkerConfig, release: Release0519) -> dict[str, Any]:
+def model_info(cfg: WorkerConfig, release: SimRelease) -> dict[str, Any]:
     """`/model_info` (`/get_model_info`)."""
     return {
         "model_path": cfg.model_path,
