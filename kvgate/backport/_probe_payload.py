@@ -9,6 +9,9 @@ the queues are made with `cls.__new__` and given the attributes their methods re
 shared/reference/cpu-sglang.md). A missing attribute or import is reported as an error naming it.
 
 Usage: python _probe_payload.py admission|hardening STUB_FILE
+
+One file by necessity (over 500 lines): it is shipped as a single script into the target interpreter,
+which has no kvgate to import from.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ Both targets share one rule: every file the series touches must hash to a known 
 (the base release, or after patch k). Anything else is refused before a byte is written, naming the
 file (exit 2). New contents are computed in memory and checked against the manifest's sha256_after;
 only then is the target written, and a failure while writing restores what was there.
+
+Over 500 lines on purpose: apply, check and revert share the stage-hash rule and the
+write-then-restore transaction, on both kinds of target; split, each half would need the other's internals.
 """
 
 from __future__ import annotations

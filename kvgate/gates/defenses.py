@@ -19,6 +19,9 @@ Checks (gate name "defenses"):
   MLA/DSA model gets "not supported, not a defense".
 The checksum and canary are opt-in detection aids: off is reported (passed, "not counted") unless the
 caller requires them; on but ineffective is inconclusive (failed when required); unknown is inconclusive.
+
+Over 500 lines on purpose: the four checks share `DefenseInputs`, the not-counted rule and the
+per-node code sources, and each check is one function; split, they would import each other.
 """
 
 from __future__ import annotations
