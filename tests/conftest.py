@@ -2,6 +2,9 @@
 
 And two checks on every report any test renders: its JSON validates against the published schema
 (`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
+
+Under `pytest -n 2` (the README's test command) the real-SGLang tier is one unit of work: one worker
+runs it in collection order, one real pair alive at a time, while the other runs the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +20,23 @@ from typing import Any
 import pytest
 
 _report_problems: list[str] = []
+REAL_TIER = "tests/real/"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduling with every test of tests/real/ in one scope and every other test its own.
+
+    Not the `xdist_group` mark: pytest 9.2 no longer lets xdist 3.8 rename node ids, which that mark
+    relies on, so the mark is silently ignored and the real pairs would start on both workers at once.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RealTierAsOneUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return REAL_TIER if nodeid.startswith(REAL_TIER) else nodeid
+
+    return RealTierAsOneUnit(config, log)
 
 
 def _validator() -> Any:

@@ -4,8 +4,8 @@ Each pair is `python -m sglang.launch_server` x2 (Mooncake over TCP) behind the 
 started by kvgate's own launcher (`kvgate.launch`, device cpu) from the release's cached CPU
 environment and kvgate's tiny model (kvgate.cpuserver). One pair is alive at a time: the fixture is
 session-scoped and parametrized, so pytest groups every test of one pair together and stops it before
-starting the next (about 2 GB of RAM per server); every module of this tier is in one xdist group
-("real"), so under `pytest -n 2 --dist loadgroup` one worker runs the whole tier in that order.
+starting the next (about 2 GB of RAM per server); under `pytest -n 2` the whole tier is one unit of
+work (tests/conftest.py), so one worker runs it in that order.
 
 Per release two pairs: "short" (prefill pool 4,096 < context 8,192: the incident's shape) and
 "healthy" (pool 10,240 = 1.25 x context on both sides). Both server modes run on every kind: the

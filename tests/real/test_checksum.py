@@ -17,7 +17,7 @@ from kvgate.launch import PDDeployment, PDLaunchPlan
 from kvgate.supervisor import SupervisorError
 from tests.assets.real_sglang import server_env_or_skip
 
-pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.xdist_group("real")]
+pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 
 def test_kv_checksum_off_cuda_kills_the_prefill_at_its_first_send(tmp_path: Path) -> None:

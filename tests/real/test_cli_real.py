@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from kvgate.cli import app
 from tests.assets.real_sglang import server_env_or_skip
 
-pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.xdist_group("real")]
+pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
 
 

@@ -27,7 +27,7 @@ from kvgate.sim.deploy import SimDeployment
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient
 from tests.real.conftest import RealPair
 
-pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.xdist_group("real")]
+pytestmark = [pytest.mark.slow, pytest.mark.real]
 REJECT_WITHIN_S = 10.0
 # An accepted prompt of up to 8k tokens on a loaded 2-core CI machine gets a minute; a rejection is
 # "prompt" within REJECT_WITHIN_S, so waiting twice that tells a hang from a late rejection at a

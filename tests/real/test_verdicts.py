@@ -19,7 +19,7 @@ from kvgate.cli import app
 from kvgate.paths import profiles_dir
 from tests.real.conftest import RealPair, report_of
 
-pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.xdist_group("real")]
+pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
 
 
