@@ -20,23 +20,25 @@ from typing import Any
 import pytest
 
 _report_problems: list[str] = []
-REAL_TIER = "tests/real/"
+# Each is one unit of work under xdist, run by one worker in collection order: the real-SGLang tier (one
+# real pair alive at a time) and the binary's tests (one build of dist/kvgate, a path both would share).
+ONE_UNIT = ("tests/real/", "tests/test_binary.py")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's scope scheduling with every test of tests/real/ in one scope and every other test its own.
+    """xdist's scope scheduling with each of ONE_UNIT one scope and every other test its own.
 
     Not the `xdist_group` mark: pytest 9.2 no longer lets xdist 3.8 rename node ids, which that mark
     relies on, so the mark is silently ignored and the real pairs would start on both workers at once.
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    class RealTierAsOneUnit(LoadScopeScheduling):
+    class OneUnitEach(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return REAL_TIER if nodeid.startswith(REAL_TIER) else nodeid
+            return next((unit for unit in ONE_UNIT if nodeid.startswith(unit)), nodeid)
 
-    return RealTierAsOneUnit(config, log)
+    return OneUnitEach(config, log)
 
 
 def _validator() -> Any:

@@ -18,6 +18,8 @@ price is that the target machine needs a python3, which every CI image that runs
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import subprocess
 import sys
 import venv
@@ -28,30 +30,39 @@ SHIV = "shiv==1.0.8"
 
 
 def build(output: Path, build_dir: Path) -> Path:
-    """Build the zipapp at `output`; return it."""
-    env_dir = build_dir / "binary-venv"
-    py = env_dir / "bin" / "python"
-    if not py.exists():
-        venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", SHIV], check=True)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            str(env_dir / "bin" / "shiv"),
-            "--console-script",
-            "kvgate",
-            "--output-file",
-            str(output),
-            "--python",
-            "/usr/bin/env python3",
-            "--compressed",
-            "--reproducible",
-            "--disable-pip-version-check",
-            "-q",
-            str(ROOT),
-        ],
-        check=True,
-    )
+    """Build the zipapp at `output`; return it.
+
+    Safe to run twice at once (two test workers, two CI steps): builds take turns on a lock in
+    `build_dir`, and the file appears at `output` whole (written beside it, then renamed).
+    """
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        env_dir = build_dir / "binary-venv"
+        py = env_dir / "bin" / "python"
+        if not py.exists():
+            venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", SHIV], check=True)
+        output.parent.mkdir(parents=True, exist_ok=True)
+        partial = output.with_name(output.name + ".partial")
+        subprocess.run(
+            [
+                str(env_dir / "bin" / "shiv"),
+                "--console-script",
+                "kvgate",
+                "--output-file",
+                str(partial),
+                "--python",
+                "/usr/bin/env python3",
+                "--compressed",
+                "--reproducible",
+                "--disable-pip-version-check",
+                "-q",
+                str(ROOT),
+            ],
+            check=True,
+        )
+        os.replace(partial, output)
     return output
 
 

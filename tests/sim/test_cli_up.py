@@ -33,12 +33,19 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], dict]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvgate.cli", "sim", "up", "--log-dir", str(tmp_path), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal delivers it: a shell starts background jobs with SIGINT ignored and the
+        # child would inherit that (this test then hung in a CI run launched with `&`).
+        preexec_fn=_default_sigint,
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 120
