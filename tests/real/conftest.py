@@ -15,7 +15,9 @@ even-indexed releases run "short" with --skip-tokenizer-init (input_ids in, outp
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,6 +115,21 @@ def plan_for(spec: PairSpec) -> PDLaunchPlan:
         # So the defenses gate reads the deferred-release setting the workers really run with.
         env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1"},
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_worker_runs_this_tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fail, rather than start real pairs on two xdist workers at once, if the scheduler in
+    tests/conftest.py did not keep this tier one unit of work (the workers share basetemp's parent)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    with open(tmp_path_factory.getbasetemp().parent / "real-tier.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pytest.fail("another xdist worker is running the real tier: it must be one unit (tests/conftest.py)")
+        yield
 
 
 @pytest.fixture(scope="session", params=SPECS, ids=[s.id for s in SPECS])
