@@ -244,7 +244,7 @@ def _run_sequence(
 def _wait_router_lists_all(router_url: str, want: int, deadline_s: float, poll_s: float) -> None:
     """smg's /readiness turns 200 with one healthy prefill and decode; wait until it knows every worker."""
     end = time.monotonic() + deadline_s
-    seen = -1
+    last = "never answered"
     while time.monotonic() < end:
         try:
             doc = httpx.get(f"{router_url}/workers", timeout=2.0).json()
@@ -252,12 +252,13 @@ def _wait_router_lists_all(router_url: str, want: int, deadline_s: float, poll_s
             seen = len(
                 {w.get("dp_base_url") or w.get("url") for w in doc.get("workers", []) if w.get("status") == "ready"}
             )
-        except (httpx.HTTPError, ValueError, AttributeError):
-            seen = -1
-        if seen >= want:
-            return
+            if seen >= want:
+                return
+            last = f"lists {seen} ready workers of {want}"
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            last = f"could not be read ({type(exc).__name__}: {exc})"
         time.sleep(poll_s)
-    raise SupervisorError(f"the router lists {seen} ready workers of {want} after {deadline_s:.0f}s")
+    raise SupervisorError(f"the router's {router_url}/workers {last} after {deadline_s:.0f}s")
 
 
 def _wait_serving(router_url: str, deadline_s: float, poll_s: float, log_dir: Path) -> None:

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.pdstart import DistinctPorts, PDLayout, StartedPD, WorkerProcess, router_argv, start_pd
+from kvgate.pdstart import (
+    DistinctPorts,
+    PDLayout,
+    StartedPD,
+    WorkerProcess,
+    _wait_router_lists_all,
+    router_argv,
+    start_pd,
+)
 from kvgate.supervisor import Supervisor, SupervisorError, http_ok, pid_alive
 
 pytestmark = pytest.mark.slow
@@ -125,3 +133,25 @@ def test_router_argv_lists_every_worker_in_order() -> None:
         "--host",
     ]
     assert argv[-1] == "--dp-aware"
+
+
+def test_router_listing_is_waited_for_and_a_short_one_is_named(tmp_path: Path, root: Path) -> None:
+    # A router stand-in whose /workers lists one ready worker and one still starting.
+    (root / "workers").write_text(
+        '{"workers": [{"url": "http://p0", "status": "ready"}, {"url": "http://d0", "status": "starting"}]}'
+    )
+    sups: list[Supervisor] = []
+
+    def build(ports: DistinctPorts) -> PDLayout:
+        return PDLayout((_web("router", root, ports()),), (), ())
+
+    started = _start(tmp_path, build, sups)
+    router = started.layout.processes[0].urls[0]
+    try:
+        _wait_router_lists_all(router, 1, deadline_s=5.0, poll_s=0.1)
+        with pytest.raises(SupervisorError, match=r"/workers lists 1 ready workers of 2 after"):
+            _wait_router_lists_all(router, 2, deadline_s=0.5, poll_s=0.1)
+    finally:
+        started.supervisor.stop()
+    with pytest.raises(SupervisorError, match=r"/workers could not be read \(ConnectError"):
+        _wait_router_lists_all(router, 1, deadline_s=0.5, poll_s=0.1)

@@ -12,7 +12,7 @@ from kvgate.sim.config import WorkerConfig, env_bool
 from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import KVPool, PoolExhausted
 from kvgate.sim.prefill import PrefillEngine
-from kvgate.sim.releases import get_release
+from kvgate.sim.releases import KvgateBackport, SimRelease, get_release
 from kvgate.sim.request import RequestError, SimReq
 from kvgate.sim.toymodel import attend
 from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
@@ -174,3 +174,18 @@ def test_backport_emulation_only_on_old_releases() -> None:
         get_release("0.5.22", "kvgate-backport")
     with pytest.raises(ValueError):
         get_release("0.5.20", "upstream")
+
+
+def test_backport_emulation_states_every_behaviour_itself() -> None:
+    # KvgateBackport is a SimRelease whose defaults are 0.5.19's: a behaviour it did not define (or copy
+    # from its base) would silently be 0.5.19's on a 0.5.20 base.
+    backport = get_release("0.5.20", "kvgate-backport")
+    assert isinstance(backport, KvgateBackport)
+    public = {name for name in vars(SimRelease) if not name.startswith("_")}
+    missing = sorted(name for name in public if name not in vars(KvgateBackport) and name not in vars(backport))
+    assert missing == []
+    base = get_release("0.5.20")
+    for mode in ("prefill", "decode"):
+        assert backport.server_info_extra(mode) == base.server_info_extra(mode)
+        assert backport.model_info_extra(mode) == base.model_info_extra(mode)
+    assert backport.has_ready_endpoint and not get_release("0.5.19", "kvgate-backport").has_ready_endpoint
