@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvgate.catalogue.backports import detect_backports, unknown_markers
@@ -16,7 +16,7 @@ from kvgate.catalogue.series import Series
 from kvgate.catalogue.source import detect_by_source
 from kvgate.catalogue.version import detect_by_version, parse_release
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
+from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, info, passed
 
 GATE = "fixes"
 
@@ -71,6 +71,50 @@ class Assessment:
             if s.presence is Presence.UNKNOWN
             or (s.presence is Presence.PRESENT and (s.weak or (require_code and s.version_only)))
         )
+
+
+@dataclass(frozen=True)
+class CorrectnessVerdict:
+    """The one answer about an assessment's correctness fixes, shared by `kvgate fixes` and `check`.
+
+    `outcome` is failed (a fix missing, or a backport tampered), inconclusive or passed. `blocking`:
+    the state of a correctness fix is unknown or only weakly evidenced, which blocks whatever the
+    strictness (never a silent pass, in either command). `version_only` (only when the code is
+    required): present by a version string alone, a doubt that --no-strict or --trust-version opts out of.
+    """
+
+    outcome: Outcome
+    blocking: bool
+    missing: tuple[FixStatus, ...]
+    tampered: tuple[FixStatus, ...]
+    unknown: tuple[FixStatus, ...]
+    weak: tuple[FixStatus, ...]
+    version_only: tuple[FixStatus, ...]
+
+
+def entry_blocks(s: FixStatus, backend: str | None) -> bool:
+    """A correctness fix (for this backend) whose presence is unknown or only weakly evidenced."""
+    return s.fix.is_correctness_for(backend) and (
+        s.presence is Presence.UNKNOWN or (s.presence is Presence.PRESENT and s.weak)
+    )
+
+
+def correctness_verdict(a: Assessment, *, require_code: bool = False) -> CorrectnessVerdict:
+    """Decide the correctness fixes of one assessment (the only place that does)."""
+    unproven = a.unproven_correctness(require_code)
+    blocks = [s for s in unproven if entry_blocks(s, a.backend)]
+    unknown = tuple(s for s in blocks if s.presence is Presence.UNKNOWN)
+    weak = tuple(s for s in blocks if s.presence is Presence.PRESENT)
+    version_only = tuple(s for s in unproven if s not in blocks)
+    missing, tampered = a.missing_correctness(), a.tampered()
+    if missing or tampered:
+        outcome = Outcome.FAILED
+    elif unproven:
+        outcome = Outcome.INCONCLUSIVE
+    else:
+        outcome = Outcome.PASSED
+    blocking = outcome is Outcome.INCONCLUSIVE and bool(unknown or weak)
+    return CorrectnessVerdict(outcome, blocking, missing, tampered, unknown, weak, version_only)
 
 
 def _version_detections(cat: Catalogue, raw: str | None, notes: list[str]) -> list[Detection]:
@@ -232,7 +276,9 @@ def to_findings(
     a: Assessment, *, gate: str = GATE, node: str | None = None, require_code: bool = False
 ) -> list[Finding]:
     """One finding per catalogue entry. Correctness fixes gate: absent -> failed; unknown, weak or (with
-    `require_code`) version-only -> inconclusive. A tampered backport fails whatever it stands for."""
+    `require_code`) version-only -> inconclusive, and unknown or weak blocks whatever the strictness
+    (`entry_blocks`, as `correctness_verdict` decides for check). A tampered backport fails whatever it
+    stands for."""
     node = node or a.target
     out: list[Finding] = []
     for s in a.statuses:
@@ -260,11 +306,12 @@ def to_findings(
                 )
             )
         elif s.presence is Presence.UNKNOWN:
-            out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE))
+            f = inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE)
+            out.append(replace(f, blocking=entry_blocks(s, a.backend)))
         elif s.presence is Presence.ABSENT and required:
             out.append(failed(gate, fix.id, node, summary, *ev, remedy=remedy_for(a.catalogue, s)))
         elif required and s.presence is Presence.PRESENT and s.weak:
-            out.append(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE))
+            out.append(replace(inconclusive(gate, fix.id, node, summary, *ev, remedy=READ_THE_CODE), blocking=True))
         elif required and s.presence is Presence.PRESENT and require_code and s.version_only:
             out.append(
                 inconclusive(

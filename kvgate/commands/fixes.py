@@ -86,6 +86,7 @@ def fixes(
     """
     from kvgate.backport.probe import detect_by_behaviour
     from kvgate.catalogue import assess_checkout, assess_code, assess_version, to_findings
+    from kvgate.catalogue.assess import correctness_verdict
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
     from kvgate.redact import token_from_env
@@ -145,21 +146,21 @@ def fixes(
         if a.backend is None:
             notes.append("transfer backend unknown: backend-specific fixes (mori) are not required; pass --backend")
         # A correctness fix whose presence is unknown (or only weakly evidenced) is never a silent pass:
-        # exit 3 on its own; --strict extends that to informational entries.
+        # its finding blocks whatever the setting (catalogue.correctness_verdict decides, as for check);
+        # here strictness is about informational entries only, and --strict adds them.
+        verdict = correctness_verdict(a)
         unproven = a.unproven_correctness()
-        # Here strictness is about informational entries only: a correctness fix that is unknown or only
-        # weakly evidenced blocks whatever the setting (never a silent pass); --strict adds the rest.
         is_strict, strict_source = (
             resolve_strict(strict)
             if strict is not None
             else (False, "default: correctness fixes block, informational entries do not")
         )
-        if unproven and not is_strict:
-            strict_source += "; overridden: a correctness fix is unproven, which blocks whatever the setting"
+        if verdict.blocking and not is_strict:
+            strict_source += "; a correctness fix is unproven, which blocks whatever the setting"
         report = Report(
             command="fixes",
             findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
-            strict=is_strict or bool(unproven),
+            strict=is_strict,
             strict_source=strict_source,
             target={
                 "target": a.target,

@@ -96,20 +96,43 @@ def test_scan_python_has_no_kvgate() -> None:
     assert probe.returncode != 0  # what remote() runs cannot import kvgate: the scan program needs none of it
 
 
-def test_source_beats_the_version_string(payload_server: Callable[..., PayloadServer]) -> None:
+@pytest.fixture(scope="module")
+def relabelled_0_5_20(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real 0.5.20 source in a fork that calls itself 0.5.22 (its package declares 0.5.22)."""
+    site = tmp_path_factory.mktemp("relabelled") / "site"
+    pkg = copy_signature_tree("0.5.20", site / "sglang")
+    (pkg / "_version.py").write_text('__version__ = version = "0.5.22"\n', encoding="utf-8")
+    return site
+
+
+def test_source_beats_the_version_string(payload_server: Callable[..., PayloadServer], relabelled_0_5_20: Path) -> None:
+    # A fork that says 0.5.22 (worker and package agree) while its code is 0.5.20: the code decides.
     w = worker(payload_server, "0.5.22")
-    code, doc, _ = check("--prefill-url", w.url, "--python", remote(wheel("0.5.20")))
+    code, doc, _ = check("--prefill-url", w.url, "--python", remote(relabelled_0_5_20))
     assert code == ExitStatus.GATE_FAILED
     f = release(doc)
     assert f["outcome"] == "failed"
     for label in ("#38935", "#40645", "#41402", "#41404", "#41023", "ack-generations"):
         assert label in f["summary"]
-    assert "the worker reports 0.5.22, the code it runs declares 0.5.20: the code decides" in f["summary"]
+    assert f["summary"].startswith("code read (") and "reads as 0.5.22" in f["summary"]
     assert rows(f)["pr-38935"].startswith("absent: #38935") and "by source" in rows(f)["pr-38935"]
     # Control: the same worker running 0.5.22 code passes the release check.
     code, doc, _ = check("--prefill-url", w.url, "--python", remote(wheel("0.5.22"), shell=False))
     f = release(doc)
     assert f["outcome"] == "passed" and "decided by source" in f["summary"]
+
+
+def test_a_scan_of_another_version_is_not_this_nodes_code(payload_server: Callable[..., PayloadServer]) -> None:
+    """The worker reports 0.5.22, the package the command reaches declares 0.5.20: some other package.
+    Not evidence for the node (inconclusive naming both), and never a pass, --no-strict included."""
+    w = worker(payload_server, "0.5.22")
+    for extra in ((), ("--no-strict",), ("--no-strict", "--trust-version")):
+        code, doc, _ = check("--prefill-url", w.url, "--python", remote(wheel("0.5.20")), *extra)
+        assert code == ExitStatus.INCONCLUSIVE, extra
+        f = release(doc)
+        assert f["outcome"] == "inconclusive" and f["blocking"]
+        assert "declares sglang 0.5.20, but this node reports 0.5.22" in f["summary"]
+        assert "{role}-{index}" in f["remedy"]
 
 
 def test_version_only_is_reported_and_not_counted(payload_server: Callable[..., PayloadServer]) -> None:
@@ -153,7 +176,7 @@ def test_markers_without_the_code_fail_as_tampered(
 
 
 def test_profile_code_per_role(payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:
-    p = worker(payload_server, "0.5.22", "prefill")
+    p = worker(payload_server, "0.5.20", "prefill")  # reports what its code declares
     d = worker(payload_server, "0.5.22", "decode")
     prof = tmp_path / "code.yaml"
     prof.write_text(

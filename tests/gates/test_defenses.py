@@ -326,18 +326,18 @@ def test_profile_section_validation() -> None:
 
 
 def test_gate_adapter_runs_over_readings() -> None:
-    from types import SimpleNamespace
-
-    from kvgate.gates.base import CheckOptions
+    from kvgate.gates.base import CheckOptions, GateContext
     from kvgate.gates.defenses import DefensesGate
-    from kvgate.target import NodeSpec, parse_node
+    from kvgate.target import NodeSpec, TargetClient, parse_node
     from tests.assets import sglang_payloads as Pl
 
     doc = Pl.server_info(pool=2_000_000, context=1_048_576)
     doc.update(version="0.5.20", kv_canary="log", device="cuda")
     r = parse_node(NodeSpec("prefill", "http://p", 0), "/server_info", doc, Pl.v1_models(1_048_576), None)
-    gate = DefensesGate(CheckOptions(defenses={"model_arch": "GlmMoeDsaForCausalLM"}))
-    findings = gate.run(SimpleNamespace(readings=[r]))
+    options = CheckOptions(defenses={"model_arch": "GlmMoeDsaForCausalLM"})
+    gate = DefensesGate(options)
+    with TargetClient() as client:
+        findings = gate.run(GateContext(options=options, readings=[r], client=client))
     assert gate.name == "defenses" and findings
     assert _one(findings, "release").outcome is Outcome.FAILED
     assert r.architectures is None  # no /model_info: the profile's model_arch is used
