@@ -263,6 +263,24 @@ def _list_workers(client: TargetClient, router: str, findings: list[Finding]) ->
             )
         )
         return None
+    partial = listing.total_problem()
+    if partial is not None:
+        # Some workers the router routes to may not be listed, so not gated: no opt-out lets that pass.
+        findings.append(
+            replace(
+                inconclusive(
+                    "fleet",
+                    "router-list",
+                    node,
+                    f"the router's worker list may be partial: {partial}; only the listed workers were gated",
+                    Evidence(node, f"{listing.endpoint} total", listing.total, f"{len(listing.workers)} (the entries)"),
+                    remedy="find why the router's total and its entries differ (a worker it routes to but does "
+                    "not list), and re-run once they match",
+                ),
+                blocking=True,
+            )
+        )
+        return listing
     findings.append(
         passed(
             "fleet",

@@ -52,6 +52,20 @@ class RouterListing:
     router: str
     endpoint: str
     workers: tuple[RouterWorker, ...]
+    # smg's `total` as the router sent it (absent: None); `/list_workers` has none.
+    total: object = None
+
+    def total_problem(self) -> str | None:
+        """Why the listing may be partial: a `total` that is neither the entries listed nor the workers
+        they group into (a DP worker is one entry per rank). None when it matches, or there is none."""
+        if self.total is None:
+            return None
+        if not isinstance(self.total, int) or isinstance(self.total, bool):
+            return f"its total is {self.total!r}, not a count"
+        counts = {len(self.workers), len(self.by_base_url())}
+        if self.total in counts:
+            return None
+        return f"it says total {self.total} but lists {len(self.workers)} entries ({len(self.by_base_url())} workers)"
 
     def by_base_url(self) -> dict[str, list[RouterWorker]]:
         """Entries grouped by normalized worker URL (a DP worker is listed once per rank)."""
@@ -113,7 +127,8 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
                 dp_size=_opt_int(entry, "dp_size"),
             )
         )
-    return RouterListing(router=router, endpoint="/workers", workers=tuple(out))
+    total = doc.get("total") if isinstance(doc, dict) else None
+    return RouterListing(router=router, endpoint="/workers", workers=tuple(out), total=total)
 
 
 def parse_list_workers(router: str, doc: Any) -> RouterListing:

@@ -5,7 +5,8 @@ ignores it. Transport errors cannot be waived, and an expired waiver is not appl
 again and the report says why). Every waiver needs a reason and an expiry date no further than
 MAX_HORIZON_DAYS ahead, and must name its gate: a pattern that could waive every gate is a profile
 error. Pool/context, correctness-fix and leak-probe checks (PROTECTED) can only be waived by their exact
-id, never by a wildcard.
+id, never by a wildcard; checks that mean a worker went ungated (UNWAIVABLE) cannot be waived at all, so
+a pattern that reaches one (`fleet.*`, `fleet.router-membership`) is a profile error.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ MAX_HORIZON_DAYS = 90
 # it, and the probes that observe cross-request content (a `probes.*` waiver would wave a confirmed leak
 # through). Each is a gate, or a gate.check id.
 PROTECTED = ("pool-context", "fixes", "defenses.release", "probes")
+# Checks that mean a worker went ungated (the router routes to a worker the gate did not read, or its
+# list may be partial, or a worker could not be read): no waiver reaches them, not even by exact id.
+UNWAIVABLE = ("fleet.router-membership", "fleet.router-list", "target.reachable")
 _GLOB = set("*?[")
 
 
@@ -47,6 +51,8 @@ class Waiver:
     node: str = "*"
 
     def matches(self, finding: Finding) -> bool:
+        if finding.test_id in UNWAIVABLE:
+            return False  # a worker that went ungated is never accepted (parse refuses such patterns too)
         if is_wildcard(self.check) and is_protected(finding.test_id):
             return False  # only an exact id waives a protected check (parse refuses such patterns too)
         return fnmatchcase(finding.test_id, self.check) and fnmatchcase(finding.node, self.node)
@@ -59,6 +65,14 @@ def _check_pattern(path: str, key: str, pattern: str) -> None:
     gate = pattern.split(".", 1)[0]
     if is_wildcard(gate):
         raise ProfileError(path, key, f"{pattern!r} would waive every gate: name the gate (e.g. defenses.kv-canary)")
+    ungated = [u for u in UNWAIVABLE if fnmatchcase(u, pattern)]
+    if ungated:
+        raise ProfileError(
+            path,
+            key,
+            f"{pattern!r} reaches {ungated[0]}, which means a worker went ungated: it cannot be waived "
+            "(gate that worker instead)",
+        )
     if is_wildcard(pattern):
         reached = [p for p in PROTECTED if ((gate == p) if "." not in p else fnmatchcase(p, pattern))]
         if reached:

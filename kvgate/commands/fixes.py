@@ -37,10 +37,14 @@ def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: fl
 
     validate_url("--url", url)
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
-    a = assess_version(
-        version, backend=backend or reported_backend, target=f"{url} (sglang {version})" if version else url
-    )
+    target = f"{url} (sglang {version})" if version else url
     read = f"version read from {url}{path}" if version else f"{url}{path} reports no 'version'"
+    try:
+        a = assess_version(version, backend=backend or reported_backend, target=target)
+    except UsageError:
+        # The server's string, not the user's typo: every fix unknown (exit 3), as check judges it.
+        a = assess_version(None, backend=backend or reported_backend, target=target)
+        read = f"{url}{path} reports version {version!r}, which is not a PEP 440 version"
     return replace(a, notes=a.notes + (read,))
 
 

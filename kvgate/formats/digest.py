@@ -6,6 +6,8 @@ findings first, one line each, then the detail.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +86,28 @@ def headlines(report: Report) -> tuple[list[Headline], int]:
         nodes = tuple(dict.fromkeys(f.node for f in group))
         lines.append(Headline(group[0].outcome, group[0].test_id, nodes, group[0].summary))
     return lines[:MAX_HEADLINES], max(0, len(lines) - MAX_HEADLINES)
+
+
+def _said(f: Finding) -> tuple[object, ...]:
+    """What a finding says, without the node it says it of."""
+    ev = tuple(
+        (e.node == f.node, e.field, json.dumps(e.value, sort_keys=True, default=str), e.expected) for e in f.evidence
+    )
+    return (f.gate, f.check, f.outcome, f.summary, f.remedy, f.waived, f.blocking, ev)
+
+
+def same_on_nodes(findings: Sequence[Finding]) -> list[tuple[Finding, tuple[str, ...]]]:
+    """Findings that say the same thing on several nodes, once each with every node that says it
+    (in report order): identical detail is printed once, naming the nodes."""
+    groups: dict[tuple[object, ...], list[Finding]] = {}
+    for f in findings:
+        groups.setdefault(_said(f), []).append(f)
+    return [(g[0], tuple(dict.fromkeys(f.node for f in g))) for g in groups.values()]
+
+
+def nodes_text(nodes: Sequence[str]) -> str:
+    """`prefill[0] URL`, or `3 nodes: prefill[0] URL, prefill[1] URL, decode[0] URL`."""
+    return nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes: " + ", ".join(nodes)
 
 
 def format_value(value: Any, full: bool = False) -> str:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from kvgate.findings import Outcome, Report
 from kvgate.formats.base import Formatter
-from kvgate.formats.digest import counts_line, doc_ref, evidence_line, headlines, verdict_line
+from kvgate.formats.digest import (
+    counts_line,
+    doc_ref,
+    evidence_line,
+    headlines,
+    nodes_text,
+    same_on_nodes,
+    verdict_line,
+)
 
 _ICON = {
     Outcome.PASSED: "PASS",
@@ -36,8 +44,8 @@ class MarkdownFormatter(Formatter):
         not_passed = [f for f in report.findings if f.outcome not in (Outcome.PASSED, Outcome.INFO) and f.evidence]
         if not_passed:
             out += ["", "### Evidence", ""]
-            for f in not_passed:
-                out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}):")
+            for f, nodes in same_on_nodes(not_passed):
+                out.append(f"- **{_cell(f.test_id)}** ({_cell(nodes_text(nodes))}):")
                 for e in f.evidence:
                     out.append(f"  - {_cell(evidence_line(e, f.node))}")
         waived = [f for f in report.findings if f.waived]
@@ -47,10 +55,10 @@ class MarkdownFormatter(Formatter):
         remedies = [f for f in report.findings if f.remedy and f.outcome not in (Outcome.PASSED, Outcome.INFO)]
         if remedies:
             out += ["", "### Remedies", ""]
-            for f in remedies:
+            for f, nodes in same_on_nodes(remedies):
                 ref = doc_ref(f)
                 see = f" (see `{ref}`)" if ref else ""
-                out.append(f"- **{_cell(f.test_id)}** ({_cell(f.node)}): {_cell(f.remedy)}{see}")
+                out.append(f"- **{_cell(f.test_id)}** ({_cell(nodes_text(nodes))}): {_cell(f.remedy)}{see}")
         if report.cost:
             out += ["", "### Cost", ""]
             out += [f"- {_cell(k)}: {_cell(v)}" for k, v in report.cost.items()]

@@ -21,7 +21,9 @@ from kvgate.formats.digest import (
     doc_ref,
     evidence_line,
     headlines,
+    nodes_text,
     passed_digest,
+    same_on_nodes,
     verdict_line,
 )
 
@@ -98,8 +100,8 @@ class TableFormatter(Formatter):
             console.rule(
                 "detail" if self.verbose else "detail (what did not pass; --verbose for all)", style="dim", align="left"
             )
-        for f in shown:
-            console.print(f"{self._label(f)} [bold]{escape(f.test_id)}[/] {escape(f.node)}")
+        for f, nodes in same_on_nodes(shown):
+            console.print(f"{self._label(f)} [bold]{escape(f.test_id)}[/] {escape(nodes_text(nodes))}")
             grid = Table.grid(padding=(0, 0))
             grid.add_column(width=4, no_wrap=True)
             grid.add_column(no_wrap=True)

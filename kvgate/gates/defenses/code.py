@@ -37,7 +37,7 @@ PLACEHOLDERS = ("url", "role", "index", "host", "port")
 _PER_NODE = ("url", "index", "host", "port")
 _FIELD = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # What a node's value may contain to be put into a command line (a router may list any URL).
-_SAFE = re.compile(r"^[A-Za-z0-9._:/@%+\-\[\]]+$")
+_SAFE = re.compile(r"[A-Za-z0-9._:/@%+\-\[\]]+")
 MAX_PARALLEL_SCANS = 8
 
 
@@ -65,7 +65,7 @@ class CodeSource:
         values = {"url": spec.url, "role": spec.role, "index": str(spec.index), "host": parts.hostname or ""}
         values["port"] = str(port)
         for name in self.placeholders:
-            if not _SAFE.match(values[name]):
+            if not _SAFE.fullmatch(values[name]):  # fullmatch: `$` would allow a trailing newline
                 raise UsageError(
                     f"{self.describe()}: this node's {{{name}}} ({values[name]!r}) is not safe in a command"
                 )
