@@ -60,6 +60,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 _RANK = {name: i for i, (name, _) in enumerate(LAYERS)}
 
+# Inside a gate package (kvgate/gates/defenses/): each check module reads the shared `common` (and
+# `code`, where the code each node runs is read) and never another check; `gate` composes them.
+GATE_PACKAGE_CHECKS = {
+    "kvgate.gates.defenses": ("release", "deferred", "checksum", "canary"),
+}
+GATE_PACKAGE_SHARED = ("common", "code", "options")
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -143,3 +150,12 @@ def test_architecture_md_names_every_layer_and_only_files_that_exist() -> None:
     }
     missing = [t for t in sorted(named) if not (ROOT / t).exists() and not (PACKAGE / t).exists()]
     assert not missing, f"ARCHITECTURE.md names files that do not exist: {missing}"
+
+
+def test_checks_of_a_gate_package_do_not_import_each_other() -> None:
+    for package, checks in GATE_PACKAGE_CHECKS.items():
+        shared = {f"{package}.{m}" for m in GATE_PACKAGE_SHARED}
+        for check in checks:
+            module = f"{package}.{check}"
+            deps = {d for d in imports_of(module, MODULES[module]) if d.startswith(package + ".")}
+            assert deps <= shared, f"{module} imports {sorted(deps - shared)}: checks share only {sorted(shared)}"
