@@ -111,8 +111,9 @@ def _judge(n: DefenseInputs, a: Assessment, how: str, ev: list[Evidence], requir
             remedy += f"; a build that carries kvgate backports: prove it with {PROVE}"
         return failed(GATE, CHECK, n.node, summary, *ev, remedy=remedy)
     if v.outcome is Outcome.INCONCLUSIVE:
+        # --trust-version resolves "code not read", never an unknown fix
         remedy = READ_THE_CODE + (
-            "; or accept version strings with --trust-version" if a.methods == ("version",) else ""
+            "; or accept version strings with --trust-version" if a.methods == ("version",) and not v.blocking else ""
         )
         f = inconclusive(GATE, CHECK, n.node, summary, *ev, remedy=remedy)
         return _blocking(f) if v.blocking else f
