@@ -14,7 +14,7 @@ from kvgate.errors import InternalError, Interrupted, KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact
+from kvgate.redact import redact_output
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,7 +29,7 @@ _OUTPUT_KWARGS = ("output", "outputs")
 
 def fail(message: str, status: ExitStatus) -> typer.Exit:
     """Print an actionable message to stderr and return the Exit to raise."""
-    typer.echo(f"kvgate: error: {redact(message)}", err=True)
+    typer.echo(f"kvgate: error: {redact_output(message)}", err=True)
     return typer.Exit(int(status))
 
 
@@ -94,7 +94,7 @@ def fatal_report(command: str, exc: BaseException, strict: bool = True) -> Repor
     A non-domain exception is kvgate's own crash: exit 5 (internal), never a pass.
     """
     err = exc if isinstance(exc, KvgateError) else InternalError(command, exc)
-    typer.echo(f"kvgate: error: {redact(str(err))}", err=True)
+    typer.echo(f"kvgate: error: {redact_output(str(err))}", err=True)
     check = INTERNAL_CHECK if isinstance(err, InternalError) else "run"
     finding = Finding("kvgate", check, "kvgate", Outcome.ERROR, str(err))
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=err.exit_status)
@@ -117,7 +117,7 @@ def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbos
         report = replace(report, notes=report.notes + (note,))
     problems = emit(report, pairs, verbose=verbose)
     for p in problems:
-        typer.echo(f"kvgate: error: {redact(p)}", err=True)
+        typer.echo(f"kvgate: error: {redact_output(p)}", err=True)
     status = report.exit_status
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR
