@@ -473,7 +473,7 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
             continue
         if sha256_bytes(data) != pf.sha256_before:
             raise BackportRefused(f"{pf.path}: the commit before the backport is not sglang {series.base_release}")
-        restores.append((target.root / pf.path, data))
+        restores.append((confine(target.root, pf.path, _manifest(patches, pf)), data))
     _write_all(restores)
     repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
     ids = [pid for pid, _ in reversed(ours)]
