@@ -15,6 +15,7 @@ from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
 from kvgate.redact import redact_output
+from kvgate.redact import scope as redact_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,6 +66,13 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # The secrets a command reads are its own: every output of the command (the report, the fatal
+        # path below) happens inside this scope, and a later command in the same process (a test, a
+        # library caller) starts without them.
+        with redact_scope():
+            return _run(*args, **kwargs)
+
+    def _run(*args: Any, **kwargs: Any) -> Any:
         from kvgate.supervisor import stop_on_sigterm
 
         try:

@@ -320,3 +320,32 @@ def test_case4_any_token_any_offset_through_the_cli(
     assert code == 4
     for text in texts:
         assert not fragments(token, text)
+
+
+def test_progress_lines_and_rich_frames_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both observers write their final bytes through the redacting stream (Rich folds long lines itself)."""
+    from kvgate.progress import LineObserver, RichObserver
+
+    token = "prg_" + "Qw3rTy7uI9oP" * 8
+    R.register(token)
+    plain = io.StringIO()
+    obs = LineObserver(plain)
+    obs.log(f"reading {token} at offset")
+    with obs.step(f"step {token[:20]}"):
+        pass
+    rich_err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", rich_err)
+    fancy = RichObserver()
+    fancy.log(f"reading {'#' * 50}{token}")
+    with fancy.step(f"describing {token}", total=2) as handle:
+        handle.advance(1)
+    for text in (plain.getvalue(), rich_err.getvalue()):
+        assert text and not fragments(token, text)
+
+
+def test_a_commands_secrets_are_its_own(tmp_path: Path, echo: Pair) -> None:
+    """The token a command read is forgotten when it exits: the next run in the same process starts clean."""
+    token = "own_" + "Zm9vYmFyYmF6" * 3
+    code, texts = _cli_outputs(tmp_path, echo, token, pad=0)
+    assert code == 4 and not any(fragments(token, t) for t in texts)
+    assert token not in R.secrets()
