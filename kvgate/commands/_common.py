@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from kvgate.errors import InternalError, Interrupted, KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact_output
+from kvgate.redact import redact_output, register
 from kvgate.redact import scope as redact_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,6 +71,10 @@ def handle_errors(func: F) -> F:
         # path below) happens inside this scope, and a later command in the same process (a test, a
         # library caller) starts without them.
         with redact_scope():
+            # Known before anything can print: an error about a flag or a profile is redacted too.
+            name = kwargs.get("token_env")
+            if isinstance(name, str) and name and os.environ.get(name, "").strip():
+                register(os.environ[name].strip())
             return _run(*args, **kwargs)
 
     def _run(*args: Any, **kwargs: Any) -> Any:

@@ -349,3 +349,19 @@ def test_a_commands_secrets_are_its_own(tmp_path: Path, echo: Pair) -> None:
     code, texts = _cli_outputs(tmp_path, echo, token, pad=0)
     assert code == 4 and not any(fragments(token, t) for t in texts)
     assert token not in R.secrets()
+
+
+def test_the_token_is_known_before_the_first_error(tmp_path: Path) -> None:
+    """A usage error raised before the command reads its token (here: a profile path) is redacted too."""
+    token = "early-Tok3n-0123456789-abcdefghij"
+    out = tmp_path / "r.json"
+    res = runner.invoke(
+        app,
+        ["check", "--quiet", "--prefill-url", "http://127.0.0.1:1", "--token-env", "KVGATE_HOSTILE_TOKEN"]
+        + ["--profile", f"/nonexistent/{token}.yaml", "-f", "json", "-o", str(out)],
+        env={"KVGATE_HOSTILE_TOKEN": token},
+    )
+    assert res.exit_code == 2, res.output
+    assert "profile" in res.stderr and R.MASK in res.stderr
+    for text in (res.stdout, res.stderr, out.read_text()):
+        assert not fragments(token, text)
