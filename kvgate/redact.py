@@ -35,9 +35,10 @@ CUT = "…"  # what `clip` appends where it cut
 _SECRETS: set[str] = set()
 # k -> every k-character substring of every registered secret (and its escaped forms) with that k.
 _GRAMS: dict[int, set[str]] = {}
-# A line break in rendered text, with the padding and table borders around it: a folded token
-# continues after it.
-_JOINT = re.compile(r"[ \t│┃║|]*\r?\n[ \t│┃║|]*")
+# A line break in rendered text, with the padding, table borders and colour codes around it: a folded
+# token continues after it.
+_AROUND = r"(?:\x1b\[[0-9;]*m|[ \t│┃║|])*"
+_JOINT = re.compile(_AROUND + r"\r?\n" + _AROUND)
 
 T = TypeVar("T")
 

@@ -42,7 +42,9 @@ B64TOKEN = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/
 OTHER = ' {}:"#,;!?()[]<>@$^&'
 EXAMPLES = int(os.environ.get("KVGATE_FUZZ_EXAMPLES", "200"))
 CLI_EXAMPLES = max(10, EXAMPLES // 8)
-_JOINT = re.compile(r"[ \t│┃║|]*\r?\n[ \t│┃║|]*")
+_AROUND = r"(?:\x1b\[[0-9;]*m|[ \t│┃║|])*"
+_JOINT = re.compile(_AROUND + r"\r?\n" + _AROUND)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 tokens = st.text(alphabet=B64TOKEN, min_size=16, max_size=256)
 other_text = st.text(alphabet=OTHER, max_size=300)
@@ -62,7 +64,7 @@ def fragments(secret: str, text: str) -> list[str]:
     k = min(R.FRAGMENT, len(secret))
     grams = {secret[i : i + k] for i in range(len(secret) - k + 1)}
     found = []
-    for view in (text, _JOINT.sub("", text)):
+    for view in (text, _JOINT.sub("", text), _ANSI.sub("", _JOINT.sub("", text))):
         found += [view[i : i + k] for i in range(len(view) - k + 1) if view[i : i + k] in grams]
     return found
 
@@ -190,12 +192,14 @@ def test_every_format_any_token(token: str, offset: int, width: int) -> None:
         assert not fragments(token, out.getvalue()), fmt
 
 
-def test_final_bytes_alone_catch_a_table_that_folds_a_token() -> None:
+@pytest.mark.parametrize("color", [False, True])
+def test_final_bytes_alone_catch_a_table_that_folds_a_token(color: bool) -> None:
     """Case 4's first half, on the final bytes only: the table renders an unredacted report and folds the
-    token across lines (no piece need be 8 long); redact_output on what it rendered masks every piece."""
+    token across lines (no piece need be 8 long), in colour or not; redact_output on what it rendered
+    masks every piece."""
     token = "ghp_" + "k2J8mQ4xZ7vR1nB5" * 5
     report = _report(token, 37)
-    text = TableFormatter(width=60, verbose=True).render(report)
+    text = TableFormatter(color=color, width=60, verbose=True).render(report)
     assert token not in text and fragments(token, text)  # folded: the whole token is not on one line
     R.register(token)
     out = R.redact_output(text)
