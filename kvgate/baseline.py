@@ -22,6 +22,7 @@ from typing import Any
 from kvgate.discovery import normalize_url
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.safeio import write_atomic
 from kvgate.target import NodeReading
 from kvgate.upstream import DEFERRED_ENV
 
@@ -73,11 +74,9 @@ def record(readings: Sequence[NodeReading], findings: Sequence[Finding], router:
 
 
 def save(doc: Mapping[str, Any], path: Path) -> None:
-    """Write atomically: sorted keys, indented, newline-terminated (diffable)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    """Write atomically (`safeio.write_atomic`: no planted temp name or symlink is followed): sorted keys,
+    indented, newline-terminated (diffable)."""
+    write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -6,9 +6,9 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol, TextIO
+from typing import Protocol, TextIO, cast
 
-from kvgate.redact import redact
+from kvgate.redact import RedactingStream, redact
 
 
 class Observer(Protocol):
@@ -43,7 +43,7 @@ class LineObserver:
     """Plain timestamped log lines, for CI logs and pipes."""
 
     def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = stream or sys.stderr
+        self.stream = RedactingStream(stream or sys.stderr)
         self._t0 = time.monotonic()
 
     def log(self, message: str) -> None:
@@ -64,7 +64,8 @@ class RichObserver:
     def __init__(self) -> None:
         from rich.console import Console
 
-        self.console = Console(stderr=True)
+        # Rich writes its final bytes (wrapped lines, progress frames) through the redacting stream.
+        self.console = Console(file=cast(TextIO, RedactingStream(sys.stderr)))
 
     def log(self, message: str) -> None:
         self.console.log(redact(message))

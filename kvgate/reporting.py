@@ -9,7 +9,8 @@ from typing import TextIO
 from kvgate.errors import UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact
+from kvgate.redact import redact_obj, redact_output
+from kvgate.safeio import write_atomic
 
 
 def pair_outputs(formats: list[ReportFormat], outputs: list[Path]) -> list[tuple[ReportFormat, Path | None]]:
@@ -34,12 +35,17 @@ def emit(
 
     The table on stdout fits the terminal; a table written to a file gets a fixed width. `verbose`
     shows every finding's detail in the table, not only what did not pass.
+
+    Every format, whatever it is, is redacted twice here: the report before it is rendered (no
+    formatter ever sees a secret, so none can fold or cut one) and the rendered text, its final bytes.
+    Files are written through `safeio.write_atomic` (no planted temp name or symlink is followed).
     """
     from kvgate.formats.table import TableFormatter, terminal_width
 
     stdout = stdout or sys.stdout
     width = terminal_width()
     problems: list[str] = []
+    report = redact_obj(report)
     to_stdout = [fmt for fmt, dest in pairs if dest is None]
     for fmt, dest in pairs:
         if fmt is ReportFormat.TABLE:
@@ -49,19 +55,16 @@ def emit(
             ).render(report)
         else:
             text = fmt.formatter().render(report)
-        text = redact(text)
+        text = redact_output(text)
         if dest is None:
             stdout.write(text)
             continue
         try:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(dest)
+            write_atomic(dest, text)
         except OSError as exc:
             problems.append(f"could not write {fmt.value} report to {dest}: {exc}")
     if not to_stdout:
         # Every format went to a file: a human still reads the verdict in the job log.
-        stdout.write(redact(TableFormatter(color=stdout.isatty(), width=width, verbose=verbose).render(report)))
+        stdout.write(redact_output(TableFormatter(color=stdout.isatty(), width=width, verbose=verbose).render(report)))
     stdout.flush()
     return problems

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from kvgate.errors import TransportError, UsageError
+from kvgate.redact import clip
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -207,7 +208,7 @@ class TargetClient:
         if resp.status_code in (401, 403):
             raise TransportError(url, f"HTTP {resp.status_code}: authentication refused (check --token-env)")
         if resp.status_code >= 400:
-            raise TransportError(url, f"HTTP {resp.status_code}: {resp.text[:200]!r}")
+            raise TransportError(url, f"HTTP {resp.status_code}: {clip(resp.text, 200)!r}")
         if not 200 <= resp.status_code < 300:
             # A redirect is not the document: kvgate reads the worker it was pointed at, never another.
             where = resp.headers.get("location", "?")
@@ -217,7 +218,7 @@ class TargetClient:
         try:
             return json.loads(resp.content, object_pairs_hook=_unique_keys)
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise TransportError(url, f"malformed JSON ({exc}): {resp.text[:120]!r}") from None
+            raise TransportError(url, f"malformed JSON ({exc}): {clip(resp.text, 120)!r}") from None
 
     def server_info(self, base: str, deadline: float | None = None) -> tuple[str, dict[str, Any]]:
         """(path, document) of a worker's /server_info, else its older /get_server_info.

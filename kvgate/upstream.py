@@ -9,6 +9,7 @@ the wheels).
 from __future__ import annotations
 
 import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from types import MappingProxyType
 
 from kvgate.errors import KvgateError, TransportError
 from kvgate.paths import cache_dir
+from kvgate.safeio import write_atomic
 
 RELEASES = ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
 
@@ -71,12 +73,16 @@ class DownloadError(TransportError):
 def locked(path: Path) -> Iterator[None]:
     """An exclusive lock on `path` (created), across threads and processes."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+    # Never truncate, never follow a link planted at the lock's name.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def wheel_path(version: str, package: str = "sglang") -> Path:
@@ -129,5 +135,5 @@ def unpacked_wheel(version: str, package: str = "sglang") -> Path:
         except zipfile.BadZipFile as exc:
             raise KvgateError(f"{whl}: not a valid wheel ({exc})") from exc
         tmp.rename(root)
-        marker.write_text(version)
+        write_atomic(marker, version)
         return root

@@ -16,7 +16,7 @@ PACKAGE = ROOT / "kvgate"
 # Bottom first. A module belongs to the layer of the longest entry that names it or a package above it
 # ("kvgate" alone is only the package's own __init__: the version).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, the
+    # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, safe writes, the
     # release wheels, SGLang's admission limits, the process supervisor and the one PD start sequence
     # (workers, then the real router), progress observers, the check-ID pages.
     (
@@ -28,6 +28,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvgate.defaults",
             "kvgate.paths",
             "kvgate.redact",
+            "kvgate.safeio",
             "kvgate.extras",
             "kvgate.upstream",
             "kvgate.admission",

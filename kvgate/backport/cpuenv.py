@@ -21,6 +21,7 @@ from pathlib import Path
 
 from kvgate.errors import KvgateError
 from kvgate.paths import cache_dir
+from kvgate.safeio import write_atomic
 from kvgate.upstream import DownloadError, index_unreachable, locked, wheel_path
 
 STUB_DIR = Path(__file__).resolve().parent / "_stub"
@@ -143,13 +144,13 @@ def base_python() -> Path:
         if base.exists():
             shutil.rmtree(base)
         pins = pins_file()
-        pins.write_text("\n".join(BASE_PINS) + "\n")
+        write_atomic(pins, "\n".join(BASE_PINS) + "\n")
         run_step([sys.executable, "-m", "venv", str(base)], what="python -m venv")
         py = str(base / "bin" / "python")
         env = pip_env(pins)
         run_step([py, "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], env, "pip install torch (CPU)")
         run_step([py, "-m", "pip", "install", "-q", *BASE_PACKAGES], env, "pip install sglang's import-time deps")
-        marker.write_text(_RECIPE_ID)
+        write_atomic(marker, _RECIPE_ID)
         return Path(py)
 
 
@@ -189,7 +190,7 @@ def cpu_env(version: str) -> CpuEnv:
                 env,
                 f"pip install --target sglang {version}",
             )
-            marker.write_text(version)
+            write_atomic(marker, version)
     return CpuEnv(version=version, python=str(py), pythonpath=(str(target), str(STUB_DIR)))
 
 

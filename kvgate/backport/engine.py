@@ -15,6 +15,7 @@ import datetime as _dt
 import json
 import os
 import shutil
+import stat
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -25,6 +26,7 @@ from kvgate.backport.diffapply import PatchApplyError, apply, parse
 from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
+from kvgate.safeio import confine, inside, write_atomic, write_temp
 
 if TYPE_CHECKING:  # GitPython loads only for a --repo target
     import git
@@ -129,12 +131,21 @@ def _files(patches: tuple[Patch, ...]) -> dict[str, PatchFile]:
 
 
 def read_current(target: Target, patches: tuple[Patch, ...]) -> dict[str, bytes | None]:
-    """The bytes of every file the series touches (None where missing)."""
+    """The bytes of every file the series touches (None where missing).
+
+    Each path comes from the series manifest: it must resolve inside the target (no symlink out), or
+    the run stops before anything is written (UnsafePath, exit 2).
+    """
     out: dict[str, bytes | None] = {}
     for path, pf in _files(patches).items():
-        fp = target.file(pf)
+        fp = confine(target.root, target.rel(pf), _manifest(patches, pf))
         out[path] = fp.read_bytes() if fp.is_file() else None
     return out
+
+
+def _manifest(patches: tuple[Patch, ...], pf: PatchFile) -> Path:
+    """The manifest that named `pf` (for error messages)."""
+    return next(p.file.parent / "manifest.yaml" for p in patches if pf in p.files)
 
 
 def applied_count(target: Target, series: Series, patches: tuple[Patch, ...], current: dict[str, bytes | None]) -> int:
@@ -191,16 +202,16 @@ def _render(
 
 # -- atomic file writes -----------------------------------------------------------------------------
 def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
-    """Replace every file or none: temp files first, then renames; on failure restore the originals."""
+    """Replace every file or none: temp files first, then renames; on failure restore the originals.
+
+    Every temp file is created exclusively (`safeio.write_temp`): a file or symlink planted at a temp
+    name is never opened, and a rename replaces a symlink at the destination instead of following it.
+    """
     originals: list[tuple[Path, bytes | None, int | None]] = []
     temps: list[tuple[Path, Path]] = []
     try:
         for path, data in paths_and_data:
-            tmp = path.with_name(f".{path.name}.kvgate-tmp")
-            tmp.write_bytes(data)
-            if path.exists():
-                shutil.copymode(path, tmp)
-            temps.append((tmp, path))
+            temps.append((write_temp(path, data), path))
         for tmp, path in temps:
             originals.append(
                 (path, path.read_bytes() if path.exists() else None, path.stat().st_mode if path.exists() else None)
@@ -211,9 +222,7 @@ def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
             if saved is None:
                 path.unlink(missing_ok=True)
             else:
-                path.write_bytes(saved)
-                if mode is not None:
-                    os.chmod(path, mode)
+                write_atomic(path, saved, None if mode is None else stat.S_IMODE(mode))
         for tmp, _ in temps:
             tmp.unlink(missing_ok=True)
         raise
@@ -221,10 +230,24 @@ def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
 
 # -- site-packages ------------------------------------------------------------------------------------
 def _read_marker(target: Target) -> dict | None:
+    """The tree's own record of what was applied, validated: its shape, and that its folder is inside
+    the target. Anything else refuses (exit 2) naming the file."""
     path = target.marker_dir / MARKER_FILE
+    inside(target.root, target.marker_dir, target.marker_dir)
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        marker = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise BackportRefused(f"{path}: unreadable backport record: {exc}") from None
+    files = marker.get("files") if isinstance(marker, dict) else None
+    if (
+        not isinstance(files, dict)
+        or not isinstance(marker.get("patches"), list)
+        or not all(isinstance(k, str) and isinstance(v, dict) for k, v in files.items())
+    ):
+        raise BackportRefused(f"{path}: not a kvgate backport record (expected 'patches' and 'files')")
+    return marker
 
 
 def _apply_site(
@@ -250,12 +273,12 @@ def _apply_site(
             dest = backup_dir / rel
             if path in marker["files"] and dest.is_file():
                 continue  # the original was saved by an earlier run; keep it
-            dest.parent.mkdir(parents=True, exist_ok=True)
             base = current[path]
             assert base is not None
             if sha256_bytes(base) != files[path].sha256_before:
                 raise BackportRefused(f"{rel}: no pristine backup recorded and the file is already patched")
-            dest.write_bytes(base)
+            inside(target.root, dest.parent, dest)  # a link on the way to the backups: refused (the file is replaced)
+            write_atomic(dest, base)
             new_backups.append(dest)
             marker["files"][path] = {"site_path": rel, "sha256_original": files[path].sha256_before}
         _write_all([(target.file(files[p]), data) for p, data in final.items()])
@@ -278,9 +301,7 @@ def _apply_site(
         marker["files"][p]["sha256_patched"] = sha256_bytes(data)
     marker["kvgate_version"] = __version__
     marker_path = target.marker_dir / MARKER_FILE
-    tmp = marker_path.with_name(MARKER_FILE + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, marker_path)
+    write_atomic(marker_path, json.dumps(marker, indent=2) + "\n")
     outcomes = tuple(
         PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files)) for p in patches[:k]
     )
@@ -306,20 +327,31 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
         raise BackportRefused(
             f"{target.root}: the recorded backport is for {marker.get('base_release')}, not {series.base_release}"
         )
+    record = target.marker_dir / MARKER_FILE
+    known = _files(series.patches)
     restores: list[tuple[Path, bytes]] = []
-    for info in marker["files"].values():
-        live = target.root / info["site_path"]
-        backup = target.marker_dir / "backup" / info["site_path"]
+    for key, info in marker["files"].items():
+        # The record is data from the tree itself: every path in it stays inside the tree, and names
+        # a file this series touches, before a byte is written.
+        live = confine(target.root, info.get("site_path"), record)
+        backup = confine(target.marker_dir / "backup", info["site_path"], record)
+        if key not in known or known[key].site_path != info["site_path"]:
+            raise BackportRefused(
+                f"{record}: records {info['site_path']!r}, which {series.name} does not touch; refusing to revert"
+            )
         if not live.is_file() or sha256_bytes(live.read_bytes()) != info.get("sha256_patched"):
             raise BackportRefused(f"{info['site_path']}: changed since kvgate patched it; refusing to revert")
         data = backup.read_bytes() if backup.is_file() else b""
-        if sha256_bytes(data) != info["sha256_original"]:
+        if sha256_bytes(data) != info.get("sha256_original"):
             raise BackportRefused(f"{backup}: backup missing or damaged; refusing to revert")
         restores.append((live, data))
+    recorded = {str(p.get("id")): p for p in marker["patches"] if isinstance(p, dict)}
+    outcomes = tuple(
+        PatchOutcome(pid, str(p.get("title", pid)), "reverted", tuple(map(str, p.get("files") or ())))
+        for pid, p in recorded.items()
+    )
     _write_all(restores)
     shutil.rmtree(target.marker_dir)
-    ids = {p["id"]: p for p in marker["patches"]}
-    outcomes = tuple(PatchOutcome(pid, p["title"], "reverted", tuple(p["files"])) for pid, p in ids.items())
     return BackportResult(
         "revert",
         target.layout,
@@ -441,7 +473,7 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
             continue
         if sha256_bytes(data) != pf.sha256_before:
             raise BackportRefused(f"{pf.path}: the commit before the backport is not sglang {series.base_release}")
-        restores.append((target.root / pf.path, data))
+        restores.append((confine(target.root, pf.path, _manifest(patches, pf)), data))
     _write_all(restores)
     repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
     ids = [pid for pid, _ in reversed(ours)]

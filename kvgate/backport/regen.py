@@ -15,6 +15,7 @@ import yaml
 
 from kvgate.backport.diffapply import apply, parse
 from kvgate.catalogue.series import load_series, normalise_release, sha256_bytes
+from kvgate.safeio import write_atomic
 from kvgate.upstream import unpacked_wheel
 
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         patch["files"] = [{**f, "code": code.get(f["path"])} for f in fresh[patch["id"]]]
     rendered = header + yaml.safe_dump(data, sort_keys=False, width=110)
     if "--write" in args:
-        path.write_text(rendered, encoding="utf-8")
+        write_atomic(path, rendered)
         print(f"wrote {path}")
     else:
         sys.stdout.write(rendered)

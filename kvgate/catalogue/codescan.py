@@ -26,6 +26,7 @@ from kvgate.catalogue.series import Series, available, load_series
 from kvgate.catalogue.signatures import SourceTree, glob_regex
 from kvgate.defaults import SCAN_TIMEOUT_S  # one home: kvgate/defaults.py (re-exported here)
 from kvgate.errors import TransportError, UsageError
+from kvgate.redact import clip
 
 SCAN_OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of stdout; the answer is a few kB
 
@@ -236,7 +237,7 @@ def _ask(argv: list[str], where: str, program: str, timeout: float, limit: int) 
                 return json.loads(line)
             except ValueError:
                 break
-    shown = text.strip()[:120] or "nothing"
+    shown = clip(text.strip(), 120) or "nothing"
     raise TransportError(where, f"did not answer with a kvgate code scan on stdout (got {shown!r})")
 
 

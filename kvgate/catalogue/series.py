@@ -16,6 +16,7 @@ import yaml
 from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.errors import UsageError
 from kvgate.paths import backports_dir
+from kvgate.safeio import confine, relative_part
 
 _RELEASE = re.compile(r"^v?(\d+\.\d+\.\d+)$")
 
@@ -109,7 +110,7 @@ def _known_keys(raw: dict, allowed: set[str], where: str) -> None:
         )
 
 
-def _patch_file(raw: dict, patch_id: str) -> PatchFile:
+def _patch_file(raw: dict, patch_id: str, where: Path) -> PatchFile:
     _known_keys(raw, _FILE_KEYS, f"{patch_id}: {raw.get('path')}")
     code = tuple(str(c) for c in raw.get("code") or ())
     if not code or any(not c.strip() or MARKER_PREFIX.strip() in c for c in code):
@@ -117,7 +118,8 @@ def _patch_file(raw: dict, patch_id: str) -> PatchFile:
             f"{patch_id}: {raw.get('path')}: `code` must list the substrings the patch adds "
             "(never the marker): a backport is recognised by its code"
         )
-    return PatchFile(raw["path"], raw["sha256_before"], raw["sha256_after"], code)
+    path = relative_part(raw["path"], f"{where}: {patch_id}", Path("the sglang tree"))
+    return PatchFile(path, raw["sha256_before"], raw["sha256_after"], code)
 
 
 def load_series(release: str, root: Path | None = None) -> Series:
@@ -136,7 +138,7 @@ def load_series(release: str, root: Path | None = None) -> Series:
         patches = []
         for raw in data["patches"]:
             _known_keys(raw, _PATCH_KEYS, f"patch {raw.get('id')}")
-            diff = directory / raw["file"]
+            diff = confine(directory, raw["file"], path)
             if not diff.is_file():
                 raise ValueError(f"patch file {raw['file']} is missing")
             patches.append(
@@ -147,7 +149,7 @@ def load_series(release: str, root: Path | None = None) -> Series:
                     optional=bool(raw.get("optional", False)),
                     stands_in_for=tuple(raw.get("stands_in_for", ())),
                     fixes=str(raw.get("fixes", "")),
-                    files=tuple(_patch_file(f, str(raw["id"])) for f in raw["files"]),
+                    files=tuple(_patch_file(f, str(raw["id"]), path) for f in raw["files"]),
                 )
             )
     except (KeyError, TypeError, ValueError, yaml.YAMLError) as exc:

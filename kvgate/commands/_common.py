@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,8 @@ from kvgate.errors import InternalError, Interrupted, KvgateError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact
+from kvgate.redact import redact_output, register
+from kvgate.redact import scope as redact_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,7 +31,7 @@ _OUTPUT_KWARGS = ("output", "outputs")
 
 def fail(message: str, status: ExitStatus) -> typer.Exit:
     """Print an actionable message to stderr and return the Exit to raise."""
-    typer.echo(f"kvgate: error: {redact(message)}", err=True)
+    typer.echo(f"kvgate: error: {redact_output(message)}", err=True)
     return typer.Exit(int(status))
 
 
@@ -65,6 +67,17 @@ def handle_errors(func: F) -> F:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # The secrets a command reads are its own: every output of the command (the report, the fatal
+        # path below) happens inside this scope, and a later command in the same process (a test, a
+        # library caller) starts without them.
+        with redact_scope():
+            # Known before anything can print: an error about a flag or a profile is redacted too.
+            name = kwargs.get("token_env")
+            if isinstance(name, str) and name and os.environ.get(name, "").strip():
+                register(os.environ[name].strip())
+            return _run(*args, **kwargs)
+
+    def _run(*args: Any, **kwargs: Any) -> Any:
         from kvgate.supervisor import stop_on_sigterm
 
         try:
@@ -94,7 +107,7 @@ def fatal_report(command: str, exc: BaseException, strict: bool = True) -> Repor
     A non-domain exception is kvgate's own crash: exit 5 (internal), never a pass.
     """
     err = exc if isinstance(exc, KvgateError) else InternalError(command, exc)
-    typer.echo(f"kvgate: error: {redact(str(err))}", err=True)
+    typer.echo(f"kvgate: error: {redact_output(str(err))}", err=True)
     check = INTERNAL_CHECK if isinstance(err, InternalError) else "run"
     finding = Finding("kvgate", check, "kvgate", Outcome.ERROR, str(err))
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=err.exit_status)
@@ -117,7 +130,7 @@ def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbos
         report = replace(report, notes=report.notes + (note,))
     problems = emit(report, pairs, verbose=verbose)
     for p in problems:
-        typer.echo(f"kvgate: error: {redact(p)}", err=True)
+        typer.echo(f"kvgate: error: {redact_output(p)}", err=True)
     status = report.exit_status
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.backport.cpuenv import CpuEnvError, base_python, cpu_env, pins_file, pip_env, root, run_step
+from kvgate.safeio import write_atomic
 from kvgate.upstream import locked
 
 STUB_DIR = Path(__file__).resolve().parent / "_stub"
@@ -106,7 +107,7 @@ def _server_packages(py: Path) -> None:
             pip_env(pins_file()),
             "pip install the sglang server's runtime packages and Mooncake (TCP)",
         )
-        marker.write_text(repr(SERVER_PACKAGES))
+        write_atomic(marker, repr(SERVER_PACKAGES))
 
 
 def _system_libs() -> tuple[str, ...]:
@@ -134,7 +135,7 @@ def _system_libs() -> tuple[str, ...]:
                 )
             for deb in sorted(dl.glob("*.deb")):
                 run_step(["dpkg-deb", "-x", str(deb), str(dest / "root")], what=f"dpkg-deb -x {deb.name}")
-            marker.write_text("ok")
+            write_atomic(marker, "ok")
     return tuple(str(p) for p in sorted((dest / "root").glob("usr/lib/*")) if p.is_dir())
 
 

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvgate.backport.cpuenv import CpuEnvError, base_python, root
+from kvgate.safeio import write_atomic
 from kvgate.upstream import locked
 
 _WRITER = Path(__file__).resolve().parent / "_write_model.py"
@@ -74,5 +75,5 @@ def tiny_model(spec: TinyModelSpec = TinyModelSpec()) -> Path:
         )
         if proc.returncode != 0:
             raise CpuEnvError("writing the tiny model failed:\n" + "\n".join(proc.stderr.strip().splitlines()[-8:]))
-        marker.write_text(key)
+        write_atomic(marker, key)
     return dest

@@ -72,17 +72,29 @@ def test_failure_while_writing_restores_every_file(
     before = tree_digest(root)
     real_replace = os.replace
     calls = {"n": 0}
+    replaced: list[str] = []
+    restored: list[str] = []
 
     def flaky(src: str | Path, dst: str | Path) -> None:
+        if ".kvgate-backport" in str(dst):  # the backups (written atomically too) are not the eight files
+            real_replace(src, dst)
+            return
+        if calls["n"] >= 4:  # after the failure: only the restore of what was replaced may write
+            restored.append(str(dst))
+            real_replace(src, dst)
+            return
         calls["n"] += 1
         if calls["n"] == 4:  # half way through the eight files
             raise OSError(28, "No space left on device")
+        replaced.append(str(dst))
         real_replace(src, dst)
 
     monkeypatch.setattr(engine.os, "replace", flaky)
     with pytest.raises(BackportFailed, match="nothing changed"):
         apply_series(Target(Layout.SITE, root), load_series("0.5.20"))
     assert calls["n"] == 4
+    # The three files replaced, and the fourth (its original rewritten as it was), are restored; no other.
+    assert len(replaced) == 3 and set(replaced) < set(restored) and len(restored) == 4, (replaced, restored)
     assert tree_digest(root) == before
     assert not (root / "sglang/.kvgate-backport").exists()
 

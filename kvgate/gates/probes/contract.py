@@ -27,6 +27,7 @@ from enum import Enum
 
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe
+from kvgate.redact import clip
 
 
 class Verdict(str, Enum):
@@ -152,12 +153,12 @@ def classify(
         st = aborted
         how = "finish_reason abort (HTTP 200)"
     if st >= 500:
-        return Classified(Verdict.SERVER_ERROR, f"{how} {st}: {res.raw[:200]!r}")
+        return Classified(Verdict.SERVER_ERROR, f"{how} {st}: {clip(res.raw, 200)!r}")
     if 400 <= st < 500:
         if st in (401, 403, 404, 405, 429):
-            return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
+            return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {clip(res.raw, 200)!r}")
         if probe.expect == ACCEPT:
-            return Classified(Verdict.UNEXPECTED_REJECTION, f"HTTP {st} for an accepted length: {res.raw[:200]!r}")
+            return Classified(Verdict.UNEXPECTED_REJECTION, f"HTTP {st} for an accepted length: {clip(res.raw, 200)!r}")
         late = aborted is not None and res.generated
         if res.generated and not late:
             return Classified(Verdict.REJECTION_WITH_TEXT, f"{how} {st} with {_generated(res)}")
@@ -166,22 +167,22 @@ def classify(
                 Verdict.SLOW_REJECTION, f"{how} {st} after {res.elapsed_s:.1f} s (> {reject_within_s:g} s)"
             )
         if not _names_limit(res.raw, limit_numbers):
-            return Classified(Verdict.REJECTION_UNEXPLAINED, f"{how} {st} body names no limit: {res.raw[:200]!r}")
+            return Classified(Verdict.REJECTION_UNEXPLAINED, f"{how} {st} body names no limit: {clip(res.raw, 200)!r}")
         if late:
             return Classified(
                 Verdict.OK_REJECTED_LATE,
                 f"{how} {st} in {res.elapsed_s:.2f} s, after its one-token placeholder ran "
                 f"(prompt_tokens 1, {_generated(res)}: the pre-#38935 path, see the defenses gate): "
-                f"{res.raw[:160]!r}",
+                f"{clip(res.raw, 160)!r}",
             )
-        return Classified(Verdict.OK_REJECTED, f"{how} {st} in {res.elapsed_s:.2f} s: {res.raw[:160]!r}")
+        return Classified(Verdict.OK_REJECTED, f"{how} {st} in {res.elapsed_s:.2f} s: {clip(res.raw, 160)!r}")
     if st != 200:
-        return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {res.raw[:200]!r}")
+        return Classified(Verdict.UNEXPECTED_STATUS, f"HTTP {st}: {clip(res.raw, 200)!r}")
     body = res.document
     if body is None:
-        return Classified(Verdict.MALFORMED_RESPONSE, f"HTTP 200 but not a JSON object: {res.raw[:120]!r}")
+        return Classified(Verdict.MALFORMED_RESPONSE, f"HTTP 200 but not a JSON object: {clip(res.raw, 120)!r}")
     if "error" in body and not res.generated:
-        return Classified(Verdict.ERROR_UNDER_200, f"HTTP 200 carrying an error: {res.raw[:200]!r}")
+        return Classified(Verdict.ERROR_UNDER_200, f"HTTP 200 carrying an error: {clip(res.raw, 200)!r}")
     meta = res.meta
     ftype, fr = _finish(meta)
     if probe.expect != ACCEPT:
@@ -199,7 +200,7 @@ def classify(
     if "meta_info" not in body or (res.answer is None):
         return Classified(
             Verdict.MALFORMED_RESPONSE,
-            f"HTTP 200 without meta_info or an output (text or output_ids): {res.raw[:160]!r}",
+            f"HTTP 200 without meta_info or an output (text or output_ids): {clip(res.raw, 160)!r}",
         )
     pt = meta.get("prompt_tokens")
     if pt != res.sent_tokens:

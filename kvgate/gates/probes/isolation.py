@@ -30,6 +30,7 @@ from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.redact import clip
 
 GATE = "probes"
 CHECK = "isolation.greedy_replay"
@@ -56,7 +57,7 @@ class _Answer:
         a = self.answer
         if isinstance(a, tuple):
             return "ids " + ",".join(map(str, a[:16])) + ("..." if len(a) > 16 else "")
-        return repr(a[:48]) if isinstance(a, str) else "no answer"
+        return repr(clip(a, 48)) if isinstance(a, str) else "no answer"
 
 
 def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, node: str) -> Finding:

@@ -23,6 +23,8 @@ from typing import Protocol
 
 import httpx
 
+from kvgate.redact import clip
+
 PREFIX = "KVG"
 _CORE_LEN = 10
 # The core of a sentinel of any kvgate run, ours or an earlier one (no delimiters: for ids and summaries).
@@ -115,7 +117,7 @@ class ServerCodec:
         resp.raise_for_status()
         tokens = resp.json().get("tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
-            raise ValueError(f"/v1/tokenize returned no token list: {resp.text[:120]!r}")
+            raise ValueError(f"/v1/tokenize returned no token list: {clip(resp.text, 120)!r}")
         return tokens
 
     def round_trips(self, text: str) -> bool:
