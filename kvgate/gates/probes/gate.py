@@ -72,7 +72,15 @@ class ProbeGate:
         router = ctx.options.router_url
         node = f"router {router}" if router else "deployment"
         if not router:
-            return [inconclusive(GATE, "setup", node, "probes need --router-url: nothing was probed")]
+            return [
+                inconclusive(
+                    GATE,
+                    "setup",
+                    node,
+                    "probes need --router-url: nothing was probed",
+                    remedy="give the router, or opt out with --no-probes",
+                )
+            ]
         limits, problems = limits_from_readings(ctx.readings)
         if limits is None:
             return [
