@@ -11,7 +11,7 @@ from kvgate.errors import ProfileError
 # SGLang's SGLANG_DISAGGREGATION_WAITING_TIMEOUT / BOOTSTRAP_TIMEOUT default (sglang-surface.md section 3).
 # A probe deadline at or above it cannot tell a hang from a slow error.
 SGLANG_WAITING_TIMEOUT_S = 300.0
-TOKENIZER_MODES = ("auto", "server", "bytes")
+TOKENIZER_MODES = ("auto", "server", "bytes", "ids")
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,11 @@ class ProbeSettings:
     - isolation_tenants: requests of other traffic before each replay.
     - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
       /v1/detokenize if they round-trip, else the simulator's byte-level tokenizer when the target is
-      the kvgate simulator, else canaries are inconclusive. "server": /v1/tokenize only. "bytes": ids are
-      UTF-8 bytes plus `byte_offset` (the kvgate simulator's tokenizer).
-    - byte_offset: id of byte 0 in "bytes" mode.
+      the kvgate simulator, else sentinels in token space (as "ids"). "server": /v1/tokenize only (else
+      canaries are inconclusive). "bytes": ids are UTF-8 bytes plus `byte_offset` (the kvgate
+      simulator's tokenizer). "ids": token space, no tokenizer anywhere: sentinels planted as id
+      sequences (bytes plus `byte_offset`) and searched in the answers' `output_ids`.
+    - byte_offset: id of byte 0 in "bytes" and "ids" modes.
     """
 
     deadline_s: float = 30.0
