@@ -57,7 +57,7 @@ CHECK = "abort.mid_transfer"
 WINDOW_NOISE = 10.0
 MIN_WINDOW_S = 0.02
 #: However large the budget, at most this many tries per wanted cancel (bounds the wall time).
-TRIES_PER_ATTEMPT = 4
+TRIES_PER_ATTEMPT = 8
 #: Share of a one-page round trip spent before the decode knows a request / after its KV arrived.
 _LEAD = 0.3
 

@@ -24,14 +24,17 @@ from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
 
 #: One-page requests sent to measure the noise.
 JITTER_SAMPLES = 10
-#: Requests per length while growing (their median is the length's latency).
+#: Requests that confirm a length clear of the noise (their median is the length's latency; lengths
+#: below the noise get one request each and are not kept).
 PER_LENGTH = 3
-#: The first grown length is this many one-page prompts; each next one is GROWTH times longer.
+#: The first grown length is this many one-page prompts; each next one is GROWTH times longer (2: a
+#: probe sized from a measured length overshoots what it needs by at most 2x).
 FIRST_PAGES = 8
-GROWTH = 4
+GROWTH = 2
 #: Growth stops once the extra time over a one-page request reaches this many noise units (or the
-#: longest accepted prompt): then the slope is measured far above the noise.
-CLEAR_OF_NOISE = 8.0
+#: longest accepted prompt): then the slope is measured far above the noise. (The latency probe needs
+#: as much; the abort probe's longer window is extrapolated from there.)
+CLEAR_OF_NOISE = 6.0
 #: The noise is never taken below this (a loopback round trip, a scheduler tick).
 MIN_JITTER_S = 0.0005
 #: The least extra time a timing probe aims for, however quiet the deployment looks.
@@ -165,24 +168,30 @@ def calibrate(sender: Sender, limits: ProbeLimits, budget_tokens: int) -> Calibr
     spent = 0
     length = min(FIRST_PAGES * page, limits.longest_accepted)
     while length > page:
-        if lengths and spent + PER_LENGTH * length > budget_tokens:
+        if spent + length > budget_tokens and spent:
             break
         probe = LengthProbe("calibrate_grow", length, ACCEPT, "none", "calibration: growing length", 1)
         times: list[float] = []
-        with sender.observer.step(f"calibration: {PER_LENGTH} x {length:,} tokens"):
+        with sender.observer.step(f"calibration: {length:,} tokens"):
+            # One request per length while it is below the noise; a length that looks clear (or the
+            # longest) is confirmed by PER_LENGTH in all, and their median is what counts.
             for i in range(PER_LENGTH):
-                rec = sender.one(probe, f"cal-grow{len(lengths)}-{i}")
+                rec = sender.one(probe, f"cal-grow{length}-{i}")
                 requests += 1
                 spent += length
                 if rec.result.served:
                     times.append(rec.result.elapsed_s)
                 else:
                     failures.append(f"{rec.label}: HTTP {rec.result.status} timed_out={rec.result.timed_out}")
+                at_end = length >= limits.longest_accepted
+                if i == 0 and not at_end and not (times and times[0] - base >= clear):
+                    break
         if not times:
             break
-        lengths.append((length, statistics.median(times)))
-        if lengths[-1][1] - base >= clear or length >= limits.longest_accepted:
-            break
+        if len(times) > 1 or length >= limits.longest_accepted:
+            lengths.append((length, statistics.median(times)))
+            if lengths[-1][1] - base >= clear or length >= limits.longest_accepted:
+                break
         length = min(length * GROWTH, limits.longest_accepted)
     slope: float | None = None
     observable = False

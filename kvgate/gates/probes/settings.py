@@ -35,8 +35,8 @@ class ProbeSettings:
     - early_stop: stop after a confirmed leak (a foreign sentinel seen), or once the deployment stopped
       answering (accepted-length requests unanswered at their deadline), instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
-    - abort_attempts: in-flight cancellations wanted; tries go on at learned cancel points (a try whose
-      request answered first does not count) until that many are observed or the budget is spent.
+    - abort_attempts: in-flight cancellations wanted; tries go on at learned cancel points (a try
+      whose request answered first does not count) until that many are observed or the budget is spent.
     - abort_tokens: prompt length of the request that is cancelled; None = sized from the calibration:
       long enough that its prefill window is well above the measured noise (up to the longest accepted).
     - abort_budget: share of one context-length prefill the abort probe may spend on victims and
@@ -68,7 +68,7 @@ class ProbeSettings:
     latency_alpha: float = 0.01
     early_stop: bool = True
     abort_probe: bool = True
-    abort_attempts: int = 3
+    abort_attempts: int = 1
     abort_tokens: int | None = None
     abort_canaries: int = 8
     abort_budget: float = 0.05
