@@ -5,7 +5,8 @@ one-page requests, end to end through HTTP, the router, the transfer and one dec
 prefill time per token (requests of growing length until the extra time stands well clear of the
 noise, or the longest accepted prompt). The latency and abort probes size their lengths, sample
 counts and cancel points from them (`latency.plan_latency`, `abort.plan_abort`), within a prefill
-budget of max(share of one context-length prefill, `budget_floor_s` seconds of measured prefill), so
+budget of max(share of one context-length prefill, `budget_floor_s` seconds of measured prefill up to
+FLOOR_CAP_TOKENS), so
 a small context can afford enough tries and a 1M context stays cheap.
 
 Every calibration request carries a fresh sentinel (no prefix cache can serve it) and asks for one
@@ -24,17 +25,14 @@ from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
 
 #: One-page requests sent to measure the noise.
 JITTER_SAMPLES = 10
-#: Requests that confirm a length clear of the noise (their median is the length's latency; lengths
-#: below the noise get one request each and are not kept).
+#: Requests per length while growing (their median is the length's latency).
 PER_LENGTH = 3
-#: The first grown length is this many one-page prompts; each next one is GROWTH times longer (2: a
-#: probe sized from a measured length overshoots what it needs by at most 2x).
+#: The first grown length is this many one-page prompts; each next one is GROWTH times longer.
 FIRST_PAGES = 8
-GROWTH = 2
+GROWTH = 4
 #: Growth stops once the extra time over a one-page request reaches this many noise units (or the
-#: longest accepted prompt): then the slope is measured far above the noise. (The latency probe needs
-#: as much; the abort probe's longer window is extrapolated from there.)
-CLEAR_OF_NOISE = 6.0
+#: longest accepted prompt): then the slope is measured far above the noise.
+CLEAR_OF_NOISE = 8.0
 #: The noise is never taken below this (a loopback round trip, a scheduler tick).
 MIN_JITTER_S = 0.0005
 #: The least extra time a timing probe aims for, however quiet the deployment looks.
@@ -42,9 +40,9 @@ MIN_EFFECT_S = 0.005
 #: What the calibration itself may spend: this share of one context-length prefill, at least the floor.
 CALIBRATION_SHARE = 0.02
 CALIBRATION_FLOOR_TOKENS = 65_536
-#: The floor never allows more than this many context-length prefills (a sanity bound on a slope
-#: measured near zero).
-FLOOR_CAP_CONTEXTS = 64
+#: The floor (budget_floor_s of measured prefill) never exceeds this many tokens: a fast deployment
+#: (or a slope measured low) must not turn a 1M context's budget from its share into the floor's.
+FLOOR_CAP_TOKENS = 65_536
 
 
 @dataclass(frozen=True)
@@ -106,10 +104,11 @@ class Calibration:
         return 1.0 / self.s_per_token if self.s_per_token else None
 
     def budget_tokens(self, share: float, context: int, floor_s: float) -> int:
-        """Prefill tokens a timing probe may spend: max(share x context, floor_s of measured prefill)."""
+        """Prefill tokens a timing probe may spend: max(share x context, floor), the floor being floor_s
+        of measured prefill up to FLOOR_CAP_TOKENS."""
         by_share = int(share * context)
         floor = int(floor_s / self.s_per_token) if self.s_per_token else 0
-        return max(by_share, min(floor, FLOOR_CAP_CONTEXTS * context))
+        return max(by_share, min(floor, FLOOR_CAP_TOKENS))
 
     def as_evidence(self) -> dict[str, Any]:
         return {
@@ -168,30 +167,26 @@ def calibrate(sender: Sender, limits: ProbeLimits, budget_tokens: int) -> Calibr
     spent = 0
     length = min(FIRST_PAGES * page, limits.longest_accepted)
     while length > page:
-        if spent + length > budget_tokens and spent:
+        if lengths and spent + PER_LENGTH * length > budget_tokens:
             break
         probe = LengthProbe("calibrate_grow", length, ACCEPT, "none", "calibration: growing length", 1)
         times: list[float] = []
-        with sender.observer.step(f"calibration: {length:,} tokens"):
-            # One request per length while it is below the noise; a length that looks clear (or the
-            # longest) is confirmed by PER_LENGTH in all, and their median is what counts.
+        with sender.observer.step(f"calibration: {PER_LENGTH} x {length:,} tokens"):
+            # Every length gets PER_LENGTH requests: under load one request in three can be a scheduler
+            # spike, and a length picked for one spike would leave the probes it sizes under the noise.
             for i in range(PER_LENGTH):
-                rec = sender.one(probe, f"cal-grow{length}-{i}")
+                rec = sender.one(probe, f"cal-grow{len(lengths)}-{i}")
                 requests += 1
                 spent += length
                 if rec.result.served:
                     times.append(rec.result.elapsed_s)
                 else:
                     failures.append(f"{rec.label}: HTTP {rec.result.status} timed_out={rec.result.timed_out}")
-                at_end = length >= limits.longest_accepted
-                if i == 0 and not at_end and not (times and times[0] - base >= clear):
-                    break
         if not times:
             break
-        if len(times) > 1 or length >= limits.longest_accepted:
-            lengths.append((length, statistics.median(times)))
-            if lengths[-1][1] - base >= clear or length >= limits.longest_accepted:
-                break
+        lengths.append((length, statistics.median(times)))
+        if lengths[-1][1] - base >= clear or length >= limits.longest_accepted:
+            break
         length = min(length * GROWTH, limits.longest_accepted)
     slope: float | None = None
     observable = False

@@ -43,7 +43,8 @@ class ProbeSettings:
       canaries in total (or budget_floor_s of measured prefill, whichever is more); tries stop when the
       next one would exceed it (the first always runs).
     - budget_floor_s: the seconds of measured prefill each timing probe (latency, abort) may spend
-      whatever the context, so a small context affords enough tries (a 1M context's share is larger).
+      whatever the context (at most 65,536 tokens), so a small context affords enough tries while a
+      1M context pays its share.
     - abort_canaries: canary requests sent right after each cancellation.
     - isolation_probe: run the greedy-replay isolation check (model-agnostic; isolation.py).
     - isolation_new_tokens: answer length of each replay (short: fewer steps for round-off to matter).
