@@ -39,7 +39,7 @@ MIN_JITTER_S = 0.0005
 MIN_EFFECT_S = 0.005
 #: What the calibration itself may spend: this share of one context-length prefill, at least the floor.
 CALIBRATION_SHARE = 0.02
-CALIBRATION_FLOOR_TOKENS = 65_536
+CALIBRATION_FLOOR_TOKENS = 32_768
 #: The floor (budget_floor_s of measured prefill) never exceeds this many tokens: a fast deployment
 #: (or a slope measured low) must not turn a 1M context's budget from its share into the floor's.
 FLOOR_CAP_TOKENS = 65_536

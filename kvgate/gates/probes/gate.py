@@ -29,7 +29,7 @@ from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.isolation import run_isolation
-from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, collect_latency, latency_finding, plan_latency
+from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, latency_finding, run_latency
 from kvgate.gates.probes.plan import (
     ABORT_PATH_PROBES,
     ACCEPT,
@@ -176,8 +176,7 @@ class _Run:
         def latency() -> None:
             if self.cal is None or not self.cal.ok:
                 return
-            self.latency_plan = plan_latency(self.cal, lim, s)
-            samples[0] = collect_latency(self.sender, self.latency_plan)
+            samples[0], self.latency_plan = run_latency(self.sender, self.cal, lim, s)
 
         def abort() -> None:
             if not s.abort_probe:
