@@ -150,3 +150,36 @@ def test_token_space_canaries_pass_a_healthy_server_without_tokenizer(deployment
         f = _finding(doc, check_id)
         assert f["outcome"] == "passed", f["summary"]
         assert _ev(f)["canary.sentinels_via"].startswith("token space")
+
+
+class _LengthClient:
+    """A /generate stand-in whose answer time grows only past 4,000 tokens (a prefill the calibration
+    misjudged: it promised an effect at 2,048 tokens)."""
+
+    deadline_s = 5.0
+    http = None
+
+    def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
+        from kvgate.gates.probes.client import ProbeResult
+
+        body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
+        elapsed = 0.01 + (0.05 if len(ids) > 4000 else 0.0)
+        return ProbeResult(name, len(ids), max_new_tokens, 200, elapsed, body, '{"text": "x"}')
+
+
+def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -> None:
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.latency import run_latency
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.progress import NullObserver
+
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    cal = Calibration(16, 0.01, 0.001, ((2048, 0.03),), 0.02 / 2032, True, 13, ())
+    client: Any = _LengthClient()
+    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
+    samples, plan = run_latency(sender, cal, lim, ProbeSettings())
+    assert samples is not None and plan.long_tokens > 4000 and len(plan.passes) == 1
+    assert plan.passes[0].startswith("10 x 2,048 tokens: D+=0.000")
+    ks = samples.ks()
+    assert ks is not None and ks.significant(0.01)
