@@ -5,8 +5,9 @@ Order (cheapest that can fail first; incident.md sections 4-5):
 2. canary round A: cheap plants (the tenants), then the abort-path probes (first rejected length of
    the pool bound, the middle of the reject band) together with fresh concurrent tenants;
 2b. isolation: greedy replay of one prompt around other tenants' traffic (needs no decodable text);
-3. latency: one-page vs long prompts, one-sided KS;
-4. abort mid-transfer;
+3. calibration (calibrate.py): the noise and the prefill time per token, measured through the router;
+   then latency: one-page vs long prompts (sized from the calibration), one-sided KS;
+4. abort mid-transfer (victim length and cancel points from the calibration, retried within budget);
 5. canary round B: the longest accepted prompt as the plant (the one long prefill of the run), then
    the abort-path probes and fresh concurrent tenants again.
 A confirmed leak (a foreign sentinel), or a deployment that stopped answering (STALL_AFTER
@@ -18,16 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, info, passed
 from kvgate.gates.base import GateContext
-from kvgate.gates.probes.abort import run_abort
+from kvgate.gates.probes.abort import plan_abort, run_abort
+from kvgate.gates.probes.calibrate import Calibration, calibrate, calibration_budget
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.isolation import run_isolation
-from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
+from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, latency_finding, run_latency
 from kvgate.gates.probes.plan import (
     ABORT_PATH_PROBES,
     ACCEPT,
@@ -48,6 +50,8 @@ REMEDY_REJECT = (
     "upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
     "raise the KV pool to at least the context"
 )
+REMEDY_KEEP_GOING = "run every probe with --keep-going"
+REMEDY_CODEC = "set the profile key probes.tokenizer: auto (token-space sentinels need no server tokenizer)"
 REMEDY_UNTOLD_DECODE = (
     "raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
     "help, no SGLang release through 0.5.23 (nor kvgate's backport) tells the decode that the "
@@ -69,7 +73,15 @@ class ProbeGate:
         router = ctx.options.router_url
         node = f"router {router}" if router else "deployment"
         if not router:
-            return [inconclusive(GATE, "setup", node, "probes need --router-url: nothing was probed")]
+            return [
+                inconclusive(
+                    GATE,
+                    "setup",
+                    node,
+                    "probes need --router-url: nothing was probed",
+                    remedy="give the router, or opt out with --no-probes",
+                )
+            ]
         limits, problems = limits_from_readings(ctx.readings)
         if limits is None:
             return [
@@ -126,6 +138,8 @@ class _Run:
         )
         tenant = self._tenant_probe()
         samples: list[LatencySamples | None] = [None]
+        self.cal: Calibration | None = None
+        self.latency_plan: LatencyPlan | None = None
         plant_b: list[Sent] = []
 
         def tokenizer_rejections() -> None:
@@ -144,25 +158,52 @@ class _Run:
         def isolation() -> None:
             if not s.isolation_probe:
                 self.findings.append(
-                    inconclusive(GATE, "isolation.greedy_replay", self.node, "not run: isolation_probe is false")
+                    inconclusive(
+                        GATE,
+                        "isolation.greedy_replay",
+                        self.node,
+                        "not run: isolation_probe is false",
+                        remedy="set the profile key probes.isolation_probe: true",
+                    )
                 )
                 return
             self.findings.append(run_isolation(self.sender, lim, s, self.node))
 
+        def calibration() -> None:
+            self.cal = calibrate(self.sender, lim, calibration_budget(lim.context))
+            self.findings.append(self._calibration_finding(self.cal))
+
         def latency() -> None:
-            samples[0] = collect_latency(self.sender, lim, s)
+            if self.cal is None or not self.cal.ok:
+                return
+            samples[0], self.latency_plan = run_latency(self.sender, self.cal, lim, s)
 
         def abort() -> None:
             if not s.abort_probe:
                 self.findings.append(
-                    inconclusive(GATE, "abort.mid_transfer", self.node, "not run: abort_probe is false")
+                    inconclusive(
+                        GATE,
+                        "abort.mid_transfer",
+                        self.node,
+                        "not run: abort_probe is false",
+                        remedy="set the profile key probes.abort_probe: true",
+                    )
                 )
                 return
+            if self.cal is None or not self.cal.ok:
+                self.findings.append(self._uncalibrated("abort.mid_transfer"))
+                return
             decodes = [r.spec.url for r in self.ctx.nodes(DECODE)]
-            model = samples[0].model(s.latency_alpha) if samples[0] is not None else None
-            f = run_abort(self.sender, decodes, lim, s, model, self.node)
+            f = run_abort(self.sender, decodes, lim, s, plan_abort(self.cal, lim, s), self.node)
             if not self.can_decode and f.outcome == Outcome.PASSED:
-                f = inconclusive(GATE, f.check, self.node, "sentinels cannot be decoded: " + f.summary, *f.evidence)
+                f = inconclusive(
+                    GATE,
+                    f.check,
+                    self.node,
+                    "sentinels cannot be decoded: " + f.summary,
+                    *f.evidence,
+                    remedy=REMEDY_CODEC,
+                )
             self.findings.append(f)
             if f.outcome == Outcome.FAILED:
                 self.stopped_by = self.stopped_by or f"abort probe: {f.summary}"
@@ -180,6 +221,7 @@ class _Run:
             ("tokenizer rejections", tokenizer_rejections),
             ("canary round A (small plants)", round_a),
             ("isolation (greedy replay)", isolation),
+            ("calibration", calibration),
             ("latency", latency),
             ("abort mid-transfer", abort),
             ("canary round B (at-limit plant)", round_b),
@@ -198,7 +240,21 @@ class _Run:
             served = [
                 rec for name in ABORT_PATH_PROBES for rec, _ in self.observations.get(name, []) if rec.result.served
             ]
-            self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
+            if self.cal is None or not self.cal.ok:
+                self.findings.append(self._uncalibrated("latency.prefill_scaling"))
+            else:
+                self.findings.append(
+                    latency_finding(
+                        samples[0],
+                        s,
+                        served,
+                        plant_b[0] if plant_b else None,
+                        self.node,
+                        self.cal,
+                        self.latency_plan,
+                        lim.context,
+                    )
+                )
         lost = self.sender.transport_failures
         if lost and lost == self.meter.requests:
             self.findings.append(
@@ -222,10 +278,46 @@ class _Run:
                     self.node,
                     f"not run after {why}: " + ", ".join(skipped) + " (run them with "
                     "--keep-going, or the profile's probes.early_stop: false)",
+                    remedy=REMEDY_KEEP_GOING,
                 )
             )
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
+
+    @property
+    def _more_time(self) -> str:
+        return f"give each probe more time: --probe-deadline {2 * self.settings.deadline_s:g}"
+
+    def _calibration_finding(self, cal: Calibration) -> Finding:
+        ev = Evidence(self.node, "calibration", cal.as_evidence())
+        if not cal.ok:
+            return inconclusive(
+                GATE,
+                "calibration",
+                self.node,
+                "could not measure the deployment's noise and prefill speed: "
+                + ("; ".join(cal.failures[:3]) or "no answers"),
+                ev,
+                remedy=self._more_time,
+            )
+        speed = f"{cal.tokens_per_s:,.0f} tokens/s" if cal.tokens_per_s else "not measurable above the noise"
+        return info(
+            GATE,
+            "calibration",
+            self.node,
+            f"one-page requests {cal.base_s * 1000:.1f} ms (noise {cal.jitter_s * 1000:.2f} ms); prefill "
+            f"{speed} (end to end, {cal.requests} requests)",
+            ev,
+        )
+
+    def _uncalibrated(self, check: str) -> Finding:
+        return inconclusive(
+            GATE,
+            check,
+            self.node,
+            "not run: the calibration measured nothing to size it from (see probes.calibration)",
+            remedy=self._more_time,
+        )
 
     def _tenant_probe(self) -> Callable[[str], LengthProbe]:
         s, lim = self.settings, self.limits
@@ -295,7 +387,9 @@ class _Run:
                 for rec, c in obs
             ]
             if not obs:
-                self.findings.append(inconclusive(GATE, check, self.node, f"{p.label}: not run", *ev))
+                self.findings.append(
+                    inconclusive(GATE, check, self.node, f"{p.label}: not run", *ev, remedy=REMEDY_KEEP_GOING)
+                )
                 continue
             bad = [(rec, c) for rec, c in obs if not c.verdict.ok and c.verdict != Verdict.NO_OBSERVATION]
             if bad:
@@ -316,7 +410,14 @@ class _Run:
                 )
             elif unseen := [(rec, c) for rec, c in obs if c.verdict == Verdict.NO_OBSERVATION]:
                 self.findings.append(
-                    inconclusive(GATE, check, self.node, f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev)
+                    inconclusive(
+                        GATE,
+                        check,
+                        self.node,
+                        f"{p.label}: nothing observed ({unseen[0][1].detail})",
+                        *ev,
+                        remedy=self._more_time,
+                    )
                 )
             else:
                 self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}", *ev))
@@ -390,6 +491,7 @@ class _Run:
             Evidence(self.node, "canary.plants", [p.label for p in plants]),
             Evidence(self.node, "canary.answers_scanned", len(answered)),
             Evidence(self.node, "canary.sentinels", len(self.sender.book)),
+            Evidence(self.node, "canary.sentinels_via", self.codec_note),
         ]
         if sightings:
             what = owners(sightings)
@@ -411,18 +513,19 @@ class _Run:
                 f"sentinels cannot be decoded ({self.codec_note}): "
                 "canary content was not checked; the isolation check does not need it",
                 *ev,
+                remedy=REMEDY_CODEC,
             )
         if not answered:
-            return inconclusive(GATE, check, self.node, "no answer to scan", *ev)
+            return inconclusive(GATE, check, self.node, "no answer to scan", *ev, remedy=self._more_time)
         if not any(self.sender.readable(r.result) for r in answered if r.result.served):
             return inconclusive(
                 GATE,
                 check,
                 self.node,
-                "no answer carried readable text (a server started with "
-                "--skip-tokenizer-init returns output_ids only): canary content was not checked; "
+                "no answer carried readable text or output ids: canary content was not checked; "
                 "the isolation check does not need it",
                 *ev,
+                remedy="set the profile key probes.tokenizer: ids (sentinels searched in output_ids)",
             )
         return passed(
             GATE,
@@ -458,7 +561,7 @@ class _Run:
             Evidence(self.node, "tenants.bad", bad[:10], "every tenant answered 200 with its own prompt_tokens"),
         ]
         if not all_t:
-            return inconclusive(GATE, check, self.node, "no tenant ran", *ev)
+            return inconclusive(GATE, check, self.node, "no tenant ran", *ev, remedy=self._more_time)
         if bad:
             return failed(
                 GATE, check, self.node, f"{len(bad)} of {len(all_t)} tenant requests broke the contract: {bad[0]}", *ev
@@ -470,5 +573,6 @@ class _Run:
                 self.node,
                 f"{len(unobserved)} of {len(all_t)} tenant requests got no answer at all: {unobserved[0]}",
                 *ev,
+                remedy=self._more_time,
             )
         return passed(GATE, check, self.node, f"{len(all_t)} concurrent tenant requests answered in full", *ev)
