@@ -9,14 +9,17 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
-from kvgate.errors import InternalError, Interrupted, KvgateError
+from kvgate.errors import InternalError, Interrupted, KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
 from kvgate.redact import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
+# click's UsageError (typer vendors click from 0.27 on): the base of typer.BadParameter, found by name.
+_CLICK_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 STRICT_HELP = (
     "Inconclusive checks block (exit 3): the default. --no-strict lets them pass; the report then says "
@@ -101,6 +104,7 @@ def fatal_report(command: str, exc: BaseException, strict: bool = True) -> Repor
 
 
 VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
+QUIET_HELP = "No progress lines on stderr (the report and errors still print)."
 
 
 def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False) -> NoReturn:
@@ -122,3 +126,67 @@ def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbos
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR
     raise typer.Exit(int(status))
+
+
+def _requested_pairs(args: list[str]) -> list[tuple[ReportFormat, Path | None]]:
+    """The report destinations named on a command line that did not parse (best effort, never raises).
+
+    Read from the raw arguments, since the parser gave up: `--format X`, `--format=X`, `-f X`, `-fX`
+    and the same for `--output`/`-o`. An unknown format is left out (it may be the very error); with
+    nothing usable the report is the table on stdout.
+    """
+    fmts: list[ReportFormat] = []
+    outs: list[Path] = []
+    known = {f.value: f for f in ReportFormat}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        value: str | None = None
+        kind = None
+        for long, short, k in (("--format", "-f", "f"), ("--output", "-o", "o")):
+            if arg in (long, short):
+                kind, value = k, args[i + 1] if i + 1 < len(args) else None
+                i += 1
+            elif arg.startswith(long + "="):
+                kind, value = k, arg[len(long) + 1 :]
+            elif arg.startswith(short) and not arg.startswith("--") and len(arg) > 2:
+                kind, value = k, arg[2:]
+        if arg == "--":
+            break
+        if kind == "f" and value in known:
+            fmts.append(known[value])
+        elif kind == "o" and value:
+            outs.append(Path(value))
+        i += 1
+    from kvgate.reporting import pair_outputs
+
+    try:
+        return pair_outputs(fmts, outs)
+    except KvgateError:
+        return [(ReportFormat.TABLE, None)]
+
+
+class ReportingCommand(TyperCommand):
+    """A command whose flag-validation errors (a value out of range, an unknown option) write the report too.
+
+    The parser fails before the command's own code runs, so this writes the usage-error report to
+    every destination the raw arguments ask for, prints the error once (`kvgate: error: ...` and
+    where to look), and exits 2, as a profile error does.
+    """
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        raw = list(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _CLICK_USAGE_ERROR as exc:
+            if not any(p.name in _FORMAT_KWARGS for p in self.params):
+                raise
+            name = info_name or self.name or "kvgate"
+            report = fatal_report(name, UsageError(getattr(exc, "format_message", exc.__str__)()))
+            ctx = getattr(exc, "ctx", None)
+            prog = ctx.command_path if ctx is not None else f"kvgate {name}"
+            typer.echo(f"Try '{prog} --help' for help.", err=True)
+            try:
+                finish(report, _requested_pairs(raw))
+            except typer.Exit as done:
+                raise typer.Exit(done.exit_code) from None

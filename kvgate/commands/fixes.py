@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
+from kvgate.commands._common import (
+    QUIET_HELP,
+    STRICT_HELP,
+    VERBOSE_HELP,
+    fatal_report,
+    finish,
+    handle_errors,
+    resolve_strict,
+)
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Report
@@ -71,6 +79,7 @@ def fixes(
         SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."
     ),
@@ -88,8 +97,11 @@ def fixes(
     from kvgate.catalogue import assess_checkout, assess_code, assess_version, to_findings
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
+    from kvgate.progress import NullObserver, terminal_observer
     from kvgate.redact import token_from_env
     from kvgate.reporting import pair_outputs
+
+    observer = terminal_observer(quiet) or NullObserver()
 
     pairs = pair_outputs(list(formats), list(outputs))
     try:
@@ -130,11 +142,16 @@ def fixes(
             a = _assess_url(url, backend=backend, token=token, timeout=timeout)
         elif probe_pair:
             scan = from_site_packages(Path(str(site_packages)))
-            behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
+            with observer.step(f"running sglang's admission code on CPU with {python}"):
+                behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
             a = assess_code(scan, backend=backend, behaviour=behaviour)
         elif python is not None:
-            scan = from_python(python, timeout=scan_timeout)
-            behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
+            with observer.step(f"scanning the sglang code that {python} imports"):
+                scan = from_python(python, timeout=scan_timeout)
+            behaviour = []
+            if probe:
+                with observer.step(f"running sglang's admission code on CPU with {python}"):
+                    behaviour = detect_by_behaviour(python, timeout=probe_timeout)
             a = assess_code(scan, backend=backend, behaviour=behaviour)
         elif site_packages is not None and site_packages != "auto":
             a = assess_code(from_site_packages(Path(site_packages)), backend=backend)
