@@ -44,7 +44,7 @@ def check(
         None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
     ),
     fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif."
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),

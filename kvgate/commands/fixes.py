@@ -25,6 +25,8 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
     from kvgate.catalogue import Assessment
+    from kvgate.catalogue.codescan import CodeScan
+    from kvgate.findings import Finding
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
@@ -52,6 +54,26 @@ def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: fl
     return replace(a, notes=a.notes + (read,))
 
 
+def _with_missing_files(findings: list[Finding], a: Assessment, scan: CodeScan | None) -> list[Finding]:
+    """Each fix that is not present gets the files (relative to the sglang package) where its code
+    signature is missing: where a reader (or SARIF's locations) should look."""
+    if scan is None:
+        return findings
+    from kvgate.catalogue.source import signature_results
+    from kvgate.findings import Evidence, Outcome
+
+    results = signature_results(a.catalogue, scan)
+    out = []
+    for f in findings:
+        r = results.get(f.check)
+        if r is not None and f.outcome is not Outcome.PASSED:
+            files = tuple(dict.fromkeys(h.signature.file for h in r.hits if not h.matched and not h.signature.is_glob))
+            if files:
+                f = replace(f, evidence=f.evidence + (Evidence(f.node, "missing_in", files),))
+        out.append(f)
+    return out
+
+
 @handle_errors
 def fixes(
     version: str | None = typer.Option(None, "--version", help="Judge a release string (PEP 440), e.g. 0.5.20."),
@@ -70,7 +92,9 @@ def fixes(
     backend: str | None = typer.Option(
         None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."
     ),
-    formats: list[ReportFormat] = typer.Option([], "--format", "-f", help="table (default), json, junit, markdown."),
+    formats: list[ReportFormat] = typer.Option(
+        [], "--format", "-f", help="table (default), json, junit, markdown, sarif."
+    ),
     outputs: list[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: str | None = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
@@ -134,6 +158,7 @@ def fixes(
             raise UsageError("--token-env is only used with --url")
         backend = backend.strip().lower() if backend else None
         started = time.time()
+        scan: CodeScan | None = None
         if version is not None:
             a = assess_version(version, backend=backend)
         elif repo is not None:
@@ -154,9 +179,11 @@ def fixes(
                     behaviour = detect_by_behaviour(python, timeout=probe_timeout)
             a = assess_code(scan, backend=backend, behaviour=behaviour)
         elif site_packages is not None and site_packages != "auto":
-            a = assess_code(from_site_packages(Path(site_packages)), backend=backend)
+            scan = from_site_packages(Path(site_packages))
+            a = assess_code(scan, backend=backend)
         else:
-            a = assess_code(auto_detect(), backend=backend)
+            scan = auto_detect()
+            a = assess_code(scan, backend=backend)
         notes = list(a.notes)
         notes.append(f"reads as: {a.reads_as()}")
         if a.backend is None:
@@ -175,7 +202,9 @@ def fixes(
             strict_source += "; overridden: a correctness fix is unproven, which blocks whatever the setting"
         report = Report(
             command="fixes",
-            findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
+            findings=tuple(
+                _with_missing_files(to_findings(a, node=f"sglang {a.release}" if a.release else a.target), a, scan)
+            ),
             strict=is_strict or bool(unproven),
             strict_source=strict_source,
             target={
@@ -188,6 +217,7 @@ def fixes(
                 "missing_correctness": [s.fix.id for s in a.missing_correctness()],
                 "unproven_correctness": [s.fix.id for s in unproven],
                 "tampered_backports": [s.fix.id for s in a.tampered()],
+                **({"package_dir": str(scan.package_dir)} if scan is not None else {}),
             },
             cost={"wall_s": round(time.time() - started, 3)},
             notes=tuple(notes),
