@@ -179,8 +179,9 @@ class ReportingCommand(TyperCommand):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except _CLICK_USAGE_ERROR as exc:
-            if not any(p.name in _FORMAT_KWARGS for p in self.params):
-                raise
+            resilient = extra.get("resilient_parsing") or getattr(parent, "resilient_parsing", False)
+            if resilient or not any(p.name in _FORMAT_KWARGS for p in self.params):
+                raise  # only parsing (completion, a test's parser check): no run, no report
             name = info_name or self.name or "kvgate"
             report = fatal_report(name, UsageError(getattr(exc, "format_message", exc.__str__)()))
             ctx = getattr(exc, "ctx", None)
