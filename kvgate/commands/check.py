@@ -15,6 +15,7 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
     from kvgate.gates.base import CheckOptions
+    from kvgate.profiles import Profile
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
@@ -185,6 +186,17 @@ def _with_model_config(options: CheckOptions, flag: Path | None) -> CheckOptions
     return replace(options, model_config=path)
 
 
+def _validate_sections(prof: Profile) -> None:
+    """Validate the nested sections now, against the profile's FILE: a typo in `probes.tenantz` must name
+    the file to edit, not the profile's name (the gates would otherwise validate them later by name)."""
+    from kvgate.gates.defenses import code_sources, defense_options
+    from kvgate.gates.probes.settings import ProbeSettings
+
+    ProbeSettings.from_mapping(prof.probes, prof.path)
+    defense_options(prof.defenses, prof.path)
+    code_sources(prof.code, prof.path)
+
+
 def _options(
     prefill_url: list[str],
     decode_url: list[str],
@@ -200,6 +212,8 @@ def _options(
     from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
+    if profile_ref:
+        _validate_sections(prof)
     is_strict, strict_source = resolve_strict(strict, prof.strict)
     return CheckOptions(
         prefill_urls=tuple(prefill_url),

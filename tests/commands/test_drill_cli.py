@@ -89,3 +89,6 @@ def test_self_test_sees_the_known_leak(tmp_path: Path) -> None:
     assert res.exit_code == ExitStatus.PASSED, res.output
     (f,) = _findings(out)
     assert f["check"] == "selftest.positive_control" and f["outcome"] == "passed"
+    # Issue 23: the simulator's logs stay behind, and the report says where, as the drill's does.
+    notes = json.loads(out.read_text())["notes"]
+    assert any(n.startswith("self-test simulator logs: ") and "rm -rf" in n for n in notes), notes
