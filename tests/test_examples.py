@@ -57,6 +57,8 @@ SCRIPT_KEYS = {"run", "script", "before_script", "after_script", "cmd"}  # GitHu
 def action_argv(inputs: dict[str, Any]) -> list[str]:
     """The `kvgate check` command line kvgate's GitHub Action (action.yml) builds from a step's `with:`."""
     argv = ["check"]
+    # A workflow expression (`${{ inputs.canary }}`) is one word by the time the action sees it.
+    inputs = {k: re.sub(r"\$\{\{.*?\}\}", "EXPR", str(v)) for k, v in inputs.items()}
     for key, flag in (("prefill-urls", "--prefill-url"), ("decode-urls", "--decode-url")):
         argv += [a for u in str(inputs.get(key, "")).split() for a in (flag, u)]
     for key, flag in (("router-url", "--router-url"), ("profile", "--profile"), ("token-env", "--token-env")):
