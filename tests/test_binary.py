@@ -265,3 +265,21 @@ def test_binary_gates_a_simulated_deployment(
         assert res.stdout.startswith("kvgate check: GATE FAILED")
     else:
         assert failed == [] and res.stdout.startswith("kvgate check: PASSED")
+
+
+def test_readme_claims_what_this_file_measures(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
+    """The README's sentences about dist/kvgate: the interpreters, its size, the unpacked size, where it unpacks."""
+    import re
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    section = text.split("### One file for pipelines", 1)[1].split("### ", 1)[0]
+    assert "CPython 3.10, 3.11, 3.12 and 3.13" in section and SUPPORTED == ("3.10", "3.11", "3.12", "3.13")
+    file_mb = float(re.search(r"a zipapp, about (\d+(?:\.\d+)?) MB", section).group(1))  # type: ignore[union-attr]
+    assert abs(binary.stat().st_size / 1e6 - file_mb) <= max(1.0, file_mb * 0.3), binary.stat().st_size
+    root = tmp_path / "root"
+    assert _run(binary, {**bare_env, "KVGATE_BIN_ROOT": str(root)}, "--version", cwd=tmp_path).returncode == 0
+    (unpacked,) = root.glob("kvgate-*")
+    size_mb = sum(p.stat().st_size for p in unpacked.rglob("*") if p.is_file()) / 1e6
+    claimed = float(re.search(r"`~/.cache/kvgate-bin` \(about (\d+) MB", section).group(1))  # type: ignore[union-attr]
+    assert abs(size_mb - claimed) <= claimed * 0.4, size_mb
+    assert "`KVGATE_BIN_ROOT` moves it" in section and "exits 5 with a message" in section
