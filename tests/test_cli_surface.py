@@ -219,3 +219,29 @@ def test_a_profile_error_is_printed_once(tmp_path: Path) -> None:
     res = runner.invoke(app, ["check", "--prefill-url", "http://127.0.0.1:9", "--profile", str(tmp_path / "no.yaml")])
     assert res.exit_code == 2
     assert res.stdout.count("no.yaml") == 1 and res.stderr.count("no.yaml") == 1, res.output
+
+
+def test_on_a_terminal_a_usage_error_is_printed_once(tmp_path: Path) -> None:
+    """stdout and stderr on one terminal: the report's headline says it, stderr does not repeat it."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    argv = [sys.executable, "-c", "from kvgate.cli import main; main()", "check", "--headroom", "-1"]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=tmp_path)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 2
+    screen = b"".join(chunks).decode()
+    assert screen.count("Invalid value for '--headroom'") == 1, screen
+    assert "USAGE ERROR" in screen and "check --help' for help." in screen

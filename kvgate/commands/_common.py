@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -97,7 +99,6 @@ def fatal_report(command: str, exc: BaseException, strict: bool = True) -> Repor
     A non-domain exception is kvgate's own crash: exit 5 (internal), never a pass.
     """
     err = exc if isinstance(exc, KvgateError) else InternalError(command, exc)
-    typer.echo(f"kvgate: error: {redact(str(err))}", err=True)
     check = INTERNAL_CHECK if isinstance(err, InternalError) else "run"
     finding = Finding("kvgate", check, "kvgate", Outcome.ERROR, str(err))
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=err.exit_status)
@@ -107,14 +108,34 @@ VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
 QUIET_HELP = "No progress lines on stderr (the report and errors still print)."
 
 
-def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False) -> NoReturn:
+def _one_terminal() -> bool:
+    """stdout and stderr are the same terminal: a line on each would show the same message twice."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty() and os.ttyname(1) == os.ttyname(2)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def finish(
+    report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False, hint: str | None = None
+) -> NoReturn:
     """Write the report everywhere it was asked for, then exit with its status.
 
+    A run that could not start or broke says why on stderr (`kvgate: error: ...`, once; not when
+    stderr is the very terminal the table is printed on, which says it already), then `hint`.
     With strictness opted out the report says so and names what was not observed. A report file that
     could not be written turns a pass into a usage error: a pipeline must not promote on a verdict
     nobody can read.
     """
     from kvgate.reporting import emit
+
+    if report.fatal_status is not None:
+        if not _one_terminal():
+            for f in report.findings:
+                if f.outcome is Outcome.ERROR:
+                    typer.echo(f"kvgate: error: {redact(f.summary)}", err=True)
+        if hint:
+            typer.echo(hint, err=True)
 
     note = report.strictness_note()
     if note and report.fatal_status is None:
@@ -186,8 +207,7 @@ class ReportingCommand(TyperCommand):
             report = fatal_report(name, UsageError(getattr(exc, "format_message", exc.__str__)()))
             ctx = getattr(exc, "ctx", None)
             prog = ctx.command_path if ctx is not None else f"kvgate {name}"
-            typer.echo(f"Try '{prog} --help' for help.", err=True)
             try:
-                finish(report, _requested_pairs(raw))
+                finish(report, _requested_pairs(raw), hint=f"Try '{prog} --help' for help.")
             except typer.Exit as done:
                 raise typer.Exit(done.exit_code) from None
