@@ -40,7 +40,8 @@ def test_readme_main_command_shows_the_leak_in_the_first_lines() -> None:
     import shlex
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    blocks = readme.split("## Quick start", 1)[1].split("```bash\n")[1:]
+    block = next(b.split("```", 1)[0] for b in blocks if "kvgate drill" in b.split("```", 1)[0])
     argv = shlex.split(re.search(r"kvgate (drill[^&\n]*)", block).group(1))  # type: ignore[union-attr]
     assert argv[:3] == ["drill", "--emulate", "0.5.19"], argv
     res = runner.invoke(app, [*argv, "-q"], env={"COLUMNS": "80"})
