@@ -166,6 +166,10 @@ def check(
         options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
+        if profile is not None and Path(profile).is_file():
+            # The file in the repository that declares this deployment's gate: where a code-scanning
+            # reader (SARIF) can anchor findings that have no source file of their own.
+            report = replace(report, target={**report.target, "profile_file": profile})
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)

@@ -4,7 +4,9 @@ Each result's `ruleId` is the finding's check ID; its rule carries the check's p
 (title as the short description, the page as help text, the page's reference as a property). Results
 are located logically at the node they were observed on; where the evidence names the files a fix's
 signature is missing from (`kvgate fixes --site-packages` / `--python`), physically at those files,
-relative to the scanned sglang package (`uriBaseId` SGLANG, resolved in `originalUriBaseIds`).
+relative to the scanned sglang package (`uriBaseId` SGLANG, resolved in `originalUriBaseIds`). A
+`check` run with `--profile FILE` anchors its other results at that file, the deployment's declared
+gate in the repository (code scanning shows only results with a file).
 Passed checks are results too, of kind `pass` and level `none` (SARIF's own way to say "checked, fine").
 """
 
@@ -26,6 +28,7 @@ SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schem
 # Where a fix's code signature is missing (relative to the sglang package), and the package scanned.
 MISSING_IN = "missing_in"
 PACKAGE_DIR = "package_dir"
+PROFILE_FILE = "profile_file"
 BASE_ID = "SGLANG"
 
 # outcome -> (SARIF kind, SARIF level)
@@ -61,13 +64,17 @@ def _message(f: Finding) -> str:
     return "\n".join(lines)
 
 
-def _locations(f: Finding, package_dir: str | None) -> list[dict[str, Any]]:
+def _locations(f: Finding, package_dir: str | None, profile_file: str | None) -> list[dict[str, Any]]:
     logical = {"logicalLocations": [{"name": f.node, "kind": "resource"}]}
     files: list[str] = []
     for e in f.evidence:
         if e.field == MISSING_IN and isinstance(e.value, (list, tuple)):
             files += [str(v) for v in e.value]
     if not files or package_dir is None:
+        if profile_file:
+            path = Path(profile_file)
+            uri = path.as_uri() if path.is_absolute() else path.as_posix()  # relative: to the checkout
+            return [{"physicalLocation": {"artifactLocation": {"uri": uri}}, **logical}]
         return [logical]
     return [
         {"physicalLocation": {"artifactLocation": {"uri": rel, "uriBaseId": BASE_ID}}, **logical}
@@ -77,7 +84,9 @@ def _locations(f: Finding, package_dir: str | None) -> list[dict[str, Any]]:
 
 class SarifFormatter(Formatter):
     def render(self, report: Report) -> str:
-        package_dir = report.target.get(PACKAGE_DIR) if isinstance(report.target, dict) else None
+        target = report.target if isinstance(report.target, dict) else {}
+        package_dir = target.get(PACKAGE_DIR)
+        profile_file = target.get(PROFILE_FILE)
         listed = [f for f in report.findings if f.outcome in _KIND_LEVEL]
         rule_ids = list(dict.fromkeys(f.test_id for f in listed))
         index = {rid: i for i, rid in enumerate(rule_ids)}
@@ -90,7 +99,7 @@ class SarifFormatter(Formatter):
                 "kind": kind,
                 "level": level,
                 "message": {"text": _message(f)},
-                "locations": _locations(f, package_dir),
+                "locations": _locations(f, package_dir, profile_file),
                 "properties": {"outcome": f.outcome.value, "node": f.node, "blocking": f.blocking},
             }
             if f.waived:

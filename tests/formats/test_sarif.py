@@ -106,3 +106,25 @@ def test_fixes_site_packages_results_point_at_the_files(tmp_path: Path) -> None:
         assert (pkg / rel).is_file(), rel
     present = [r for r in run["results"] if r["kind"] == "pass"]
     assert present and all("physicalLocation" not in loc for r in present for loc in r["locations"])
+
+
+def test_check_results_are_anchored_at_the_profile_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload_server: Any
+) -> None:
+    """Code scanning shows only results with a file: `check --profile FILE` anchors them at that file."""
+    import tests.assets.sglang_payloads as P
+    from tests.conftest import Route
+
+    srv = payload_server({"/server_info": Route(P.server_info("0.5.20")), "/v1/models": Route(P.v1_models())})
+    monkeypatch.chdir(tmp_path)
+    Path("gate.yaml").write_text("schema: 1\nname: mine\nheadroom: 1.25\n")
+    res = runner.invoke(
+        app, ["check", "--prefill-url", srv.url, "--profile", "gate.yaml", "--no-probes", "-q", "-f", "sarif"]
+    )
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)  # the one format, on stdout
+    validate(doc)
+    headroom = next(r for r in doc["runs"][0]["results"] if r["ruleId"] == "pool-context.headroom")
+    (loc,) = headroom["locations"]
+    assert loc["physicalLocation"]["artifactLocation"]["uri"] == "gate.yaml"
+    assert loc["logicalLocations"][0]["name"].startswith("prefill[0] ")
