@@ -146,8 +146,9 @@ def run_check(
     started = time.time()
     findings: list[Finding] = []
     control: list[Finding] = []
+    left: list[str] = []  # where the self-test's simulator left its logs
     if self_test:
-        control = _run_self_test(options, observer)
+        control = _run_self_test(options, observer, left)
         findings.extend(control)
     readings: list[NodeReading] = []
     listing: RouterListing | None = None
@@ -215,6 +216,7 @@ def run_check(
         from kvgate.waivers import apply_waivers
 
         findings, notes = apply_waivers(findings, options.waivers)
+    notes += left
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(
@@ -308,7 +310,9 @@ def _list_workers(client: TargetClient, router: str, findings: list[Finding]) ->
     return listing
 
 
-def run_self_test(settings: ProbeSettings, observer: Observer | None = None) -> list[Finding]:
+def run_self_test(
+    settings: ProbeSettings, observer: Observer | None = None, notes: list[str] | None = None
+) -> list[Finding]:
     """The positive control: the probe gate against a simulated leaky 0.5.19 deployment it starts.
 
     Composed here, by the pipeline that runs the gates; the gate's own module
@@ -334,25 +338,31 @@ def run_self_test(settings: ProbeSettings, observer: Observer | None = None) -> 
         report = run_check(options, observer=observer, gates=[ProbeGate(selftest.control_settings(settings))])
     finally:
         dep.stop()
+        if notes is not None and dep.log_dir is not None and dep.log_dir.exists():
+            from kvgate.paths import left_behind
+
+            notes.append(left_behind("self-test simulator logs", dep.log_dir, f"delete with rm -rf {dep.log_dir}"))
     return selftest.judge(report.findings, round(time.monotonic() - t0, 2))
 
 
-def _run_self_test(options: CheckOptions, observer: Observer) -> list[Finding]:
+def _run_self_test(options: CheckOptions, observer: Observer, notes: list[str]) -> list[Finding]:
     from kvgate.gates.probes import ProbeSettings
 
     settings = ProbeSettings.from_mapping(options.probes, options.profile_name or "probe settings")
-    return run_self_test(settings, observer)
+    return run_self_test(settings, observer, notes)
 
 
 def _self_test_only(options: CheckOptions, observer: Observer) -> Report:
     started = time.time()
-    findings = _run_self_test(options, observer)
+    notes: list[str] = []
+    findings = _run_self_test(options, observer, notes)
     return Report(
         command="check --self-test",
         findings=tuple(findings),
         strict=options.strict,
         strict_source=options.strict_source,
         cost={"wall_s": round(time.time() - started, 3)},
+        notes=tuple(notes),
     )
 
 

@@ -45,3 +45,16 @@ def doc_for(check_id: str) -> CheckDoc | None:
         if fnmatch.fnmatchcase(check_id, d.pattern):
             return d
     return None
+
+
+@functools.cache
+def page_text(anchor: str) -> str:
+    """The markdown of one page (its heading and body, up to the next page or section), for formats that
+    carry the page itself (SARIF rules' help)."""
+    text = checks_doc().read_text(encoding="utf-8")
+    start = text.find(f'<a id="{anchor}"></a>')
+    if start < 0:
+        return ""
+    body = text[start:].split("\n", 1)[1] if "\n" in text[start:] else ""
+    end = min((i for i in (body.find("\n<a id="), body.find("\n## ")) if i >= 0), default=len(body))
+    return body[:end].strip()

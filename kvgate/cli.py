@@ -35,32 +35,34 @@ def _root(
 
 
 # --- subcommands: each lives in its own module and is registered here -------------------------
+# ReportingCommand: a flag that fails validation still gets the report, in every format asked for.
+from kvgate.commands._common import ReportingCommand  # noqa: E402
 from kvgate.commands.check import check  # noqa: E402
 
-app.command("check")(check)
+app.command("check", cls=ReportingCommand)(check)
 from kvgate.commands.drill import drill  # noqa: E402
 
-app.command("drill")(drill)
+app.command("drill", cls=ReportingCommand)(drill)
 from kvgate.commands.up import up  # noqa: E402
 
-app.command("up")(up)
+app.command("up", cls=ReportingCommand)(up)
 # (more subcommands are registered below this line)
 from kvgate.commands.backport import backport  # noqa: E402
 
-app.command("backport")(backport)
+app.command("backport", cls=ReportingCommand)(backport)
 from kvgate.sim.cli import sim_app  # noqa: E402
 
 app.add_typer(sim_app, name="sim")
 from kvgate.commands.fixes import fixes  # noqa: E402
 
-app.command("fixes")(fixes)
+app.command("fixes", cls=ReportingCommand)(fixes)
 from kvgate.commands.schema import schema  # noqa: E402
 
-app.command("schema")(schema)
+app.command("schema", cls=ReportingCommand)(schema)
 
 from kvgate.commands.plan import plan  # noqa: E402
 
-app.command("plan")(plan)
+app.command("plan", cls=ReportingCommand)(plan)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -40,21 +41,40 @@ class NullObserver:
 
 
 class LineObserver:
-    """Plain timestamped log lines, for CI logs and pipes."""
+    """Plain timestamped log lines, for CI logs and pipes.
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    A step that runs longer than `heartbeat_s` says so every `heartbeat_s` ("still ..."), so a long
+    silent step (a first `backport --verify` builds a 2.3 GB environment) never looks hung.
+    """
+
+    def __init__(self, stream: TextIO | None = None, heartbeat_s: float = 10.0) -> None:
         self.stream = RedactingStream(stream or sys.stderr)
+        self.heartbeat_s = heartbeat_s
         self._t0 = time.monotonic()
+        self._lock = threading.Lock()
 
     def log(self, message: str) -> None:
-        self.stream.write(f"[kvgate {time.monotonic() - self._t0:7.1f}s] {redact(message)}\n")
-        self.stream.flush()
+        with self._lock:
+            self.stream.write(f"[kvgate {time.monotonic() - self._t0:7.1f}s] {redact(message)}\n")
+            self.stream.flush()
 
     @contextmanager
     def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
         self.log(f"{description} ...")
         t = time.monotonic()
-        yield StepHandle()
+        done = threading.Event()
+
+        def beat() -> None:
+            while not done.wait(self.heartbeat_s):
+                self.log(f"still {description} ({time.monotonic() - t:.0f}s)")
+
+        beater = threading.Thread(target=beat, name="kvgate-progress", daemon=True)
+        beater.start()
+        try:
+            yield StepHandle()
+        finally:
+            done.set()
+            beater.join()
         self.log(f"{description} done in {time.monotonic() - t:.1f}s")
 
 

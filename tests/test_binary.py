@@ -1,7 +1,9 @@
-"""dist/kvgate: built by the README's one command, run with no project venv against simulated deployments."""
+"""dist/kvgate: built by the README's one command, run with no project venv on every CPython it claims
+(3.10-3.13) and against simulated deployments."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import resource
@@ -19,6 +21,38 @@ from kvgate.exitcodes import ExitStatus
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parent.parent
 BINARY = ROOT / "dist" / "kvgate"
+# What the README claims the file runs on; each is tested. Older ones must be refused with exit 5.
+SUPPORTED = ("3.10", "3.11", "3.12", "3.13")
+TOO_OLD = ("2.7", "3.6", "3.9")
+
+
+def find_python(version: str) -> str | None:
+    """A working interpreter of this minor version: python3.X on PATH, else pyenv's (this machine's image).
+
+    Each candidate is run: a pyenv shim exists for every version but fails for those not selected.
+    """
+    exe = "python2" if version.startswith("2") else "python3"
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    candidates = [shutil.which(f"python{version}")]
+    candidates += sorted(glob.glob(os.path.join(pyenv, "versions", f"{version}.*", "bin", exe)), reverse=True)
+    for py in filter(None, candidates):
+        probe = subprocess.run(
+            [py, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture_output=True, text=True
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return py
+    return None
+
+
+def need_python(version: str) -> str:
+    """The interpreter, or a reported skip (a failure under CI=true: a claim that was not tested)."""
+    py = find_python(version)
+    if py is None:
+        message = f"no CPython {version} on this machine: dist/kvgate was NOT tested on it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return py
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +72,7 @@ def bare_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
     home = tmp_path_factory.mktemp("home")
-    env = {"PATH": path, "HOME": str(home), "SHIV_ROOT": str(home / ".shiv"), "LANG": "C.UTF-8"}
+    env = {"PATH": path, "HOME": str(home), "KVGATE_BIN_ROOT": str(home / "kvgate-bin"), "LANG": "C.UTF-8"}
     python3 = shutil.which("python3", path=path)
     assert python3, "the binary needs a python3 on PATH"
     probe = subprocess.run(
@@ -55,7 +89,7 @@ def _run(binary: Path, env: dict[str, str], *args: str, cwd: Path) -> subprocess
 def test_binary_runs_without_the_venv(
     binary: Path, bare_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = _run(binary, bare_env, "--help", cwd=tmp_path)  # unpacks into SHIV_ROOT
+    first = _run(binary, bare_env, "--help", cwd=tmp_path)  # unpacks into KVGATE_BIN_ROOT
     assert first.returncode == 0 and "check" in first.stdout, first.stderr
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     res = _run(binary, bare_env, "--help", cwd=tmp_path)
@@ -69,6 +103,100 @@ def test_binary_runs_without_the_venv(
             f"\ndist/kvgate: {binary.stat().st_size / 1e6:.1f} MB; `--help` {cpu * 1000:.0f} ms CPU "
             f"(bench/startup.py --binary dist/kvgate for the ratio)"
         )
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_binary_runs_on_every_supported_python(
+    binary: Path, bare_env: dict[str, str], tmp_path: Path, version: str
+) -> None:
+    """The done-when of issue 23: `dist/kvgate fixes --version 0.5.22` exits 0 under each CPython 3.10-3.13,
+    and writes its report; the file carries no compiled module that would tie it to one of them."""
+    py = need_python(version)
+    report = tmp_path / "fixes.json"
+    res = subprocess.run(
+        [
+            py,
+            str(binary),
+            "fixes",
+            "--version",
+            "0.5.22",
+            "-f",
+            "table",
+            "-f",
+            "json",
+            "-o",
+            str(tmp_path / "t.txt"),
+            "-o",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        env=bare_env,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert res.returncode == ExitStatus.PASSED, res.stdout + res.stderr
+    assert res.stdout.startswith("kvgate fixes: PASSED (exit 0)") and "Traceback" not in res.stderr
+    assert json.loads(report.read_text())["verdict"] == "passed"
+    helped = subprocess.run([py, str(binary), "check", "--help"], capture_output=True, text=True, env=bare_env)
+    assert helped.returncode == 0 and "--prefill-url" in helped.stdout, helped.stderr
+
+
+def test_binary_is_pure_python(binary: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(binary) as zf:
+        names = zf.namelist()
+    compiled = [n for n in names if n.endswith((".so", ".pyd", ".dylib"))]
+    assert compiled == [] and not any(n.startswith("site/pydantic_core/") for n in names), compiled
+    assert any(n.startswith("site/exceptiongroup/") for n in names), "3.10's anyio needs exceptiongroup"
+
+
+@pytest.mark.parametrize("version", TOO_OLD)
+def test_binary_refuses_an_old_python_with_exit_5(
+    binary: Path, bare_env: dict[str, str], tmp_path: Path, version: str
+) -> None:
+    """A failure to start is kvgate's own (5) with a message, never 1 (read as 'gate failed') or a traceback."""
+    py = find_python(version)
+    if py is None:
+        pytest.skip(f"no Python {version} here to show the refusal on")
+    res = subprocess.run([py, str(binary), "--help"], capture_output=True, text=True, env=bare_env, cwd=tmp_path)
+    assert res.returncode == ExitStatus.INTERNAL_ERROR, res.stdout + res.stderr
+    assert "needs CPython >= 3.10" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_binary_start_failure_exits_5(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
+    """A broken unpacked copy (here: kvgate's CLI module made unimportable) exits 5 and says what broke."""
+    root = tmp_path / "root"
+    env = {**bare_env, "KVGATE_BIN_ROOT": str(root)}
+    assert _run(binary, env, "--version", cwd=tmp_path).returncode == 0
+    (cli,) = root.glob("kvgate-*/kvgate/cli.py")
+    cli.write_text("raise ImportError('cannot import name ArgsKwargs')\n")
+    res = _run(binary, env, "fixes", "--version", "0.5.22", cwd=tmp_path)
+    assert res.returncode == ExitStatus.INTERNAL_ERROR, res.stdout + res.stderr
+    assert "could not start" in res.stderr and "ArgsKwargs" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_binary_runs_from_a_read_only_unpacked_copy(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
+    """The Kubernetes image's way (examples/kubernetes/Dockerfile): unpacked and byte-compiled at build time
+    into KVGATE_BIN_ROOT, then run by a user who cannot write there."""
+    dockerfile = (ROOT / "examples" / "kubernetes" / "Dockerfile").read_text()
+    assert "KVGATE_BIN_ROOT=/opt/kvgate-unpacked" in dockerfile and "FROM python:3.12-slim" in dockerfile
+    root = tmp_path / "opt-kvgate-unpacked"
+    env = {**bare_env, "KVGATE_BIN_ROOT": str(root)}
+    py = need_python("3.12")
+    assert subprocess.run([py, str(binary), "--version"], env=env, capture_output=True).returncode == 0
+    subprocess.run([py, "-m", "compileall", "-q", str(root)], check=True, capture_output=True)
+    for p in [root, *root.rglob("*")]:
+        p.chmod(0o555 if p.is_dir() else 0o444)
+    try:
+        res = subprocess.run(
+            [py, str(binary), "fixes", "--version", "0.5.22"], env=env, capture_output=True, text=True, cwd=tmp_path
+        )
+        assert res.returncode == 0, res.stdout + res.stderr
+    finally:
+        for p in [root, *root.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
 
 
 def test_binary_says_which_extra_is_missing(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
@@ -137,3 +265,21 @@ def test_binary_gates_a_simulated_deployment(
         assert res.stdout.startswith("kvgate check: GATE FAILED")
     else:
         assert failed == [] and res.stdout.startswith("kvgate check: PASSED")
+
+
+def test_readme_claims_what_this_file_measures(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
+    """The README's sentences about dist/kvgate: the interpreters, its size, the unpacked size, where it unpacks."""
+    import re
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    section = text.split("### One file for pipelines", 1)[1].split("### ", 1)[0]
+    assert "CPython 3.10, 3.11, 3.12 and 3.13" in section and SUPPORTED == ("3.10", "3.11", "3.12", "3.13")
+    file_mb = float(re.search(r"a zipapp, about (\d+(?:\.\d+)?) MB", section).group(1))  # type: ignore[union-attr]
+    assert abs(binary.stat().st_size / 1e6 - file_mb) <= max(1.0, file_mb * 0.3), binary.stat().st_size
+    root = tmp_path / "root"
+    assert _run(binary, {**bare_env, "KVGATE_BIN_ROOT": str(root)}, "--version", cwd=tmp_path).returncode == 0
+    (unpacked,) = root.glob("kvgate-*")
+    size_mb = sum(p.stat().st_size for p in unpacked.rglob("*") if p.is_file()) / 1e6
+    claimed = float(re.search(r"`~/.cache/kvgate-bin` \(about (\d+) MB", section).group(1))  # type: ignore[union-attr]
+    assert abs(size_mb - claimed) <= claimed * 0.4, size_mb
+    assert "`KVGATE_BIN_ROOT` moves it" in section and "exits 5 with a message" in section

@@ -139,3 +139,109 @@ def test_usage_errors_exit_2_without_a_traceback_in_every_command() -> None:
         res = runner.invoke(app, argv)
         assert res.exit_code == 2, (argv, res.output)
         assert "Traceback" not in res.output and "--output" in res.stderr
+
+
+def _leaf_commands() -> list[list[str]]:
+    """Every command that runs something (not a group)."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    leaves = []
+    for path in _commands():
+        cmd = group
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        if path and not hasattr(cmd, "commands"):
+            leaves.append(path)
+    return leaves
+
+
+def test_every_command_takes_quiet() -> None:
+    """`-q` is accepted by every command (issue 23): a pipeline can silence progress the same way everywhere."""
+    import typer.main
+
+    group = typer.main.get_command(app)
+    leaves = _leaf_commands()
+    assert {"check", "fixes", "backport", "plan", "drill", "up", "schema"} <= {p[0] for p in leaves}
+    for path in leaves:
+        cmd = group
+        for name in path:
+            cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        opts = {o for p in cmd.params for o in p.opts}
+        assert {"-q", "--quiet"} <= opts, path
+
+
+def test_quiet_fixes_prints_no_progress_and_the_same_report() -> None:
+    loud = runner.invoke(app, ["fixes", "--version", "0.5.22"])
+    quiet = runner.invoke(app, ["fixes", "--version", "0.5.22", "-q"])
+    assert loud.exit_code == quiet.exit_code == 0
+    assert quiet.stderr == "" and quiet.stdout.splitlines()[0] == loud.stdout.splitlines()[0]
+
+
+def test_a_flag_validation_error_writes_every_requested_report(tmp_path: Path) -> None:
+    """`--headroom -1 --format json --output r.json` (issue 23): exit 2, r.json written with the usage-error
+    verdict, the error printed once on stderr, as a profile error does; the other formats too."""
+    out, junit = tmp_path / "r.json", tmp_path / "r.xml"
+    res = runner.invoke(
+        app, ["check", "--headroom", "-1", "--format", "json", "--output", str(out), "-f", "junit", "-o", str(junit)]
+    )
+    assert res.exit_code == 2, res.output
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "usage_error" and doc["exit_status"] == 2
+    assert "--headroom" in doc["findings"][0]["summary"]
+    assert "<testsuites" in junit.read_text()
+    assert res.stderr.count("--headroom") == 1 and res.stderr.startswith("kvgate: error: ")
+    assert "Try 'kvgate check --help'" in res.stderr and "Traceback" not in res.output
+    # The table says it once too: the verdict, then the error (no detail section repeating it).
+    assert res.stdout.count("--headroom") == 1, res.stdout
+
+
+def test_flag_errors_report_in_every_reporting_command(tmp_path: Path) -> None:
+    cases = {
+        "fixes": ["fixes", "--version", "0.5.22", "--timeout", "0"],
+        "plan": ["plan", "--tp", "0"],
+        "backport": ["backport", "--to", "v0.5.20", "--probe-timeout", "0"],
+        "unknown": ["check", "--no-such-flag"],
+        "value": ["fixes", "-f", "json", "-o", "{out}", "--version"],
+    }
+    for name, argv in cases.items():
+        out = tmp_path / f"{name}.json"
+        argv = [a.replace("{out}", str(out)) for a in argv]
+        if "{out}" not in " ".join(cases[name]):
+            argv += ["-f", "json", "-o", str(out)]
+        res = runner.invoke(app, argv)
+        assert res.exit_code == 2, (name, res.output)
+        assert json.loads(out.read_text())["verdict"] == "usage_error", name
+        assert res.stderr.count("kvgate: error: ") == 1, (name, res.stderr)
+
+
+def test_a_profile_error_is_printed_once(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["check", "--prefill-url", "http://127.0.0.1:9", "--profile", str(tmp_path / "no.yaml")])
+    assert res.exit_code == 2
+    assert res.stdout.count("no.yaml") == 1 and res.stderr.count("no.yaml") == 1, res.output
+
+
+def test_on_a_terminal_a_usage_error_is_printed_once(tmp_path: Path) -> None:
+    """stdout and stderr on one terminal: the report's headline says it, stderr does not repeat it."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    argv = [sys.executable, "-c", "from kvgate.cli import main; main()", "check", "--headroom", "-1"]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, cwd=tmp_path)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=60) == 2
+    screen = b"".join(chunks).decode()
+    assert screen.count("Invalid value for '--headroom'") == 1, screen
+    assert "USAGE ERROR" in screen and "check --help' for help." in screen

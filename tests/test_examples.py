@@ -54,11 +54,34 @@ def shell_commands(text: str) -> Iterator[list[str]]:
 SCRIPT_KEYS = {"run", "script", "before_script", "after_script", "cmd"}  # GitHub, GitLab, Flagger
 
 
+def action_argv(inputs: dict[str, Any]) -> list[str]:
+    """The `kvgate check` command line kvgate's GitHub Action (action.yml) builds from a step's `with:`."""
+    argv = ["check"]
+    # A workflow expression (`${{ inputs.canary }}`) is one word by the time the action sees it.
+    inputs = {k: re.sub(r"\$\{\{.*?\}\}", "EXPR", str(v)) for k, v in inputs.items()}
+    for key, flag in (("prefill-urls", "--prefill-url"), ("decode-urls", "--decode-url")):
+        argv += [a for u in str(inputs.get(key, "")).split() for a in (flag, u)]
+    for key, flag in (("router-url", "--router-url"), ("profile", "--profile"), ("token-env", "--token-env")):
+        if inputs.get(key):
+            argv += [flag, str(inputs[key])]
+    strict = str(inputs.get("strict", "")).lower()
+    argv += {"true": ["--strict"], "false": ["--no-strict"]}.get(strict, [])
+    return argv + shlex.split(str(inputs.get("args", "")))
+
+
+def _uses_kvgate_action(step: dict[str, Any]) -> bool:
+    uses = str(step.get("uses", ""))
+    return uses.split("@")[0].endswith("/kvgate") or uses in ("./", ".")
+
+
 def _strings_and_containers(node: Any, shell: bool = False) -> Iterator[tuple[str, Any]]:
-    """Shell text under script keys, and argv of containers whose command is kvgate."""
+    """Shell text under script keys, argv of containers whose command is kvgate, and of steps that use
+    kvgate's GitHub Action."""
     if isinstance(node, dict):
         if node.get("command") == ["kvgate"] or node.get("command") == "kvgate":
             yield "argv", [str(a) for a in node.get("args", [])]
+        if _uses_kvgate_action(node):
+            yield "argv", action_argv(node.get("with") or {})
         for k, v in node.items():
             yield from _strings_and_containers(v, shell or k in SCRIPT_KEYS)
     elif isinstance(node, list):
@@ -133,6 +156,14 @@ def test_every_kvgate_command_line_parses() -> None:
             _gates_from_profile(profile_file(ctx.params["profile"]))
     checks = [argv for _, argv in commands if argv[:1] == ["check"]]
     assert len(checks) >= 5 and all("--token-env" in a for a in checks), checks
+
+
+def test_the_github_example_uses_the_action() -> None:
+    workflow = _docs(EXAMPLES / "github-actions" / "kvgate-canary.yml")[0]
+    steps = [s for job in workflow["jobs"].values() for s in job["steps"]]
+    (gate,) = [s for s in steps if _uses_kvgate_action(s)]
+    assert set(gate["with"]) <= set(yaml.safe_load((ROOT / "action.yml").read_text())["inputs"]), gate["with"]
+    assert "SGLANG_API_KEY" in gate.get("env", {}) and gate["with"]["token-env"] == "SGLANG_API_KEY"
 
 
 def test_the_parser_catches_a_bad_flag() -> None:

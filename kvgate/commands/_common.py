@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
-from kvgate.errors import InternalError, Interrupted, KvgateError
+from kvgate.errors import InternalError, Interrupted, KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
@@ -19,6 +21,8 @@ from kvgate.redact import redact_output, register
 from kvgate.redact import scope as redact_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
+# click's UsageError (typer vendors click from 0.27 on): the base of typer.BadParameter, found by name.
+_CLICK_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
 STRICT_HELP = (
     "Inconclusive checks block (exit 3): the default. --no-strict lets them pass; the report then says "
@@ -107,23 +111,43 @@ def fatal_report(command: str, exc: BaseException, strict: bool = True) -> Repor
     A non-domain exception is kvgate's own crash: exit 5 (internal), never a pass.
     """
     err = exc if isinstance(exc, KvgateError) else InternalError(command, exc)
-    typer.echo(f"kvgate: error: {redact_output(str(err))}", err=True)
     check = INTERNAL_CHECK if isinstance(err, InternalError) else "run"
     finding = Finding("kvgate", check, "kvgate", Outcome.ERROR, str(err))
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=err.exit_status)
 
 
 VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
+QUIET_HELP = "No progress lines on stderr (the report and errors still print)."
 
 
-def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False) -> NoReturn:
+def _one_terminal() -> bool:
+    """stdout and stderr are the same terminal: a line on each would show the same message twice."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty() and os.ttyname(1) == os.ttyname(2)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def finish(
+    report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbose: bool = False, hint: str | None = None
+) -> NoReturn:
     """Write the report everywhere it was asked for, then exit with its status.
 
+    A run that could not start or broke says why on stderr (`kvgate: error: ...`, once; not when
+    stderr is the very terminal the table is printed on, which says it already), then `hint`.
     With strictness opted out the report says so and names what was not observed. A report file that
     could not be written turns a pass into a usage error: a pipeline must not promote on a verdict
     nobody can read.
     """
     from kvgate.reporting import emit
+
+    if report.fatal_status is not None:
+        if not _one_terminal():
+            for f in report.findings:
+                if f.outcome is Outcome.ERROR:
+                    typer.echo(f"kvgate: error: {redact_output(f.summary)}", err=True)
+        if hint:
+            typer.echo(redact_output(hint), err=True)
 
     note = report.strictness_note()
     if note and report.fatal_status is None:
@@ -135,3 +159,67 @@ def finish(report: Report, pairs: list[tuple[ReportFormat, Path | None]], verbos
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR
     raise typer.Exit(int(status))
+
+
+def _requested_pairs(args: list[str]) -> list[tuple[ReportFormat, Path | None]]:
+    """The report destinations named on a command line that did not parse (best effort, never raises).
+
+    Read from the raw arguments, since the parser gave up: `--format X`, `--format=X`, `-f X`, `-fX`
+    and the same for `--output`/`-o`. An unknown format is left out (it may be the very error); with
+    nothing usable the report is the table on stdout.
+    """
+    fmts: list[ReportFormat] = []
+    outs: list[Path] = []
+    known = {f.value: f for f in ReportFormat}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        value: str | None = None
+        kind = None
+        for long, short, k in (("--format", "-f", "f"), ("--output", "-o", "o")):
+            if arg in (long, short):
+                kind, value = k, args[i + 1] if i + 1 < len(args) else None
+                i += 1
+            elif arg.startswith(long + "="):
+                kind, value = k, arg[len(long) + 1 :]
+            elif arg.startswith(short) and not arg.startswith("--") and len(arg) > 2:
+                kind, value = k, arg[2:]
+        if arg == "--":
+            break
+        if kind == "f" and value in known:
+            fmts.append(known[value])
+        elif kind == "o" and value:
+            outs.append(Path(value))
+        i += 1
+    from kvgate.reporting import pair_outputs
+
+    try:
+        return pair_outputs(fmts, outs)
+    except KvgateError:
+        return [(ReportFormat.TABLE, None)]
+
+
+class ReportingCommand(TyperCommand):
+    """A command whose flag-validation errors (a value out of range, an unknown option) write the report too.
+
+    The parser fails before the command's own code runs, so this writes the usage-error report to
+    every destination the raw arguments ask for, prints the error once (`kvgate: error: ...` and
+    where to look), and exits 2, as a profile error does.
+    """
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        raw = list(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _CLICK_USAGE_ERROR as exc:
+            resilient = extra.get("resilient_parsing") or getattr(parent, "resilient_parsing", False)
+            if resilient or not any(p.name in _FORMAT_KWARGS for p in self.params):
+                raise  # only parsing (completion, a test's parser check): no run, no report
+            name = info_name or self.name or "kvgate"
+            report = fatal_report(name, UsageError(getattr(exc, "format_message", exc.__str__)()))
+            ctx = getattr(exc, "ctx", None)
+            prog = ctx.command_path if ctx is not None else f"kvgate {name}"
+            try:
+                finish(report, _requested_pairs(raw), hint=f"Try '{prog} --help' for help.")
+            except typer.Exit as done:
+                raise typer.Exit(done.exit_code) from None

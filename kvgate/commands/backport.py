@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import QUIET_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
-from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, info, passed
 from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
     from kvgate.backport.engine import BackportResult, Target
     from kvgate.catalogue.series import Series
+    from kvgate.progress import Observer
 
 GATE = "backport"
 
@@ -44,6 +45,7 @@ def backport(
     fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically.
 
@@ -55,8 +57,10 @@ def backport(
     """
     from kvgate.backport.engine import apply_series, revert_series
     from kvgate.catalogue.series import load_series
+    from kvgate.progress import NullObserver, terminal_observer
     from kvgate.reporting import pair_outputs
 
+    observer = terminal_observer(quiet) or NullObserver()
     pairs = pair_outputs(list(fmt), list(output))
     action = "verify" if verify else "revert" if revert else "check" if check else "apply"
     try:
@@ -65,7 +69,7 @@ def backport(
         series = load_series(to)
         target, probe_python, probe_path = _target(repo, site_packages, python)
         if action == "verify":
-            report = _verify(series, target, probe_python, probe_path, probe_timeout)
+            report = _verify(series, target, probe_python, probe_path, probe_timeout, observer)
         elif action == "revert":
             report = _report(series, target, revert_series(target, series))
         else:
@@ -115,7 +119,9 @@ def _report(series: Series, target: Target, result: BackportResult) -> Report:
     )
 
 
-def _verify(series: Series, target: Target, python: str | None, extra: list[str], timeout: float) -> Report:
+def _verify(
+    series: Series, target: Target, python: str | None, extra: list[str], timeout: float, observer: Observer
+) -> Report:
     """Applied? Then execute the target's own admission (and, if applied, decode commit) code."""
     from kvgate.backport.engine import Layout, applied_patches
     from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_all_probes
@@ -127,8 +133,8 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
     for p in series.patches:
         if p.id in have_ids:
             findings.append(passed(GATE, p.id, node, f"applied: {p.title}"))
-        elif p.optional:
-            findings.append(passed(GATE, p.id, node, f"not applied (opt-in, --with-hardening): {p.title}"))
+        elif p.optional:  # reported, not required: never shown as passed
+            findings.append(info(GATE, p.id, node, f"not applied (opt-in, --with-hardening): {p.title}"))
         else:
             findings.append(
                 failed(GATE, p.id, node, f"not applied: {p.title}", remedy=f"kvgate backport --to {series.name} ...")
@@ -136,14 +142,21 @@ def _verify(series: Series, target: Target, python: str | None, extra: list[str]
     with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as tmp:
         if python is None:
             from kvgate.backport.cpuenv import cpu_env
+            from kvgate.paths import cache_dir
 
-            python = cpu_env(series.base_release).python
+            # Cold, this downloads and installs about 2.3 GB (a couple of minutes); warm, it is instant.
+            with observer.step(
+                f"preparing the CPU environment of sglang {series.base_release} in {cache_dir()} "
+                "(first use: about 2.3 GB, a few minutes; then cached)"
+            ):
+                python = cpu_env(series.base_release).python
             if target.layout is Layout.SITE:
                 # Expose only sglang/ from that site-packages: its own torch (often a CUDA build) must not
                 # shadow the CPU environment's.
                 (Path(tmp) / "sglang").symlink_to(target.root / "sglang", target_is_directory=True)
                 extra = [tmp]
-        suite = run_all_probes(python, extra, timeout=timeout)  # one import of sglang for every probe
+        with observer.step(f"running sglang's admission code on CPU ({python})"):
+            suite = run_all_probes(python, extra, timeout=timeout)  # one import of sglang for every probe
     adm = suite.admission
     ev = [Evidence(c.door, f"{c.door}.{c.name}", c.outcome, c.expect) for c in adm.cases]
     if adm.client_error:

@@ -15,6 +15,7 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
     from kvgate.gates.base import CheckOptions
+    from kvgate.profiles import Profile
 
 DEFAULT_HEADROOM = 1.25
 DEFAULT_TIMEOUT = 10.0
@@ -44,7 +45,7 @@ def check(
         None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
     ),
     fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif."
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
@@ -168,6 +169,10 @@ def check(
         options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
+        if profile is not None and Path(profile).is_file():
+            # The file in the repository that declares this deployment's gate: where a code-scanning
+            # reader (SARIF) can anchor findings that have no source file of their own.
+            report = replace(report, target={**report.target, "profile_file": profile})
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)
@@ -188,6 +193,17 @@ def _with_model_config(options: CheckOptions, flag: Path | None) -> CheckOptions
     return replace(options, model_config=path)
 
 
+def _validate_sections(prof: Profile) -> None:
+    """Validate the nested sections now, against the profile's FILE: a typo in `probes.tenantz` must name
+    the file to edit, not the profile's name (the gates would otherwise validate them later by name)."""
+    from kvgate.gates.defenses import code_sources, defense_options
+    from kvgate.gates.probes.settings import ProbeSettings
+
+    ProbeSettings.from_mapping(prof.probes, prof.path)
+    defense_options(prof.defenses, prof.path)
+    code_sources(prof.code, prof.path)
+
+
 def _options(
     prefill_url: list[str],
     decode_url: list[str],
@@ -203,6 +219,8 @@ def _options(
     from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
+    if profile_ref:
+        _validate_sections(prof)
     is_strict, strict_source = resolve_strict(strict, prof.strict)
     return CheckOptions(
         prefill_urls=tuple(prefill_url),

@@ -9,6 +9,7 @@ it down, and exits as `check` would. With `--emulate 0.5.19` the gate must fail.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def drill(
     from kvgate.check import run_check
     from kvgate.gates.base import CheckOptions
     from kvgate.paths import left_behind
-    from kvgate.progress import terminal_observer
+    from kvgate.progress import NullObserver, terminal_observer
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
@@ -162,13 +163,15 @@ def drill(
             deferred_release,
             skip_tokenizer_init,
         )
-        if observer:
-            what = "simulated" if engine == "sim" else "REAL (on CPU)"
-            observer.log(
-                f"starting a {what} SGLang {emulate} deployment: context {context_length:,}, "
-                f"prefill pool {prefill_pool:,}, decode pool {decode_pool:,}"
-            )
-        with dep:
+        what = "simulated" if engine == "sim" else "REAL (on CPU)"
+        # A step, so that a start of minutes (the real server, a cold CPU environment) keeps saying so.
+        with (observer or NullObserver()).step(
+            f"starting a {what} SGLang {emulate} deployment: context {context_length:,}, "
+            f"prefill pool {prefill_pool:,}, decode pool {decode_pool:,}"
+        ):
+            dep.start()
+        with contextlib.ExitStack() as started:
+            started.callback(dep.stop)
             assert dep.router_url is not None
             options = CheckOptions(
                 prefill_urls=tuple(dep.prefill_urls),

@@ -9,7 +9,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
+from kvgate.commands._common import (
+    QUIET_HELP,
+    STRICT_HELP,
+    VERBOSE_HELP,
+    fatal_report,
+    finish,
+    handle_errors,
+    resolve_strict,
+)
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Report
@@ -17,6 +25,8 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
     from kvgate.catalogue import Assessment
+    from kvgate.catalogue.codescan import CodeScan
+    from kvgate.findings import Finding
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
@@ -48,6 +58,26 @@ def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: fl
     return replace(a, notes=a.notes + (read,))
 
 
+def _with_missing_files(findings: list[Finding], a: Assessment, scan: CodeScan | None) -> list[Finding]:
+    """Each fix that is not present gets the files (relative to the sglang package) where its code
+    signature is missing: where a reader (or SARIF's locations) should look."""
+    if scan is None:
+        return findings
+    from kvgate.catalogue.source import signature_results
+    from kvgate.findings import Evidence, Outcome
+
+    results = signature_results(a.catalogue, scan)
+    out = []
+    for f in findings:
+        r = results.get(f.check)
+        if r is not None and f.outcome is not Outcome.PASSED:
+            files = tuple(dict.fromkeys(h.signature.file for h in r.hits if not h.matched and not h.signature.is_glob))
+            if files:
+                f = replace(f, evidence=f.evidence + (Evidence(f.node, "missing_in", files),))
+        out.append(f)
+    return out
+
+
 @handle_errors
 def fixes(
     version: str | None = typer.Option(None, "--version", help="Judge a release string (PEP 440), e.g. 0.5.20."),
@@ -66,7 +96,9 @@ def fixes(
     backend: str | None = typer.Option(
         None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."
     ),
-    formats: list[ReportFormat] = typer.Option([], "--format", "-f", help="table (default), json, junit, markdown."),
+    formats: list[ReportFormat] = typer.Option(
+        [], "--format", "-f", help="table (default), json, junit, markdown, sarif."
+    ),
     outputs: list[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: str | None = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
@@ -75,6 +107,7 @@ def fixes(
         SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."
     ),
@@ -93,8 +126,11 @@ def fixes(
     from kvgate.catalogue.assess import correctness_verdict
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
+    from kvgate.progress import NullObserver, terminal_observer
     from kvgate.redact import token_from_env
     from kvgate.reporting import pair_outputs
+
+    observer = terminal_observer(quiet) or NullObserver()
 
     pairs = pair_outputs(list(formats), list(outputs))
     try:
@@ -127,6 +163,7 @@ def fixes(
             raise UsageError("--token-env is only used with --url")
         backend = backend.strip().lower() if backend else None
         started = time.time()
+        scan: CodeScan | None = None
         if version is not None:
             a = assess_version(version, backend=backend)
         elif repo is not None:
@@ -135,16 +172,23 @@ def fixes(
             a = _assess_url(url, backend=backend, token=token, timeout=timeout)
         elif probe_pair:
             scan = from_site_packages(Path(str(site_packages)))
-            behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
+            with observer.step(f"running sglang's admission code on CPU with {python}"):
+                behaviour = detect_by_behaviour(str(python), [str(scan.package_dir.parent)], timeout=probe_timeout)
             a = assess_code(scan, backend=backend, behaviour=behaviour)
         elif python is not None:
-            scan = from_python(python, timeout=scan_timeout)
-            behaviour = detect_by_behaviour(python, timeout=probe_timeout) if probe else []
+            with observer.step(f"scanning the sglang code that {python} imports"):
+                scan = from_python(python, timeout=scan_timeout)
+            behaviour = []
+            if probe:
+                with observer.step(f"running sglang's admission code on CPU with {python}"):
+                    behaviour = detect_by_behaviour(python, timeout=probe_timeout)
             a = assess_code(scan, backend=backend, behaviour=behaviour)
         elif site_packages is not None and site_packages != "auto":
-            a = assess_code(from_site_packages(Path(site_packages)), backend=backend)
+            scan = from_site_packages(Path(site_packages))
+            a = assess_code(scan, backend=backend)
         else:
-            a = assess_code(auto_detect(), backend=backend)
+            scan = auto_detect()
+            a = assess_code(scan, backend=backend)
         notes = list(a.notes)
         notes.append(f"reads as: {a.reads_as()}")
         if a.backend is None:
@@ -163,7 +207,9 @@ def fixes(
             strict_source += "; a correctness fix is unproven, which blocks whatever the setting"
         report = Report(
             command="fixes",
-            findings=tuple(to_findings(a, node=f"sglang {a.release}" if a.release else a.target)),
+            findings=tuple(
+                _with_missing_files(to_findings(a, node=f"sglang {a.release}" if a.release else a.target), a, scan)
+            ),
             strict=is_strict,
             strict_source=strict_source,
             target={
@@ -176,6 +222,7 @@ def fixes(
                 "missing_correctness": [s.fix.id for s in a.missing_correctness()],
                 "unproven_correctness": [s.fix.id for s in unproven],
                 "tampered_backports": [s.fix.id for s in a.tampered()],
+                **({"package_dir": str(scan.package_dir)} if scan is not None else {}),
             },
             cost={"wall_s": round(time.time() - started, 3)},
             notes=tuple(notes),

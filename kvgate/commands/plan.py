@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from kvgate.commands._common import fatal_report, finish, handle_errors
+from kvgate.commands._common import QUIET_HELP, fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 from kvgate.reporting import pair_outputs
@@ -54,9 +54,10 @@ def plan(
     ),
     profile: str | None = typer.Option(None, "--profile", help="Gate profile whose deployment: section to plan."),
     fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif."
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " plan prints none; accepted everywhere."),
 ) -> None:
     """Predict the KV pool SGLang sizes for a deployment; exit 1 when it cannot hold context x headroom."""
     pairs = pair_outputs(list(fmt), list(output))

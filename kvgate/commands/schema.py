@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import typer
 
+from kvgate.commands._common import QUIET_HELP
 
-def schema() -> None:
+
+def schema(
+    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " schema prints none; accepted everywhere."),
+) -> None:
     """Print the JSON Schema that every `--format json` report validates against."""
     from kvgate.formats.json_report import schema_text
 

@@ -21,6 +21,7 @@ class ReportFormat(str, Enum):
     JSON = "json"
     JUNIT = "junit"
     MARKDOWN = "markdown"
+    SARIF = "sarif"
 
     def formatter(self) -> Formatter:
         module, cls = _FORMATTERS[self].rsplit(".", 1)
@@ -32,6 +33,7 @@ _FORMATTERS: dict[ReportFormat, str] = {
     ReportFormat.JSON: "kvgate.formats.json_report.JsonFormatter",
     ReportFormat.JUNIT: "kvgate.formats.junit.JunitFormatter",
     ReportFormat.MARKDOWN: "kvgate.formats.markdown.MarkdownFormatter",
+    ReportFormat.SARIF: "kvgate.formats.sarif.SarifFormatter",
 }
 
 __all__ = ["ReportFormat"]

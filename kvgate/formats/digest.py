@@ -148,9 +148,21 @@ def doc_ref(f: Finding) -> str | None:
 
 
 def passed_digest(report: Report, outcome: Outcome = Outcome.PASSED) -> str:
-    """`target.reachable x3, pool-context.role x2, ...`: the checks of one outcome in one line."""
-    n: dict[str, int] = {}
+    """`target.reachable x3, pool-context.role x2, ...`: the checks of one outcome in one line.
+
+    An ID that has another outcome on some other node names the nodes it had this one on
+    (`pool-context.headroom on decode[0] http://...`): a bare ID would read as "passed everywhere"
+    next to its failure.
+    """
+    nodes: dict[str, list[str]] = {}
     for f in report.findings:
         if f.outcome is outcome and not f.waived:
-            n[f.test_id] = n.get(f.test_id, 0) + 1
-    return ", ".join(k + (f" x{v}" if v > 1 else "") for k, v in n.items())
+            nodes.setdefault(f.test_id, []).append(f.node)
+    mixed = {f.test_id for f in report.findings if f.test_id in nodes and (f.outcome is not outcome or f.waived)}
+    parts = []
+    for k, where in nodes.items():
+        if k in mixed:
+            parts.append(f"{k} on {format_value(list(dict.fromkeys(where)))}")
+        else:
+            parts.append(k + (f" x{len(where)}" if len(where) > 1 else ""))
+    return ", ".join(parts)

@@ -91,10 +91,22 @@ class TableFormatter(Formatter):
             console.print(grid)
             if more:
                 console.print(f"... and {more} more below")
-        self._details(console, report)
+        headlined = {(h.check_id, n) for h in lines for n in h.nodes}
+        if self._details(console, report, headlined):
+            console.print(f"[bold]{escape(verdict_line(report))}[/]")  # again, below a long report
 
-    def _details(self, console: Console, report: Report) -> None:
-        shown = [f for f in report.findings if self.verbose or f.outcome not in _QUIET or f.waived]
+    def _details(self, console: Console, report: Report, headlined: set[tuple[str, str]]) -> bool:
+        """The detail below the headlines; False when there was nothing more to say."""
+
+        def adds_nothing(f: Finding) -> bool:  # its headline already said all of it (e.g. a usage error)
+            return (f.test_id, f.node) in headlined and not (f.evidence or f.remedy or f.waived)
+
+        shown = [
+            f
+            for f in report.findings
+            if (self.verbose or f.outcome not in _QUIET or f.waived) and not (adds_nothing(f) and not self.verbose)
+        ]
+        said = bool(shown)
         if shown:
             console.print()
             console.rule(
@@ -123,9 +135,12 @@ class TableFormatter(Formatter):
                 console.print()
             for name, digest in digests:
                 if digest:
+                    said = True
                     console.print(escape(f"{name}: {digest}"))
         if report.cost:
+            said = True
             console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items())))
         for n in report.notes:
+            said = True
             console.print(escape(f"note: {n}"))
-        console.print(f"[bold]{escape(verdict_line(report))}[/]")
+        return said

@@ -38,8 +38,9 @@ def _pool(inp: PlanInputs) -> int:
     return -1 if p.startup_error else p.pool
 
 
-def _gives(pool: int) -> str:
-    return "the worker would not start" if pool < 0 else f"{pool:,} tokens"
+def _gives(setting: str, pool: int) -> str:
+    """`even 0.99 gives 948,992 tokens`, or `with even 0.99 the worker would not start`."""
+    return f"with {setting} the worker would not start" if pool < 0 else f"{setting} gives {pool:,} tokens"
 
 
 def _scaled_weights(inp: PlanInputs, gpus_before: int, gpus_after: int) -> float | None:
@@ -88,7 +89,7 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
                 inp.mem_fraction_static,
                 None,
                 None,
-                f"impossible: even {MAX_MEM_FRACTION} gives {_gives(top)}",
+                f"impossible: {_gives(f'even {MAX_MEM_FRACTION}', top)}",
             )
         )
 
@@ -130,7 +131,7 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
                 pool if pool >= inp.required else None,
                 "FP8 KV cache; check the attention backend supports it for this model"
                 if pool >= inp.required
-                else f"impossible: fp8_e4m3 gives {_gives(pool)}",
+                else f"impossible: {_gives('fp8_e4m3', pool)}",
             )
         )
     else:
@@ -172,7 +173,7 @@ def knobs(plan: WorkerPlan) -> list[Knob]:
                 pool if pool >= inp.required else None,
                 "the attention backend may force its own page size"
                 if pool >= inp.required
-                else f"impossible: page rounding costs under {inp.page_size} tokens; page 1 gives {_gives(pool)}",
+                else f"impossible: page rounding costs under {inp.page_size} tokens; {_gives('page 1', pool)}",
             )
         )
     else:

@@ -21,7 +21,7 @@ def knob_text(k: Knob) -> str:
 def knob_remedy(ks: list[Knob]) -> str:
     """The possible single-knob fixes, then the impossible ones."""
     can = [knob_text(k) for k in ks if k.possible]
-    cannot = [f"{k.name} ({k.note})" for k in ks if not k.possible]
+    cannot = [f"{k.name} ({k.note.removeprefix('impossible: ')})" for k in ks if not k.possible]
     text = "any one of: " + "; ".join(can) if can else "no single knob closes the gap"
     if cannot:
         text += ". Not by: " + "; ".join(cannot)
@@ -32,9 +32,18 @@ def role_findings(role: str, plan: WorkerPlan) -> list[Finding]:
     """The findings of one worker role (prefill or decode)."""
     inp = plan.inputs
     node = f"{role} (planned)"
-    evidence = [Evidence(node, s.name, s.value, s.formula) for s in plan.steps]
+    # Each step is a fact with its derivation in the field's name, not a requirement: only the pool has a "want".
+    evidence = [
+        Evidence(
+            node,
+            f"{s.name} ({s.formula})",
+            s.value,
+            f">= {inp.required:,}" if s.name == "max_total_num_tokens" else None,
+        )
+        for s in plan.steps
+    ]
     band = f"({plan.pool:,}, {inp.context_length:,}]" if plan.pool < inp.context_length else "empty"
-    evidence.append(Evidence(node, "over_pool_band", band, "prompts that fit the context but not the pool"))
+    evidence.append(Evidence(node, "over_pool_band (prompts that fit the context but not the pool)", band))
     ratio = round(plan.pool / inp.context_length, 4)
     if plan.fits:
         return [
@@ -48,7 +57,8 @@ def role_findings(role: str, plan: WorkerPlan) -> list[Finding]:
             )
         ]
     ks = knobs(plan)
-    evidence += [Evidence(node, f"knob {k.name}", k.needed if k.possible else "impossible", k.note) for k in ks]
+    # The knobs' notes are in the remedy; here each knob's value only (what it would take, or impossible).
+    evidence += [Evidence(node, f"knob {k.name}", k.needed if k.possible else "impossible") for k in ks]
     what = f"over-pool band {band}" if plan.pool < inp.context_length else f"below the headroom x{inp.headroom:g}"
     summary = (
         f"SGLang {inp.release} sizes {plan.pool:,} tokens < {inp.required:,} required for context "

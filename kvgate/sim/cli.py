@@ -82,6 +82,7 @@ def up(
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
     log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),
 ) -> None:
     """Start router + workers, print their URLs and one JSON line, stay up until Ctrl-C/SIGTERM."""
     from kvgate.extras import require_sim
@@ -130,10 +131,12 @@ def up(
             typer.echo(
                 json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}), nl=True
             )
-            typer.echo("Press Ctrl-C to stop.", err=True)
+            if not quiet:
+                typer.echo("Press Ctrl-C to stop.", err=True)
             assert dep.supervisor is not None
             dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (SupervisorError, exit 2)
         except KeyboardInterrupt:
-            typer.echo("kvgate sim: stopping", err=True)
+            if not quiet:
+                typer.echo("kvgate sim: stopping", err=True)
         finally:
             dep.stop()

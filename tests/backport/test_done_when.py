@@ -32,6 +32,11 @@ def test_repo_apply_verify_fixes_and_no_op(checkout: Callable[[str], Path], cpu_
     assert verify.exit_code == 0, verify.output
     doc = json.loads(verify.stdout)
     assert doc["target"]["probe_status"] == "RETIRED"
+    # Issue 23: the opt-in patch that was not applied is info, never PASS; and every long step says so.
+    opt_in = [f for f in doc["findings"] if f["summary"].startswith("not applied (opt-in")]
+    assert opt_in and all(f["outcome"] == "info" for f in opt_in), opt_in
+    assert "preparing the CPU environment of sglang 0.5.20" in verify.stderr
+    assert "running sglang's admission code on CPU" in verify.stderr
     assert doc["target"]["client_error"]["status_code"] == 400
     assert doc["target"]["client_error"]["message"] == REJECT
 

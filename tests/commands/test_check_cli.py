@@ -325,3 +325,16 @@ def test_no_nodes_is_a_usage_error() -> None:
 def test_bad_format_name_is_a_usage_error() -> None:
     res = run("--prefill-url", "http://127.0.0.1:1", "--format", "yaml")
     assert res.exit_code == ExitStatus.USAGE_ERROR
+
+
+@pytest.mark.parametrize(
+    ("section", "key"),
+    [("probes:\n  tenantz: 4\n", "probes.tenantz"), ("defenses:\n  trust_versio: true\n", "defenses.trust_versio")],
+)
+def test_a_typo_in_a_nested_profile_key_names_the_file(tmp_path: Path, section: str, key: str) -> None:
+    """Issue 23: `probes.tenantz` in a profile named `mine` must name the FILE to edit, not `mine`."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("schema: 1\nname: mine\n" + section)
+    res = run("--prefill-url", "http://127.0.0.1:1", "--profile", str(prof))
+    assert res.exit_code == ExitStatus.USAGE_ERROR
+    assert f"profile {prof}: key '{key}'" in res.stderr, res.stderr

@@ -40,7 +40,8 @@ def test_readme_main_command_shows_the_leak_in_the_first_lines() -> None:
     import shlex
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("## Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    blocks = readme.split("## Quick start", 1)[1].split("```bash\n")[1:]
+    block = next(b.split("```", 1)[0] for b in blocks if "kvgate drill" in b.split("```", 1)[0])
     argv = shlex.split(re.search(r"kvgate (drill[^&\n]*)", block).group(1))  # type: ignore[union-attr]
     assert argv[:3] == ["drill", "--emulate", "0.5.19"], argv
     res = runner.invoke(app, [*argv, "-q"], env={"COLUMNS": "80"})
@@ -89,3 +90,6 @@ def test_self_test_sees_the_known_leak(tmp_path: Path) -> None:
     assert res.exit_code == ExitStatus.PASSED, res.output
     (f,) = _findings(out)
     assert f["check"] == "selftest.positive_control" and f["outcome"] == "passed"
+    # Issue 23: the simulator's logs stay behind, and the report says where, as the drill's does.
+    notes = json.loads(out.read_text())["notes"]
+    assert any(n.startswith("self-test simulator logs: ") and "rm -rf" in n for n in notes), notes

@@ -302,3 +302,19 @@ def test_the_readme_incident_plan_shows_what_the_command_prints() -> None:
     assert numbers, shown
     for n in numbers:
         assert n in res.stdout, f"README shows {n}, `kvgate plan` does not print it"
+
+
+def test_plan_wants_only_what_is_required_and_reads_as_english() -> None:
+    """Issue 23: "(want ...)" only for the pool's requirement, never for a formula or a fact; and a knob that
+    leaves no KV memory says "the worker would not start", never "even 0.99 gives the worker would not start"."""
+    res = plan(*INCIDENT, "-f", "json")
+    (pre,) = [f for f in doc_of(res)["findings"] if f["node"].startswith("prefill")]
+    wants = {e["field"]: e["expected"] for e in pre["evidence"] if e["expected"]}
+    assert list(wants.values()) == [">= 1,310,720"], wants
+    assert any(k.startswith("max_total_num_tokens (") for k in wants)
+    table = plan(*INCIDENT).stdout
+    assert table.count("(want ") == 2, table  # prefill and decode: the pool, nothing else
+    argv = with_flag(with_flag(INCIDENT, "--gpu-memory-gib", "75"), "--mem-fraction-static", "0.5")
+    starved = " ".join(plan(*with_flag(argv, "--weights-gib", "68.88")).stdout.split())
+    assert "--kv-cache-dtype (with fp8_e4m3 the worker would not start)" in starved, starved
+    assert "gives the worker would not start" not in starved and "(impossible: " not in starved

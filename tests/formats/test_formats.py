@@ -131,3 +131,19 @@ def test_table_leads_with_the_verdict_and_the_deciding_findings_at_80_columns() 
     assert "passed: target.reachable x20" in text and "answered" not in text
     verbose = TableFormatter(width=80, verbose=True).render(Report(command="check", findings=tuple(findings)))
     assert "answered" in verbose and "(5 more" not in verbose
+
+
+def test_passed_list_names_the_node_of_an_id_that_fails_elsewhere() -> None:
+    """Issue 23: `passed: pool-context.headroom` next to its failure on prefill read as 'passed everywhere'."""
+    from kvgate.formats.digest import passed_digest
+
+    findings = (
+        Finding("pool-context", "headroom", "prefill[0] http://p", Outcome.FAILED, "pool too small"),
+        Finding("pool-context", "headroom", "decode[0] http://d", Outcome.PASSED, "ok"),
+        Finding("target", "reachable", "prefill[0] http://p", Outcome.PASSED, "ok"),
+        Finding("target", "reachable", "decode[0] http://d", Outcome.PASSED, "ok"),
+    )
+    report = Report(command="check", findings=findings)
+    assert passed_digest(report) == "pool-context.headroom on decode[0] http://d, target.reachable x2"
+    table = ReportFormat.TABLE.formatter().render(report)
+    assert "passed: pool-context.headroom on decode[0] http://d, target.reachable x2" in table

@@ -1,0 +1,130 @@
+"""`--format sarif`: valid SARIF 2.1.0 (the OASIS schema, vendored offline), check IDs as ruleId, rules carrying
+the docs/checks.md page, and `fixes --site-packages` results located at the files a signature is missing from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.checkdocs import doc_for
+from kvgate.cli import app
+from kvgate.findings import Evidence, Finding, Outcome, Report
+from kvgate.formats import ReportFormat
+from tests.catalogue.helpers import copy_signature_tree
+
+SCHEMA = Path(__file__).resolve().parent.parent / "assets" / "sarif" / "sarif-schema-2.1.0.json"
+runner = CliRunner()
+
+
+def validate(doc: dict[str, Any]) -> None:
+    schema = json.loads(SCHEMA.read_text(encoding="utf-8"))
+    assert schema["id"].endswith("/sarif-schema-2.1.0.json")  # the real schema, not a stand-in
+    jsonschema.Draft4Validator.check_schema(schema)
+    jsonschema.Draft4Validator(schema).validate(doc)
+
+
+def _report() -> Report:
+    node = "prefill[0] http://10.0.0.1:30000"
+    findings = [
+        Finding(
+            "pool-context",
+            "headroom",
+            node,
+            Outcome.FAILED,
+            "pool 681,280 < 1,310,720 required",
+            (Evidence(node, "max_total_num_tokens", 681280, ">= 1,310,720"),),
+            remedy="raise the pool",
+        ),
+        Finding("defenses", "kv-canary", node, Outcome.INFO, "canary off"),
+        Finding("probes", "contract.pool_limit", "router http://r:8000", Outcome.INCONCLUSIVE, "not sent"),
+        Finding("target", "reachable", node, Outcome.PASSED, "answered"),
+        Finding("defenses", "kv-checksum", node, Outcome.FAILED, "off", waived="tracked in OPS-1 (until 2026-12-31)"),
+        Finding("kvgate", "run", "kvgate", Outcome.ERROR, "decode unreachable"),
+    ]
+    return Report(command="check", findings=tuple(findings), notes=("a note",))
+
+
+def test_sarif_validates_and_maps_every_finding() -> None:
+    doc = json.loads(ReportFormat.SARIF.formatter().render(_report()))
+    validate(doc)
+    run = doc["runs"][0]
+    results = run["results"]
+    assert [r["ruleId"] for r in results] == [f.test_id for f in _report().findings]
+    by_id = {r["ruleId"]: r for r in results}
+    assert (by_id["pool-context.headroom"]["level"], by_id["pool-context.headroom"]["kind"]) == ("error", "fail")
+    assert by_id["probes.contract.pool_limit"]["level"] == "warning"
+    assert by_id["defenses.kv-canary"]["level"] == "note" and by_id["target.reachable"]["kind"] == "pass"
+    assert by_id["defenses.kv-checksum"]["suppressions"][0]["justification"].startswith("tracked in OPS-1")
+    assert "fix: raise the pool" in by_id["pool-context.headroom"]["message"]["text"]
+    rules = run["tool"]["driver"]["rules"]
+    for r in results:
+        rule = rules[r["ruleIndex"]]
+        assert rule["id"] == r["ruleId"]
+        doc_page = doc_for(r["ruleId"])
+        assert doc_page is not None, r["ruleId"]
+        assert rule["properties"]["doc"] == doc_page.ref and doc_page.title in rule["help"]["text"]
+        assert "What" in rule["help"]["text"] or "what" in rule["help"]["text"]
+    loc = by_id["pool-context.headroom"]["locations"][0]["logicalLocations"][0]
+    assert loc["name"] == "prefill[0] http://10.0.0.1:30000"
+    inv = run["invocations"][0]
+    assert inv["exitCode"] == 1 and inv["executionSuccessful"] is True
+
+
+def test_a_broken_run_is_not_a_successful_execution(tmp_path: Path) -> None:
+    out = tmp_path / "r.sarif"
+    res = runner.invoke(app, ["check", "--headroom", "-1", "-f", "sarif", "-o", str(out)])
+    assert res.exit_code == 2
+    doc = json.loads(out.read_text())
+    validate(doc)
+    inv = doc["runs"][0]["invocations"][0]
+    assert inv["exitCode"] == 2 and inv["executionSuccessful"] is False
+    assert doc["runs"][0]["results"][0]["ruleId"] == "kvgate.run"
+
+
+@pytest.mark.wheels
+def test_fixes_site_packages_results_point_at_the_files(tmp_path: Path) -> None:
+    """0.5.20's tree lacks #38935's admission door: its result is located at the files whose signature is missing."""
+    pkg = copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
+    out = tmp_path / "fixes.sarif"
+    res = runner.invoke(app, ["fixes", "--site-packages", str(tmp_path / "site"), "-q", "-f", "sarif", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(out.read_text())
+    validate(doc)
+    run = doc["runs"][0]
+    door = next(r for r in run["results"] if r["ruleId"] == "fixes.pr-38935")
+    assert door["level"] == "error"
+    uris = [loc["physicalLocation"]["artifactLocation"]["uri"] for loc in door["locations"]]
+    assert "srt/disaggregation/prefill.py" in uris
+    base = run["originalUriBaseIds"]["SGLANG"]["uri"]
+    assert base == pkg.resolve().as_uri() + "/"
+    for rel in uris:  # every location is a real file of the scanned tree that lacks the signature
+        assert (pkg / rel).is_file(), rel
+    present = [r for r in run["results"] if r["kind"] == "pass"]
+    assert present and all("physicalLocation" not in loc for r in present for loc in r["locations"])
+
+
+def test_check_results_are_anchored_at_the_profile_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, payload_server: Any
+) -> None:
+    """Code scanning shows only results with a file: `check --profile FILE` anchors them at that file."""
+    import tests.assets.sglang_payloads as P
+    from tests.conftest import Route
+
+    srv = payload_server({"/server_info": Route(P.server_info("0.5.20")), "/v1/models": Route(P.v1_models())})
+    monkeypatch.chdir(tmp_path)
+    Path("gate.yaml").write_text("schema: 1\nname: mine\nheadroom: 1.25\n")
+    res = runner.invoke(
+        app, ["check", "--prefill-url", srv.url, "--profile", "gate.yaml", "--no-probes", "-q", "-f", "sarif"]
+    )
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)  # the one format, on stdout
+    validate(doc)
+    headroom = next(r for r in doc["runs"][0]["results"] if r["ruleId"] == "pool-context.headroom")
+    (loc,) = headroom["locations"]
+    assert loc["physicalLocation"]["artifactLocation"]["uri"] == "gate.yaml"
+    assert loc["logicalLocations"][0]["name"].startswith("prefill[0] ")
