@@ -313,7 +313,8 @@ def test_plan_wants_only_what_is_required_and_reads_as_english() -> None:
     assert list(wants.values()) == [">= 1,310,720"], wants
     assert any(k.startswith("max_total_num_tokens (") for k in wants)
     table = plan(*INCIDENT).stdout
-    assert table.count("(want ") == 2, table  # prefill and decode: the pool, nothing else
+    # prefill and decode alike print once, naming both nodes: the pool, nothing else
+    assert table.count("(want ") == 1 and "2 nodes: prefill (planned), decode (planned)" in table, table
     argv = with_flag(with_flag(INCIDENT, "--gpu-memory-gib", "75"), "--mem-fraction-static", "0.5")
     starved = " ".join(plan(*with_flag(argv, "--weights-gib", "68.88")).stdout.split())
     assert "--kv-cache-dtype (with fp8_e4m3 the worker would not start)" in starved, starved
