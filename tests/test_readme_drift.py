@@ -109,7 +109,8 @@ RUNS: dict[str, Expect] = {
         quoted=(
             "| FAIL | `plan.pool` | prefill (planned) | SGLang 0.5.22 sizes 681,216 tokens < 1,310,720 required for "
             "context 1,048,576; over-pool band (681,216, 1,048,576] |",
-            "- **plan.pool** (2 nodes: prefill (planned), decode (planned)): any one of: --tp 8 -> 32 (pool 1,389,440; 32 GPUs per worker; "
+            "- **plan.pool** (2 nodes: prefill (planned), decode (planned)): any one of: "
+            "--tp 8 -> 32 (pool 1,389,440; 32 GPUs per worker; "
             "weights assumed to split evenly; MLA/DSA cells do not shrink with TP, only the weights do); "
             "--context-length 1048576 -> 544972 (pool 681,216; advertise this context instead (longer prompts then "
             "get an explicit 400)); --gpus-per-worker 8 -> 16 (pool 2,269,568; as pipeline stages (--pp 2) at tp 8; "
