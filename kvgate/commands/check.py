@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.defaults import DEFAULT_CONCURRENCY, NODE_DEADLINE_REQUESTS, SCAN_TIMEOUT_S
+from kvgate.defaults import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_READ_DEADLINE,
+    DEFAULT_TIMEOUT,
+    NODE_DEADLINE_REQUESTS,
+    SCAN_TIMEOUT_S,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -17,8 +23,6 @@ if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not 
     from kvgate.gates.base import CheckOptions
 
 DEFAULT_HEADROOM = 1.25
-DEFAULT_TIMEOUT = 10.0
-DEFAULT_READ_DEADLINE = 120.0
 
 
 @handle_errors
