@@ -45,7 +45,10 @@ def check(
         help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value).",
     ),
     timeout: float | None = typer.Option(
-        None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
+        None,
+        "--timeout",
+        min=0.1,
+        help=f"Seconds one whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g}).",
     ),
     fmt: list[ReportFormat] = typer.Option(
         [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown."

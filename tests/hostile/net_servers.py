@@ -123,20 +123,6 @@ def drip(body: bytes, every_s: float, stop: threading.Event | None = None) -> Sc
     return script
 
 
-def flood(total: int, *, announce: bool, ctype: str = "application/json", prefix: bytes = b"") -> Script:
-    """`total` bytes (`prefix`, then spaces), sent as fast as the client reads them."""
-
-    def script(req: Request, conn: socket.socket) -> None:
-        conn.sendall(head(length=total if announce else None, ctype=ctype) + prefix)
-        sent, block = len(prefix), b" " * (1 << 16)
-        while sent < total:
-            n = min(len(block), total - sent)
-            conn.sendall(block[:n])
-            sent += n
-
-    return script
-
-
 def sse_bytes(frames: list[Any]) -> bytes:
     """`data: <json>` frames (a `bytes` item is sent as it is), as SGLang streams them."""
     out = b""
