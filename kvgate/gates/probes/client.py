@@ -226,6 +226,7 @@ class GenerateClient:
         t0 = time.monotonic()
         events: list[Any] = []
         raw_parts: list[str] = []
+        raw_size = 0  # what raw_parts holds: only the first raw_limit characters are kept
         ttft: float | None = None
         status: int | None = None
         timed_out = False
@@ -244,7 +245,9 @@ class GenerateClient:
                     if time.monotonic() - t0 > deadline:
                         timed_out = True
                         break
-                    raw_parts.append(line)
+                    if raw_size < self.raw_limit:
+                        raw_parts.append(line)
+                        raw_size += len(line) + 1
                     if not line.startswith("data:"):
                         continue  # SSE comments (keep-alives), event names, blank separators
                     data = line[5:].strip()
