@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvgate.cli import app
@@ -337,3 +339,59 @@ def test_help_shows_the_documented_deadlines() -> None:
     text = " ".join(res.output.split())
     assert f"whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g})" in text, text
     assert f"(default {DEFAULT_READ_DEADLINE:g})" in text
+
+
+# --- any pacing, any size -----------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 300), st.sampled_from((0.0, 0.0, 0.05, 0.2, 0.4))), min_size=1, max_size=8))
+def test_any_pacing_ends_within_the_timeout(pieces: list[tuple[int, float]]) -> None:
+    """However a body is paced, the answer is whole within the timeout or a timeout error by then."""
+    timeout = 0.6
+    body = b'{"a": "' + b"x" * sum(n for n, _ in pieces) + b'"}'
+
+    def script(req: Request, conn: socket.socket) -> None:
+        conn.sendall(head(length=len(body)) + body[:7])
+        at = 7
+        for n, pause in pieces:
+            time.sleep(pause)
+            conn.sendall(body[at : at + n])
+            at += n
+        conn.sendall(body[at:])
+
+    srv = ScriptedServer(script).start()
+    try:
+        with TargetClient(timeout=timeout) as client:
+            t0 = time.monotonic()
+            try:
+                doc = client.get_json(srv.url, "/x")
+                assert doc == {"a": "x" * (len(body) - 9)}
+            except TransportError as exc:
+                assert "no whole answer within" in str(exc), exc
+                assert sum(p for _, p in pieces) > 0  # only a paced body may time out
+            elapsed = time.monotonic() - t0
+    finally:
+        srv.stop()
+    assert elapsed < timeout + 1.0, elapsed  # per-read timeouts let such a body run for up to 3.2 s
+
+
+@settings(max_examples=50, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(900, 1100), st.booleans())
+def test_a_body_is_read_up_to_its_cap_and_not_one_byte_more(size: int, announce: bool) -> None:
+    cap = 1000
+    body = b'{"a": "' + b"x" * (size - 9) + b'"}'
+
+    def script(req: Request, conn: socket.socket) -> None:
+        conn.sendall(head(length=len(body) if announce else None) + body)
+
+    srv = ScriptedServer(script).start()
+    try:
+        with TargetClient(timeout=5.0, metadata_cap=cap) as client:
+            if size <= cap:
+                assert client.get_json(srv.url, "/x") == {"a": "x" * (size - 9)}
+            else:
+                with pytest.raises(TransportError, match="1,000 bytes cap"):
+                    client.get_json(srv.url, "/x")
+    finally:
+        srv.stop()
