@@ -8,3 +8,21 @@ DEFAULT_CONCURRENCY = 64
 
 NODE_DEADLINE_REQUESTS = 3
 """A worker's whole read (up to five GETs) must finish within this many times the per-request timeout."""
+
+DEFAULT_TIMEOUT = 10.0
+"""Seconds one whole metadata answer may take (`--timeout`): connect, headers and every byte of the body."""
+
+DEFAULT_READ_DEADLINE = 120.0
+"""Seconds the whole metadata read of every worker may take (`--read-deadline`)."""
+
+MIB = 1 << 20
+
+METADATA_BODY_CAP = 16 * MIB
+"""Bytes of one metadata answer (/server_info, /v1/models, /model_info, the router's /workers) kvgate reads;
+a larger answer is a transport error naming the cap, never read whole."""
+
+PROBE_BODY_CAP = 8 * MIB
+"""Bytes of one probe answer (/generate, /v1/tokenize, a whole stream) kvgate reads."""
+
+STREAM_LINE_CAP = 1 * MIB
+"""Bytes of one line of a streamed answer (one SSE frame)."""

@@ -12,12 +12,13 @@ TransportError (exit 4): a fleet that cannot be listed cannot be gated.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from kvgate.errors import TransportError
-from kvgate.target import TargetClient
+from kvgate.target import NODE_DEADLINE_REQUESTS, TargetClient
 
 #: smg's worker states (`crates/protocols/src/worker.rs`); only "ready" takes traffic normally.
 READY = "ready"
@@ -147,12 +148,17 @@ def parse_list_workers(router: str, doc: Any) -> RouterListing:
 
 
 def list_router_workers(client: TargetClient, router: str) -> RouterListing:
-    """`GET /workers`, else `GET /list_workers`; TransportError when neither gives a worker list."""
+    """`GET /workers`, else `GET /list_workers`; TransportError when neither gives a worker list.
+
+    Each answer ends within the client's timeout and metadata cap, both reads within
+    NODE_DEADLINE_REQUESTS x the timeout.
+    """
     router = router.rstrip("/")
-    doc = client.get_json(router, "/workers", missing_ok=True)
+    deadline = time.monotonic() + NODE_DEADLINE_REQUESTS * client.timeout
+    doc = client.get_json(router, "/workers", missing_ok=True, deadline=deadline)
     if doc is not None:
         return parse_workers(router, doc)
-    doc = client.get_json(router, "/list_workers", missing_ok=True)
+    doc = client.get_json(router, "/list_workers", missing_ok=True, deadline=deadline)
     if doc is not None:
         return parse_list_workers(router, doc)
     raise TransportError(router, "lists no workers: neither GET /workers (smg) nor GET /list_workers exists")

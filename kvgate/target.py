@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from kvgate.errors import TransportError, UsageError
+from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client
 from kvgate.redact import clip
 
 PREFILL = "prefill"
@@ -27,7 +28,12 @@ ROUTER = "router"
 # Pool capacity keys in the order we trust them. SGLang's `max_total_tokens` is the operator's cap
 # flag (often null), not the pool the engine sized, so it is deliberately not on this list.
 POOL_KEYS = ("max_total_num_tokens", "kv_pool_tokens")
-from kvgate.defaults import DEFAULT_CONCURRENCY, NODE_DEADLINE_REQUESTS  # noqa: E402,F401  (one home)
+from kvgate.defaults import (  # noqa: E402,F401  (one home)
+    DEFAULT_CONCURRENCY,
+    METADATA_BODY_CAP,
+    NODE_DEADLINE_REQUESTS,
+    PROBE_BODY_CAP,
+)
 
 
 def validate_url(flag: str, url: str) -> str:
@@ -144,11 +150,26 @@ class NodeReading:
 
 
 class TargetClient:
-    """HTTP access to SGLang workers and routers. Thread-safe; one per run."""
+    """HTTP access to SGLang workers and routers. Thread-safe; one per run.
 
-    def __init__(self, timeout: float = 10.0, token: str | None = None, concurrency: int = DEFAULT_CONCURRENCY) -> None:
+    Every answer ends within its timeout, body included (`timeout` for metadata: one slow-dripping
+    server cannot hold a read past it), and is read only up to a cap: `metadata_cap` bytes for the
+    documents read here, `probe_cap` for what gates send through `http` (kvgate/httpbounds.py).
+    """
+
+    def __init__(
+        self,
+        timeout: float = 10.0,
+        token: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        *,
+        metadata_cap: int = METADATA_BODY_CAP,
+        probe_cap: int = PROBE_BODY_CAP,
+    ) -> None:
         self.timeout = timeout
         self.concurrency = concurrency
+        self.metadata_cap = metadata_cap
+        self.probe_cap = probe_cap
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssl = httpx.create_ssl_context()  # built once: every client below shares it
         self._http = self._new_http()
@@ -160,9 +181,7 @@ class TargetClient:
         self._lock = threading.Lock()
 
     def _new_http(self) -> httpx.Client:
-        return httpx.Client(
-            timeout=httpx.Timeout(self.timeout), headers=self._headers, follow_redirects=False, verify=self._ssl
-        )
+        return bounded_client(timeout=self.timeout, body_cap=self.probe_cap, verify=self._ssl, headers=self._headers)
 
     def _session(self) -> httpx.Client:
         """The calling reader thread's own client inside read_nodes, else the shared one."""
@@ -181,13 +200,16 @@ class TargetClient:
 
     @property
     def http(self) -> httpx.Client:
-        """The underlying client (authorised, bounded timeouts) for gates that send requests."""
+        """The underlying client for gates that send requests: authorised; each answer ends within its
+        request's timeout and stops at `probe_cap` bytes (an `OverCap`, an httpx.TransportError)."""
         return self._http
 
     def get_json(self, base: str, path: str, *, missing_ok: bool = False, deadline: float | None = None) -> Any | None:
         """GET base+path and parse JSON. 404 returns None when `missing_ok`; other failures raise.
 
-        `deadline` (time.monotonic()) shortens the request's timeout to what is left of it.
+        `deadline` (time.monotonic()) shortens the request's timeout to what is left of it. The timeout
+        bounds the whole answer, body included; a body over `metadata_cap` bytes is a TransportError
+        naming the cap.
         """
         url = base.rstrip("/") + path
         timeout, why = self.timeout, "timeout"
@@ -198,9 +220,11 @@ class TargetClient:
             if left < timeout:
                 timeout, why = left, "the node's read deadline"
         try:
-            resp = self._session().get(url, timeout=timeout)
+            resp = self._session().get(url, timeout=timeout, extensions={BODY_CAP: self.metadata_cap})
         except httpx.TimeoutException:
-            raise TransportError(url, f"no answer within {timeout:g}s ({why})") from None
+            raise TransportError(url, f"no whole answer within {timeout:g}s ({why})") from None
+        except OverCap as exc:
+            raise TransportError(url, f"{exc} (metadata cap)") from None
         except httpx.HTTPError as exc:
             raise TransportError(url, f"unreachable: {type(exc).__name__}: {exc}") from None
         if resp.status_code == 404 and missing_ok:

@@ -38,8 +38,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvgate.checkdocs",
         ),
     ),
-    # What the workers and the router say about themselves.
-    ("target", ("kvgate.target", "kvgate.discovery")),
+    # What the workers and the router say about themselves, over HTTP whose every answer is bounded.
+    ("target", ("kvgate.httpbounds", "kvgate.target", "kvgate.discovery")),
     # Results: frozen findings and the report, waivers over them, the baseline file.
     ("findings", ("kvgate.findings", "kvgate.waivers", "kvgate.baseline")),
     # Knowledge the gates apply: the fix catalogue (and backport series as data), pool sizing, profiles.

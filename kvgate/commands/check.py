@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
-from kvgate.defaults import DEFAULT_CONCURRENCY, NODE_DEADLINE_REQUESTS, SCAN_TIMEOUT_S
+from kvgate.defaults import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_READ_DEADLINE,
+    DEFAULT_TIMEOUT,
+    NODE_DEADLINE_REQUESTS,
+    SCAN_TIMEOUT_S,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -18,8 +24,6 @@ if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not 
     from kvgate.profiles import Profile
 
 DEFAULT_HEADROOM = 1.25
-DEFAULT_TIMEOUT = 10.0
-DEFAULT_READ_DEADLINE = 120.0
 
 
 @handle_errors
@@ -42,7 +46,10 @@ def check(
         help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value).",
     ),
     timeout: float | None = typer.Option(
-        None, "--timeout", min=0.1, help=f"Seconds per metadata request (default {DEFAULT_TIMEOUT:g})."
+        None,
+        "--timeout",
+        min=0.1,
+        help=f"Seconds one whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g}).",
     ),
     fmt: list[ReportFormat] = typer.Option(
         [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif."

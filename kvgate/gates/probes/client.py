@@ -3,16 +3,36 @@
 Non-streaming with a hard deadline: a request that has not answered by then is a `hang`, whatever the
 server does later. The elapsed time of a non-streaming request with a short generation is the
 time-to-first-token plus a few decode steps, which is what the latency probe compares.
+
+Streams are read line by line, each line up to `line_cap` bytes (an endless line is a transport error
+naming the cap, never read whole), and folded with a record of every frame (`StreamShape`): a frame
+that carried output is remembered even when an error frame comes after it.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
+
+from kvgate.defaults import STREAM_LINE_CAP
+from kvgate.httpbounds import OverCap, cap_text
+
+
+@dataclass(frozen=True)
+class StreamShape:
+    """Which frames of a streamed answer carried what (indices count the data frames, [DONE] excluded)."""
+
+    frames: int = 0
+    output_frames: tuple[int, ...] = ()  # frames carrying text, output ids or completion_tokens > 0
+    error_at: int | None = None  # the first `{"error": ...}` frame
+    terminal_at: int | None = None  # the frame the answer is judged by: the first error or finish_reason
+    garbage: tuple[int, ...] = ()  # frames that are not a JSON object
+    done: bool = False  # `data: [DONE]` arrived
 
 
 @dataclass(frozen=True)
@@ -33,6 +53,7 @@ class ProbeResult:
     deadline_s: float | None = None
     ttft_s: float | None = None  # streaming: time to the first data event
     not_sent: str | None = None  # why the request was never sent (the deployment had stopped answering)
+    shape: StreamShape | None = None  # streaming: what each frame carried
 
     @property
     def document(self) -> dict[str, Any] | None:
@@ -101,11 +122,19 @@ class ProbeResult:
 class GenerateClient:
     """Sends /generate probes to the router with a per-probe deadline."""
 
-    def __init__(self, http: httpx.Client, router_url: str, deadline_s: float, raw_limit: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        http: httpx.Client,
+        router_url: str,
+        deadline_s: float,
+        raw_limit: int = 1 << 20,
+        line_cap: int = STREAM_LINE_CAP,
+    ) -> None:
         self.http = http
         self.url = router_url.rstrip("/") + "/generate"
         self.deadline_s = deadline_s
         self.raw_limit = raw_limit
+        self.line_cap = line_cap
 
     def payload(
         self, ids: list[int], max_new_tokens: int, rid: str | None = None, stream: bool = False
@@ -197,9 +226,12 @@ class GenerateClient:
         t0 = time.monotonic()
         events: list[Any] = []
         raw_parts: list[str] = []
+        raw_size = 0  # what raw_parts holds: only the first raw_limit characters are kept
         ttft: float | None = None
         status: int | None = None
         timed_out = False
+        done = False
+        failure: str | None = None
         try:
             with self.http.stream(
                 "POST",
@@ -209,39 +241,33 @@ class GenerateClient:
                 timeout=httpx.Timeout(deadline, connect=min(deadline, 10.0)),
             ) as resp:
                 status = resp.status_code
-                for line in resp.iter_lines():
+                for line in _lines(resp, self.line_cap):
                     if time.monotonic() - t0 > deadline:
                         timed_out = True
                         break
-                    raw_parts.append(line)
+                    if raw_size < self.raw_limit:
+                        raw_parts.append(line)
+                        raw_size += len(line) + 1
                     if not line.startswith("data:"):
-                        continue
+                        continue  # SSE comments (keep-alives), event names, blank separators
                     data = line[5:].strip()
+                    if not data:
+                        continue  # an empty data line: a keep-alive
                     if ttft is None:
                         ttft = time.monotonic() - t0
                     if data == "[DONE]":
+                        done = True
                         break
                     try:
                         events.append(json.loads(data))
                     except ValueError:
-                        events.append({"unparsed": data})
+                        events.append(Garbage(data[:200]))
         except httpx.TimeoutException:
             timed_out = True
         except httpx.HTTPError as exc:
-            return ProbeResult(
-                name,
-                len(ids),
-                max_new_tokens,
-                status,
-                time.monotonic() - t0,
-                None,
-                "\n".join(raw_parts)[: self.raw_limit],
-                transport_error=f"{type(exc).__name__}: {exc}",
-                stream=True,
-                ttft_s=ttft,
-            )
+            failure = f"{type(exc).__name__}: {exc}"
         elapsed = time.monotonic() - t0
-        body = _stream_body(events)
+        body, shape = fold_stream(events, done=done)
         return ProbeResult(
             name,
             len(ids),
@@ -250,14 +276,90 @@ class GenerateClient:
             elapsed,
             body,
             "\n".join(raw_parts)[: self.raw_limit],
-            timed_out=timed_out,
+            timed_out=timed_out and failure is None,
+            transport_error=failure,
             stream=True,
             ttft_s=ttft,
+            shape=shape,
         )
 
 
+def _lines(resp: httpx.Response, cap: int) -> Iterator[str]:
+    """The answer's lines (LF or CRLF), each at most `cap` bytes: a longer one raises OverCap."""
+    buf = bytearray()
+    for chunk in resp.iter_raw():
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            piece = chunk[start:] if nl < 0 else chunk[start:nl]
+            if len(buf) + len(piece) > cap:
+                raise OverCap(
+                    f"a streamed line is longer than kvgate's {cap_text(cap)} line cap (not read further)",
+                    cap=cap,
+                    request=resp.request,
+                )
+            buf += piece
+            if nl < 0:
+                break
+            yield bytes(buf).rstrip(b"\r").decode("utf-8", errors="replace")
+            buf.clear()
+            start = nl + 1
+    if buf:
+        yield bytes(buf).rstrip(b"\r").decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class Garbage:
+    """A data frame that is not JSON."""
+
+    data: str
+
+
+def carries_output(frame: Any) -> bool:
+    """The frame carries generated output: any text, any output id, or completion_tokens > 0.
+
+    Deliberately wide (a non-string `text` counts too): a frame that might have served something is
+    never read as one that did not.
+    """
+    if not isinstance(frame, dict):
+        return False
+    if frame.get("text") not in (None, "", [], {}):
+        return True
+    if frame.get("output_ids") not in (None, [], {}, ""):
+        return True
+    meta = frame.get("meta_info")
+    ct = meta.get("completion_tokens") if isinstance(meta, dict) else None
+    return isinstance(ct, (int, float)) and not isinstance(ct, bool) and ct > 0
+
+
+def _finished(frame: dict[str, Any]) -> bool:
+    meta = frame.get("meta_info")
+    return isinstance(meta, dict) and meta.get("finish_reason") is not None
+
+
+def fold_stream(events: list[Any], *, done: bool = False) -> tuple[Any, StreamShape]:
+    """The stream as one document (see `_stream_body`) and the record of what each frame carried."""
+    error_at = next((i for i, ev in enumerate(events) if isinstance(ev, dict) and "error" in ev), None)
+    finish_at = next(
+        (i for i, ev in enumerate(events) if isinstance(ev, dict) and "error" not in ev and _finished(ev)), None
+    )
+    terminal = min((i for i in (error_at, finish_at) if i is not None), default=None)
+    shape = StreamShape(
+        frames=len(events),
+        output_frames=tuple(i for i, ev in enumerate(events) if carries_output(ev)),
+        error_at=error_at,
+        terminal_at=terminal,
+        garbage=tuple(i for i, ev in enumerate(events) if not isinstance(ev, dict)),
+        done=done,
+    )
+    return _stream_body(events), shape
+
+
 def _stream_body(events: list[Any]) -> Any:
-    """The stream folded into one document: the error event if any, else the last chunk.
+    """The stream folded into one document: the error event if any, else the chunk that finished the
+    answer (the first with a finish_reason), else the last chunk; texts and ids added up over the
+    chunks up to it when the server streams increments. An error event after chunks that carried
+    output keeps that output (`text`, `output_ids`, `meta_info` beside `error`): it was served.
 
     Real SGLang (0.5.19-0.5.23) streams cumulative chunks: `{"text"?, "output_ids", "meta_info"}` per
     token (no `text` under --skip-tokenizer-init), then `data: [DONE]`. A tokenizer rejection is a
@@ -265,12 +367,18 @@ def _stream_body(events: list[Any]) -> Any:
     `output_ids: []`, `prompt_tokens: 1` (the one-token placeholder) and `finish_reason {"type": "abort",
     "status_code": 400, "message": ...}`, all under HTTP 200.
     """
-    for ev in events:
-        if isinstance(ev, dict) and "error" in ev:
-            return ev
-    dicts = [ev for ev in events if isinstance(ev, dict)]
+    dicts = [ev for ev in events if isinstance(ev, dict) and "error" not in ev]
+    error = next((ev for ev in events if isinstance(ev, dict) and "error" in ev), None)
+    if error is not None:
+        served = [ev for ev in dicts if carries_output(ev)]
+        return {**error, **_fold_chunks(served)} if served else error
     if not dicts:
         return None
+    upto = next((i for i, ev in enumerate(dicts) if _finished(ev)), len(dicts) - 1)
+    return _fold_chunks(dicts[: upto + 1])
+
+
+def _fold_chunks(dicts: list[dict[str, Any]]) -> dict[str, Any]:
     last = dict(dicts[-1])
     if "text" in last and not (isinstance(last.get("text"), str) and last["text"]):
         # incremental streaming output: the chunks' texts add up

@@ -16,6 +16,14 @@ How real SGLang (0.5.19-0.5.23, behind smg 1.13.0) rejects, measured against the
   status_code; the same frame with tokens generated is not, except that on 0.5.19 a request the decode
   rejects too runs its one-token placeholder for one step first (`prompt_tokens: 1`, one token, then
   the abort 400): rejected late, its own page only, `ok_rejected_late`.
+
+A stream is judged by every frame, not only its last or its error: a frame that carried output (text,
+output ids, completion_tokens > 0) before, after or beside an error or abort means the request was
+served, and for a length that must be rejected that is `served_over_limit`, whatever the error says.
+The one exception is real 0.5.19's placeholder step above: its one token arrives in the abort frame
+itself (one frame, `prompt_tokens: 1`, at most one token, a 4xx status_code), never before it. A
+stream that broke off (cut, or a line over the cap) with nothing served is `no_observation`; a frame
+that is not a JSON object under HTTP 200 is `malformed_response`.
 """
 
 from __future__ import annotations
@@ -117,6 +125,43 @@ def _abort_status(res: ProbeResult) -> int | None:
     return code if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600 else None
 
 
+def _served_stream(res: ProbeResult) -> bool:
+    """Some frame of a streamed HTTP 200 answer carried output, other than 0.5.19's lone placeholder step
+    (its one token in the abort frame itself, the only frame with output, under a 4xx status_code)."""
+    shape = res.shape
+    if not res.stream or res.status != 200 or shape is None or not shape.output_frames:
+        return False
+    code = _abort_status(res)
+    lone_placeholder = (
+        shape.output_frames == (shape.terminal_at,)
+        and shape.error_at is None
+        and code is not None
+        and 400 <= code < 500
+        and _placeholder_ran(res)
+    )
+    return not lone_placeholder
+
+
+def _served_detail(res: ProbeResult) -> str:
+    shape = res.shape
+    assert shape is not None
+    first = shape.output_frames[0]
+    how = f"frame {first + 1} of {shape.frames} carried output ({_generated(res)})"
+    if shape.error_at is not None:
+        err = res.document.get("error") if res.document else None
+        how += (
+            f" {'before' if first < shape.error_at else 'beside'} the error frame (frame "
+            f"{shape.error_at + 1}: {str(err)[:120]!r})"
+        )
+    elif res.finish_abort is not None:
+        how += f" with finish_reason {res.finish_abort!r}"
+    if res.timed_out:
+        how += ", then the stream stopped answering"
+    elif res.transport_error is not None:
+        how += f", then the stream broke off ({res.transport_error})"
+    return how
+
+
 def _generated(res: ProbeResult) -> str:
     ids = res.output_ids
     if ids:
@@ -132,6 +177,14 @@ def classify(
     """Check one answer against the whole contract of its probe."""
     if res.not_sent is not None:
         return Classified(Verdict.NO_OBSERVATION, f"not sent: {res.not_sent}")
+    if probe.expect != ACCEPT and _served_stream(res):
+        # What reached the client decides, not the error that followed it (an error frame after text is
+        # still a served request).
+        return Classified(
+            Verdict.SERVED_OVER_LIMIT,
+            f"over-limit request served: streamed HTTP 200 where {_served_detail(res)}, for a length that "
+            "must be rejected",
+        )
     if res.timed_out:
         limit = f"the {res.deadline_s:g} s probe deadline" if res.deadline_s else "the probe deadline"
         mode = "streaming" if res.stream else "non-streaming"
@@ -140,6 +193,18 @@ def classify(
         )
     if res.status is None:
         return Classified(Verdict.NO_OBSERVATION, f"transport failure: {res.transport_error}")
+    shape = res.shape
+    if res.stream and res.status == 200 and res.transport_error is not None:
+        frames = shape.frames if shape is not None else 0
+        return Classified(
+            Verdict.NO_OBSERVATION, f"the HTTP 200 stream broke off after {frames} frame(s): {res.transport_error}"
+        )
+    if res.stream and res.status == 200 and shape is not None and shape.garbage:
+        return Classified(
+            Verdict.MALFORMED_RESPONSE,
+            f"HTTP 200 stream whose frame {shape.garbage[0] + 1} of {shape.frames} is not a JSON object: "
+            f"{res.raw[:160]!r}",
+        )
     st = res.status
     how = "HTTP"
     streamed_error = _stream_error_code(res)

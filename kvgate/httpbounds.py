@@ -1,0 +1,218 @@
+"""An httpx client whose every answer ends within its timeout and is read only up to a size cap.
+
+httpx's timeouts are per operation: a read timeout of 2 s bounds one `recv`, so a server that sends one
+byte every 0.5 s holds a request open forever, and a 400 MB body is read whole. Here a request's timeout
+(its `read` value, the one every caller sets) is the budget of the WHOLE exchange: connect, TLS, sending,
+the headers and every byte of the body. Each socket operation waits at most what is left of it (a
+network backend that clamps each wait), so a stalled or trickling server is cut at the deadline, not
+one read later. The body is counted as it arrives; past the cap the exchange stops with `OverCap`.
+
+A request may set its own cap with `extensions={BODY_CAP: n}`. Answers must not be compressed
+(`Accept-Encoding: identity` is sent): a compressed answer could expand past any cap after counting,
+so one is refused (`OverCap` naming the encoding) rather than decoded.
+"""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+import typing
+from collections.abc import Iterable, Iterator
+
+import httpcore
+import httpx
+
+BODY_CAP = "kvgate.body_cap"
+"""Request extension: the most body bytes this request's answer may have."""
+
+_local = threading.local()  # the deadline (time.monotonic()) of the exchange this thread is running
+
+
+class OverCap(httpx.TransportError):
+    """An answer larger than its cap (or compressed, so its size cannot be bounded): not read further."""
+
+    def __init__(self, message: str, *, cap: int, request: httpx.Request | None = None) -> None:
+        super().__init__(message, request=request)
+        self.cap = cap
+
+
+def cap_text(n: int) -> str:
+    """A byte count as people read it: 16 MiB, 512 KiB, 300 bytes."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n:,} bytes"
+
+
+def _left(kind: type[Exception], timeout: float | None) -> float | None:
+    """The wait allowed for one socket operation: its own timeout, cut to what the deadline leaves."""
+    deadline: float | None = getattr(_local, "deadline", None)
+    if deadline is None:
+        return timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise kind(f"the answer's whole deadline ({_local.budget:g} s) passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _Stream(httpcore.NetworkStream):
+    """A socket stream whose every wait ends by the running exchange's deadline."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, _left(httpcore.ReadTimeout, timeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _left(httpcore.WriteTimeout, timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        return _Stream(self._inner.start_tls(ssl_context, server_hostname, _left(httpcore.ConnectTimeout, timeout)))
+
+    def get_extra_info(self, info: str) -> typing.Any:
+        return self._inner.get_extra_info(info)
+
+
+class _Backend(httpcore.NetworkBackend):
+    """httpcore's own sync backend, its streams wrapped in `_Stream`."""
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        wait = _left(httpcore.ConnectTimeout, timeout)
+        return _Stream(self._inner.connect_tcp(host, port, wait, local_address, socket_options))
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
+    ) -> httpcore.NetworkStream:
+        wait = _left(httpcore.ConnectTimeout, timeout)
+        return _Stream(self._inner.connect_unix_socket(path, wait, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _Deadline:
+    """Sets this thread's deadline for the span of a `with` (nested spans keep the outer one's value)."""
+
+    def __init__(self, deadline: float | None, budget: float | None) -> None:
+        self.deadline, self.budget = deadline, budget
+
+    def __enter__(self) -> None:
+        self.saved = (getattr(_local, "deadline", None), getattr(_local, "budget", None))
+        _local.deadline, _local.budget = self.deadline, self.budget
+
+    def __exit__(self, *exc: object) -> None:
+        _local.deadline, _local.budget = self.saved
+
+
+class _CappedBody(httpx.SyncByteStream):
+    """The answer's body, pulled under the exchange's deadline and counted against its cap."""
+
+    def __init__(self, inner: httpx.SyncByteStream, request: httpx.Request, cap: int, deadline: _Deadline) -> None:
+        self._inner, self._request, self._cap, self._deadline = inner, request, cap, deadline
+
+    def __iter__(self) -> Iterator[bytes]:
+        seen = 0
+        chunks = iter(self._inner)
+        while True:
+            with self._deadline:
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            seen += len(chunk)
+            if seen > self._cap:
+                raise OverCap(
+                    f"the answer is larger than kvgate's {cap_text(self._cap)} cap (read {seen:,} bytes, then stopped)",
+                    cap=self._cap,
+                    request=self._request,
+                )
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class BoundedTransport(httpx.BaseTransport):
+    """HTTP/1.1 over httpcore with a whole-exchange deadline (the request's read timeout) and a body cap."""
+
+    def __init__(self, verify: ssl.SSLContext, body_cap: int) -> None:
+        self.body_cap = body_cap
+        self._inner = httpx.HTTPTransport(verify=verify)
+        # httpx builds its pool with httpcore's default backend; this one clamps every socket wait.
+        self._inner._pool = httpcore.ConnectionPool(
+            ssl_context=verify,
+            max_connections=100,
+            max_keepalive_connections=20,
+            keepalive_expiry=5.0,
+            network_backend=_Backend(),
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        timeouts = request.extensions.get("timeout", {})
+        budget = timeouts.get("read") if isinstance(timeouts, dict) else None
+        deadline = _Deadline(None if budget is None else time.monotonic() + budget, budget)
+        cap = request.extensions.get(BODY_CAP, self.body_cap)
+        with deadline:
+            resp = self._inner.handle_request(request)
+        encoding = resp.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            resp.close()
+            raise OverCap(
+                f"the answer is compressed (Content-Encoding {encoding[:40]!r}) although kvgate asked for "
+                f"identity: its size past the {cap_text(cap)} cap could not be bounded",
+                cap=cap,
+                request=request,
+            )
+        length = resp.headers.get("content-length", "")
+        if length.strip().isdigit() and int(length) > cap:
+            resp.close()
+            raise OverCap(
+                f"the answer announces {int(length):,} bytes, over kvgate's {cap_text(cap)} cap (not read)",
+                cap=cap,
+                request=request,
+            )
+        assert isinstance(resp.stream, httpx.SyncByteStream)
+        return httpx.Response(
+            status_code=resp.status_code,
+            headers=resp.headers,
+            stream=_CappedBody(resp.stream, request, cap, deadline),
+            extensions=resp.extensions,
+        )
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def bounded_client(
+    *,
+    timeout: float,
+    body_cap: int,
+    verify: ssl.SSLContext,
+    headers: typing.Mapping[str, str] | None = None,
+) -> httpx.Client:
+    """An httpx client whose answers each end within their timeout and stop at `body_cap` bytes.
+
+    It connects directly (no proxy from the environment): kvgate talks to the workers it was named.
+    """
+    return httpx.Client(
+        timeout=httpx.Timeout(timeout),
+        headers={**(headers or {}), "Accept-Encoding": "identity"},
+        follow_redirects=False,
+        transport=BoundedTransport(verify, body_cap),
+    )
