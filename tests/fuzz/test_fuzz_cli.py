@@ -118,6 +118,7 @@ def _run(workers: dict[str, PayloadServer]) -> tuple[Any, dict[str, Any]]:
                 "--timeout",
                 str(TIMEOUT),
                 "--trust-version",  # payload servers run no sglang code
+                "--no-probes",  # payload servers are not a router: gate 1 and the defenses are what is fuzzed
                 "-f",
                 "json",
                 "-o",

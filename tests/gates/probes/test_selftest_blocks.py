@@ -43,6 +43,7 @@ class _Blind:
     prefill_urls = ["http://127.0.0.1:9"]
     decode_urls = ["http://127.0.0.1:10"]
     router_url = "http://127.0.0.1:11"
+    log_dir = None  # as SimDeployment's before start() picks one: nothing left behind
 
     def __init__(self, **kwargs: Any) -> None:
         pass
