@@ -57,6 +57,9 @@ app.command("fixes")(fixes)
 from kvgate.commands.schema import schema  # noqa: E402
 
 app.command("schema")(schema)
+from kvgate.commands.watch import watch  # noqa: E402
+
+app.command("watch")(watch)
 
 from kvgate.commands.plan import plan  # noqa: E402
 
