@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl as ssl_module
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError
@@ -42,7 +42,7 @@ class WorkerFacts:
     max_req_input_len: int | None
     page_size: int | None
     flags: str  # digest of every non-volatile key
-    settings: tuple[tuple[str, str], ...]  # (key, value as JSON) of every non-volatile key, for the change log
+    settings: Mapping[str, Any] = field(compare=False, repr=False)  # every non-volatile key, for the change log
 
     def value(self, fact: str) -> object:
         return getattr(self, fact)
@@ -80,10 +80,8 @@ def _int(info: Mapping[str, Any], key: str) -> int | None:
 def facts_from(url: str, info: Mapping[str, Any]) -> WorkerFacts:
     """The facts of one server_info document (missing fields are None; the full gate judges them)."""
     pool = next((_int(info, k) for k in POOL_KEYS if k in info), None)
-    settings = tuple(
-        sorted((str(k), json.dumps(v, sort_keys=True, default=str)) for k, v in info.items() if k not in VOLATILE_KEYS)
-    )
-    digest = hashlib.sha256(repr(settings).encode()).hexdigest()[:16]
+    settings = {str(k): v for k, v in info.items() if k not in VOLATILE_KEYS}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
     role = info.get("disaggregation_mode")
     version = info.get("version")
     return WorkerFacts(
@@ -121,7 +119,7 @@ def changes(old: FleetSnapshot | None, new: FleetSnapshot, known: Mapping[str, W
             continue
         for fact in FACTS:
             if fact == "flags" and prev.flags != cur.flags:
-                a, b = dict(prev.settings), dict(cur.settings)
+                a, b = prev.settings, cur.settings
                 keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
                 for k in keys[:8]:
                     out.append(Change(url, f"flag {k}", a.get(k, "(absent)"), b.get(k, "(absent)")))
@@ -130,47 +128,131 @@ def changes(old: FleetSnapshot | None, new: FleetSnapshot, known: Mapping[str, W
     return out
 
 
+#: the most of a server_info answer the pass reads (a hostile worker cannot make it read more)
+MAX_BODY = 4 << 20
+MAX_HEAD = 64 << 10
+
+
+class _HttpProblem(Exception):
+    pass
+
+
+async def _get(url: str, path: str, auth: str, ssl: ssl_module.SSLContext | None) -> tuple[int, bytes]:
+    """One HTTP/1.1 GET on a fresh connection: (status, body), bounded in size (the caller bounds time).
+
+    A plain asyncio client on purpose: httpx's per-request cost (and its connection pool's scan of
+    every connection) made a pass over 1,024 workers CPU-bound at 5-40x the cost of one answer.
+    """
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    host = parts.hostname or ""
+    port = parts.port or (443 if https else 80)
+    reader, writer = await asyncio.open_connection(host, port, ssl=ssl if https else None, limit=MAX_HEAD)
+    try:
+        target = parts.path.rstrip("/") + path
+        writer.write(
+            f"GET {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nAccept: application/json\r\n"
+            f"Connection: close\r\n{auth}\r\n".encode("latin-1")
+        )
+        await writer.drain()
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.LimitOverrunError:
+            raise _HttpProblem("response headers over 64 KiB") from None
+        lines = head.decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+            raise _HttpProblem(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
+        status = int(status_line[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            body = await _read_chunked(reader)
+        elif "content-length" in fields:
+            n = int(fields["content-length"]) if fields["content-length"].isdigit() else -1
+            if not 0 <= n <= MAX_BODY:
+                raise _HttpProblem(f"Content-Length {fields['content-length'][:20]!r} not within 0..{MAX_BODY}")
+            body = await reader.readexactly(n)
+        else:
+            body = await reader.read(MAX_BODY + 1)
+            if len(body) > MAX_BODY:
+                raise _HttpProblem(f"body over {MAX_BODY} bytes")
+        return status, body
+    finally:
+        writer.close()
+
+
+async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
+    out = bytearray()
+    while True:
+        size_line = await reader.readline()
+        try:
+            size = int(size_line.split(b";")[0].strip() or b"x", 16)
+        except ValueError:
+            raise _HttpProblem("malformed chunked encoding") from None
+        if size == 0:
+            return bytes(out)
+        if len(out) + size > MAX_BODY:
+            raise _HttpProblem(f"body over {MAX_BODY} bytes")
+        out += await reader.readexactly(size)
+        await reader.readexactly(2)
+
+
 async def _read_all(
     urls: list[str], *, timeout: float, token: str | None, concurrency: int, deadline: float
 ) -> dict[str, dict[str, Any] | str]:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    ssl = ssl_module.create_default_context() if any(u.startswith("https:") for u in urls) else None
     gate = asyncio.Semaphore(concurrency)
     out: dict[str, dict[str, Any] | str] = {}
-    async with httpx.AsyncClient(
-        timeout=httpx.Timeout(timeout), headers=headers, limits=limits, follow_redirects=False
-    ) as http:
 
-        async def one(url: str) -> None:
-            async with gate:
-                out[url] = await _server_info(http, url, deadline)
+    async def one(url: str) -> None:
+        async with gate:
+            out[url] = await _server_info(url, auth, ssl, timeout, deadline)
 
-        await asyncio.gather(*(one(u) for u in urls))
+    await asyncio.gather(*(one(u) for u in urls))
     return out
 
 
-async def _server_info(http: httpx.AsyncClient, url: str, deadline: float) -> dict[str, Any] | str:
+async def _server_info(
+    url: str, auth: str, ssl: ssl_module.SSLContext | None, timeout: float, deadline: float
+) -> dict[str, Any] | str:
     """The worker's server_info document, or a sentence saying why not (never raises)."""
     for path in ("/server_info", "/get_server_info"):
-        left = deadline - time.monotonic()
+        left = min(timeout, deadline - time.monotonic())
         if left <= 0:
             return f"not read: the pass's deadline passed ({url}{path})"
         try:
-            resp = await asyncio.wait_for(http.get(url + path), timeout=left)
-        except (asyncio.TimeoutError, httpx.TimeoutException):
-            return f"{url}{path}: no answer in time"
-        except httpx.HTTPError as exc:
+            status, body = await asyncio.wait_for(_get(url, path, auth, ssl), timeout=left)
+        except asyncio.TimeoutError:
+            return f"{url}{path}: no answer within {left:.3g}s"
+        except _HttpProblem as exc:
+            return f"{url}{path}: {exc}"
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
             return f"{url}{path}: unreachable: {type(exc).__name__}"
-        if resp.status_code == 404:
+        if status == 404:
             continue
-        if resp.status_code != 200:
-            return f"{url}{path}: HTTP {resp.status_code}"
+        if status != 200:
+            return f"{url}{path}: HTTP {status}"
         try:
-            doc = json.loads(resp.content)
+            doc = json.loads(body)
         except (ValueError, RecursionError):
             return f"{url}{path}: malformed JSON"
         return doc if isinstance(doc, dict) else f"{url}{path}: not a JSON object"
     return f"{url}: neither /server_info nor /get_server_info exists"
+
+
+def _list(router: str, timeout: float, token: str | None) -> tuple[dict[str, str | None], str | None]:
+    """url -> the router's role for it (None: no single role), or the listing's error."""
+    try:
+        with TargetClient(timeout=timeout, token=token) as client:
+            listing: RouterListing = list_router_workers(client, router)
+    except TransportError as exc:
+        return {}, str(exc)
+    roles: dict[str, str | None] = {}
+    for url, entries in listing.by_base_url().items():
+        kinds = {e.role for e in entries if e.role}
+        roles[url] = kinds.pop() if len(kinds) == 1 else None
+    return roles, None
 
 
 def read_fleet(
@@ -180,28 +262,31 @@ def read_fleet(
     token: str | None,
     concurrency: int,
     deadline_s: float,
-    static: Mapping[str, str] | None = None,
+    expected: Sequence[str] = (),
 ) -> FleetSnapshot:
-    """List the router's workers (unless `static` gives url -> role) and read every server_info at once."""
+    """List the router's workers and read every listed worker's server_info at once.
+
+    The `expected` workers (the last pass's) are read while the listing is still coming, so a pass
+    costs about one answer, not a listing plus one answer; a worker the listing adds is read after it,
+    one the listing dropped is forgotten.
+    """
     t0 = time.monotonic()
-    roles: dict[str, str | None] = dict(static or {})
-    listing_error: str | None = None
-    if static is None:
-        try:
-            with TargetClient(timeout=timeout, token=token) as client:
-                listing: RouterListing = list_router_workers(client, router)
-        except TransportError as exc:
-            listing_error = str(exc)
-        else:
-            for url, entries in listing.by_base_url().items():
-                kinds = {e.role for e in entries if e.role}
-                roles[url] = kinds.pop() if len(kinds) == 1 else None
-    docs = asyncio.run(
-        _read_all(list(roles), timeout=timeout, token=token, concurrency=concurrency, deadline=t0 + deadline_s)
-    )
+    end = t0 + deadline_s
+
+    async def both() -> tuple[dict[str, str | None], str | None, dict[str, dict[str, Any] | str]]:
+        listing = asyncio.create_task(asyncio.to_thread(_list, router, timeout, token))
+        docs = await _read_all(list(expected), timeout=timeout, token=token, concurrency=concurrency, deadline=end)
+        roles, problem = await listing
+        new = [u for u in roles if u not in docs]
+        if new:
+            docs.update(await _read_all(new, timeout=timeout, token=token, concurrency=concurrency, deadline=end))
+        return roles, problem, docs
+
+    roles, listing_error, docs = asyncio.run(both())
     facts: dict[str, WorkerFacts] = {}
     errors: dict[str, str] = {}
-    for url, doc in docs.items():
+    for url in roles:
+        doc = docs[url]
         if isinstance(doc, str):
             errors[url] = doc
         else:

@@ -183,6 +183,7 @@ class Watcher:
             token=self.token,
             concurrency=self.settings.pass_concurrency,
             deadline_s=max(self.options.timeout, self.settings.interval_s),
+            expected=list(self.last.roles) if self.last else (),
         )
         found = changes(self.last, snap, self.known)
         for c in found:
