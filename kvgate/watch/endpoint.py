@@ -3,7 +3,8 @@
 GET /verdict answers 200 only when the last full gate passed (exit status 0) and is younger than the
 stated maximum age, else 503; the body is JSON either way: `passed`, `reason`, `exit_status`, `age_s`,
 `max_age_s` and the full report (`report`, the same document as `kvgate check --format json`). Argo
-Rollouts' `web` metric reads `$.passed`; a Flagger webhook advances on 2xx only.
+Rollouts' `web` metric reads `$.passed`; a Flagger webhook (which POSTs) advances on 2xx only, so
+POST /verdict answers as GET does.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from kvgate.redact import redact
+
+
+#: the largest webhook payload read (Flagger's is a few hundred bytes)
+MAX_POST = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,18 @@ class Endpoint:
                 self.send_header("Content-Length", str(len(ans.body)))
                 self.end_headers()
                 self.wfile.write(ans.body)
+
+            def do_POST(self) -> None:  # noqa: N802 - Flagger's webhooks POST their payload
+                length = self.headers.get("Content-Length", "0")
+                n = int(length) if length.isdigit() else 0
+                if n > MAX_POST:
+                    self.send_error(413, "payload too large")
+                    return
+                self.rfile.read(n)  # the payload (canary name, phase) does not change the verdict
+                if self.path.split("?", 1)[0] != "/verdict":
+                    self.send_error(405, "only /verdict takes POST")
+                    return
+                self.do_GET()
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet: scrapes are not news
                 pass
