@@ -18,7 +18,6 @@ from typing import Any
 
 from kvgate.redact import redact
 
-
 #: the largest webhook payload read (Flagger's is a few hundred bytes)
 MAX_POST = 64 << 10
 

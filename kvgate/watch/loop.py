@@ -61,6 +61,7 @@ class Watcher:
         listen: tuple[str, int],
         token: str | None = None,
         log: Log = lambda _m: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not options.router_url:
             raise ValueError("kvgate watch needs a router URL")
@@ -71,7 +72,8 @@ class Watcher:
         self.log = log
         self.probe_settings = ProbeSettings.from_mapping(options.probes, options.profile_name or "probe settings")
         default_gates(options)  # a bad profile section is a usage error before anything starts
-        self.budget = TrafficBudget(settings.requests_per_min, settings.prefill_tokens_per_min)
+        self.clock = clock  # the schedule's clock (bench/watch_soak.py runs an hour on a simulated one)
+        self.budget = TrafficBudget(settings.requests_per_min, settings.prefill_tokens_per_min, clock=clock)
         self.latency = LatencySignal(settings.latency_window, settings.latency_min_samples)
         self.report: Report | None = None
         self.report_time: float | None = None
@@ -162,7 +164,7 @@ class Watcher:
             self.log("watch stopped")
 
     def interval(self, stop: threading.Event) -> None:
-        t0 = time.monotonic()
+        t0 = self.clock()
         end = t0 + self.settings.interval_s
         found = self.metadata_pass()
         if found:
@@ -173,7 +175,7 @@ class Watcher:
         if self.pending is not None:
             self.full_gate(self.pending)
         self.run_probes(stop, end)
-        stop.wait(max(0.0, end - time.monotonic()))
+        stop.wait(max(0.0, end - self.clock()))
         self.intervals += 1
 
     def metadata_pass(self) -> list[Change]:
@@ -269,10 +271,10 @@ class Watcher:
         if probes is None:
             return
         n = self.budget.per_interval(self.settings.interval_s)
-        start = time.monotonic()
+        start = self.clock()
         span = max(0.0, end - start)
         for i in range(n):
-            if stop.wait(max(0.0, start + span * i / n - time.monotonic())):
+            if stop.wait(max(0.0, start + span * i / n - self.clock())):
                 return
             out = probes.send()
             if not out.sent:
