@@ -17,6 +17,7 @@ import argparse
 import gc
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -117,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
             w.http.close()
     growth = 100.0 * (end_rss - start_rss) / start_rss
     ok = growth < GOAL_PCT
+    b = w.budget
+    gates = int(sum(v for m in w.metrics.registry.collect() for v in _values(m, "kvgate_full_gates_total")))
+    verdict = w.report.exit_status.name.lower() if w.report else "none"
     print(
         f"{intervals} intervals of {args.interval:g} s ({(clock() - t0) / 3600:.2f} h on the watch's clock) in "
-        f"{time.monotonic() - real0:.0f} s of real time: {w.budget.requests_total} probes "
-        f"({w.budget.prefill_tokens_total:,} prefill tokens, peak {w.budget.peak_requests} requests / {w.budget.peak_tokens:,} tokens in a minute against "
-        f"{settings.requests_per_min} / {settings.prefill_tokens_per_min:,}), "
-        f"{int(sum(s.get() for s in _samples(w, 'kvgate_full_gates_total')))} full gates, verdict "
-        f"{w.report.exit_status.name.lower() if w.report else 'none'}"
+        f"{time.monotonic() - real0:.0f} s of real time: {b.requests_total} probes "
+        f"({b.prefill_tokens_total:,} prefill tokens; the most in any minute {b.peak_requests} requests and "
+        f"{b.peak_tokens:,} tokens, budget {b.requests_per_min} and {b.prefill_tokens_per_min:,}), "
+        f"{gates} full gates, verdict {verdict}"
     )
     print(
         f"RSS after {args.warmup} intervals {start_rss / 1024:.1f} MiB, at the end {end_rss / 1024:.1f} MiB: "
@@ -132,16 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-class _Value:
-    def __init__(self, v: float) -> None:
-        self.v = v
-
-    def get(self) -> float:
-        return self.v
-
-
-def _samples(w: Watcher, name: str) -> list[_Value]:
-    return [_Value(s.value) for m in w.metrics.registry.collect() for s in m.samples if s.name == name]
+def _values(metric: Any, name: str) -> list[float]:
+    return [float(s.value) for s in metric.samples if s.name == name]
 
 
 if __name__ == "__main__":
