@@ -32,10 +32,10 @@ def watch(
         None, "--interval", min=1.0, help="Seconds between metadata passes (default 30; profile watch.interval_s)."
     ),
     max_age: float | None = typer.Option(
-        None, "--max-age", min=1.0, help="/verdict is 200 only for a passed gate younger than this (default 1800 s)."
+        None, "--max-age", min=1.0, help="/verdict is 200 only for a passed gate younger than this (default 7200 s)."
     ),
     regate_every: float | None = typer.Option(
-        None, "--regate-every", min=1.0, help="Run the full gate at least this often, changes or not (default 900 s)."
+        None, "--regate-every", min=1.0, help="Run the full gate at least this often, changes or not (default 3600 s)."
     ),
     requests_per_min: int | None = typer.Option(
         None, "--requests-per-min", min=0, help="Probe budget: requests in any minute (default 6)."

@@ -26,8 +26,8 @@ class WatchSettings:
     interval_s: float = 30.0
     requests_per_min: int = 6
     prefill_tokens_per_min: int = 32768
-    regate_every_s: float = 900.0
-    max_age_s: float = 1800.0
+    regate_every_s: float = 3600.0
+    max_age_s: float = 7200.0
     latency_window: int = 200
     latency_min_samples: int = 10
     pass_concurrency: int = 1024
