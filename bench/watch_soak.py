@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = clock()
         real0 = time.monotonic()
         start_rss = 0
+        series: list[int] = []  # RSS at the end of every regate cycle
         try:
             for i in range(intervals):
                 if i and i % regate_every == 0:
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
                 if i + 1 == args.warmup:
                     gc.collect()
                     start_rss = rss_kib()
+                if (i + 1) % regate_every == 0:
+                    gc.collect()
+                    series.append(rss_kib())
             gc.collect()
             end_rss = rss_kib()
         finally:
@@ -132,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         f"RSS after {args.warmup} intervals {start_rss / 1024:.1f} MiB, at the end {end_rss / 1024:.1f} MiB: "
         f"growth {growth:+.2f}% (goal < {GOAL_PCT:g}%: {'met' if ok else 'NOT met'})"
     )
+    cycles = ", ".join(f"{kib / 1024:.1f}" for kib in series)
+    print(f"RSS (MiB) at the end of each {args.regate_every:g} s regate cycle: {cycles}")
     return 0 if ok else 1
 
 
