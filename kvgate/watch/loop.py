@@ -175,6 +175,8 @@ class Watcher:
         if self.pending is not None:
             self.full_gate(self.pending)
         self.run_probes(stop, end)
+        if self.pending == "leak":  # a foreign sentinel in a probe's answer: re-gate now, not next interval
+            self.full_gate("leak")
         stop.wait(max(0.0, end - self.clock()))
         self.intervals += 1
 

@@ -168,3 +168,38 @@ def test_verdict_is_200_only_for_a_fresh_pass(tmp_path: Path) -> None:
     finally:
         w.endpoint.stop()
         w.http.close()
+
+
+def test_a_foreign_sentinel_in_a_probe_answer_regates_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from kvgate.watch.probes import ProbeOutcome
+
+    w = Watcher(
+        CheckOptions(router_url="http://127.0.0.1:9"),
+        WatchSettings(interval_s=1, requests_per_min=60),
+        listen=("127.0.0.1", 0),
+    )
+    seen = ("tenant-A (64 tokens) -> watch_long (<KVGABCDEFGHIJKLM>)",)
+
+    class Leaky:
+        def send(self) -> ProbeOutcome:
+            return ProbeOutcome("long", 128, True, True, 0.01, seen)
+
+    gates: list[str] = []
+
+    def gate(reason: str) -> None:
+        gates.append(reason)
+        w.pending = None
+
+    w.probes = Leaky()  # type: ignore[assignment]
+    w.report_time, w.pending = time.time(), None  # the start's gate has run
+    monkeypatch.setattr(w, "metadata_pass", lambda: [])
+    monkeypatch.setattr(w, "full_gate", gate)
+    try:
+        w.interval(threading.Event())
+    finally:
+        w.endpoint.server.server_close()
+        w.http.close()
+    assert gates == ["leak"]
+    assert "kvgate_probe_leaks_total 1.0" in w.metrics.render().decode()
