@@ -23,7 +23,7 @@ import httpx
 
 from kvgate.gates.base import CheckOptions
 from kvgate.sim.deploy import OBSERVABLE_PREFILL_TOKENS_PER_S, SimDeployment
-from kvgate.watch.loop import Watcher
+from kvgate.watch.loop import Watcher, limit_arenas
 from kvgate.watch.settings import WatchSettings
 
 GOAL_PCT = 5.0
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     args = ap.parse_args(argv)
     intervals = int(args.hours * 3600 / args.interval)
+    limit_arenas()  # as `kvgate watch` does before anything starts a thread (the Watcher does it again)
     settings = WatchSettings(
         interval_s=args.interval,
         requests_per_min=12,
