@@ -10,11 +10,13 @@ interval and the probe budget.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
+from kvgate.formats.json_report import schema_text
 from kvgate.sim.deploy import OBSERVABLE_PREFILL_TOKENS_PER_S, SimDeployment
 from tests.watch.helpers import WatchProcess
 
@@ -67,7 +69,9 @@ def test_leaky_release_is_verdict_1_and_503(tmp_path: Path) -> None:
             assert res is not None and res.status_code == 503
             doc = res.json()
             assert doc["passed"] is False and doc["exit_status"] == 1 and "pool-context.headroom" in doc["reason"]
-            assert doc["report"]["verdict"] == "gate_failed"
+            assert doc["report"]["verdict"] == "gate_failed" and doc["report"]["command"] == "watch"
+            jsonschema = pytest.importorskip("jsonschema")
+            jsonschema.validate(doc["report"], json.loads(schema_text()))  # the document check -f json writes
             metrics = w.get("/metrics")
             assert metrics is not None
             assert re.search(r'kvgate_worker_kv_pool_context_ratio\{role="prefill",worker="[^"]+"\} 0\.5', metrics.text)
