@@ -59,6 +59,9 @@ app.command("fixes", cls=ReportingCommand)(fixes)
 from kvgate.commands.schema import schema  # noqa: E402
 
 app.command("schema", cls=ReportingCommand)(schema)
+from kvgate.commands.watch import watch  # noqa: E402
+
+app.command("watch")(watch)
 
 from kvgate.commands.plan import plan  # noqa: E402
 

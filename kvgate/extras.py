@@ -21,3 +21,16 @@ def require_sim(command: str) -> None:
             f"{command} runs the simulator, which needs the 'sim' and 'router' extras (missing here: "
             f"{', '.join(missing)}): pip install 'kvgate[sim,router]' (the single-file build carries the core only)"
         )
+
+
+WATCH_MODULES = ("prometheus_client",)
+
+
+def require_watch(command: str) -> None:
+    """Raise a usage error when `kvgate watch`'s metrics library is missing here."""
+    missing = [m for m in WATCH_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(
+            f"{command} serves Prometheus metrics, which needs the 'watch' extra (missing here: "
+            f"{', '.join(missing)}): pip install 'kvgate[watch]'"
+        )

@@ -37,6 +37,8 @@ class Profile:
     code: Mapping[str, Any] = field(default_factory=dict)
     # `kvgate plan`'s worker shape per role (kvgate.plan.deployment), merged and validated.
     deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # `kvgate watch`: interval, probe traffic budget, verdict age (validated by kvgate.watch.settings).
+    watch: Mapping[str, Any] = field(default_factory=dict)
 
 
 _TOP_KEYS = {
@@ -52,6 +54,7 @@ _TOP_KEYS = {
     "waivers",
     "code",
     "deployment",
+    "watch",
 }
 
 
@@ -109,7 +112,7 @@ def load(ref: str) -> Profile:
     strict = doc.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ProfileError(where, "strict", f"expected true or false, got {strict!r}")
-    for section in ("probes", "defenses", "code"):
+    for section in ("probes", "defenses", "code", "watch"):
         if section in doc and not isinstance(doc[section], dict):
             raise ProfileError(where, section, f"expected a mapping, got {doc[section]!r}")
     return Profile(
@@ -127,4 +130,5 @@ def load(ref: str) -> Profile:
         waivers=parse_waivers(doc.get("waivers"), where),
         code=dict(doc.get("code") or {}),
         deployment=parse_deployment(doc.get("deployment"), where),
+        watch=dict(doc.get("watch") or {}),
     )

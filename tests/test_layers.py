@@ -55,6 +55,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("check", ("kvgate.check",)),
     # Rendering a report.
     ("report", ("kvgate.formats", "kvgate.reporting")),
+    # `kvgate watch`: the pipeline and the report on a loop, metrics and a verdict over HTTP.
+    ("watch", ("kvgate.watch",)),
     ("commands", ("kvgate.commands",)),
     ("cli", ("kvgate.cli",)),
 )

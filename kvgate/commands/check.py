@@ -136,44 +136,31 @@ def check(
 
     pairs = pair_outputs(list(fmt), list(output))
     try:
-        options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
-        probe_settings = dict(options.probes)
-        if probe_deadline is not None:
-            probe_settings["deadline_s"] = probe_deadline
-        if tenants is not None:
-            probe_settings["tenants"] = tenants
-        if keep_going:
-            probe_settings["early_stop"] = False
-        defenses = dict(options.defenses)
-        if deferred_release_env is not None:
-            defenses["deferred_release_env"] = deferred_release_env
-        if model_arch is not None:
-            defenses["model_arch"] = model_arch
-        if trust_version:
-            defenses["trust_version"] = True
-        code = dict(options.code)
-        if site_packages is not None and python is not None:
-            raise UsageError("give one of --site-packages, --python (per-role sources go in the profile's code:)")
-        if site_packages is not None:
-            code["*"] = {"site_packages": site_packages}
-        if python is not None:
-            code["*"] = {"python": python}
-        if scan_timeout is not None:
-            if "*" not in code:
-                raise UsageError("--scan-timeout needs --python (per-source timeouts go in the profile's code:)")
-            code["*"] = {**code["*"], "timeout": scan_timeout}
-        options = replace(
-            options,
-            probes=probe_settings,
-            defenses=defenses,
-            code=code,
-            probes_enabled=probes,
+        options = check_options(
+            prefill_url,
+            decode_url,
+            router_url,
+            profile,
+            context_len,
+            headroom,
+            timeout,
+            strict,
+            probe_deadline=probe_deadline,
+            tenants=tenants,
+            keep_going=keep_going,
+            deferred_release_env=deferred_release_env,
+            model_arch=model_arch,
+            site_packages=site_packages,
+            python=python,
+            scan_timeout=scan_timeout,
+            trust_version=trust_version,
+            probes=probes,
             concurrency=concurrency,
-            read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
-            baseline=str(baseline) if baseline else None,
-            write_baseline=str(write_baseline) if write_baseline else None,
+            read_deadline=read_deadline,
+            baseline=baseline,
+            write_baseline=write_baseline,
+            model_config=model_config,
         )
-        options = _with_model_config(options, model_config)
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
         if profile is not None and Path(profile).is_file():
@@ -183,6 +170,73 @@ def check(
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)
+
+
+def check_options(
+    prefill_url: list[str],
+    decode_url: list[str],
+    router_url: str | None,
+    profile: str | None,
+    context_len: int | None,
+    headroom: float | None,
+    timeout: float | None,
+    strict: bool | None,
+    *,
+    probe_deadline: float | None = None,
+    tenants: int | None = None,
+    keep_going: bool = False,
+    deferred_release_env: bool | None = None,
+    model_arch: str | None = None,
+    site_packages: str | None = None,
+    python: str | None = None,
+    scan_timeout: float | None = None,
+    trust_version: bool = False,
+    probes: bool = True,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    read_deadline: float | None = None,
+    baseline: Path | None = None,
+    write_baseline: Path | None = None,
+    model_config: Path | None = None,
+) -> CheckOptions:
+    """check's flags merged over the profile into CheckOptions (`kvgate watch` takes the same flags)."""
+    options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
+    probe_settings = dict(options.probes)
+    if probe_deadline is not None:
+        probe_settings["deadline_s"] = probe_deadline
+    if tenants is not None:
+        probe_settings["tenants"] = tenants
+    if keep_going:
+        probe_settings["early_stop"] = False
+    defenses = dict(options.defenses)
+    if deferred_release_env is not None:
+        defenses["deferred_release_env"] = deferred_release_env
+    if model_arch is not None:
+        defenses["model_arch"] = model_arch
+    if trust_version:
+        defenses["trust_version"] = True
+    code = dict(options.code)
+    if site_packages is not None and python is not None:
+        raise UsageError("give one of --site-packages, --python (per-role sources go in the profile's code:)")
+    if site_packages is not None:
+        code["*"] = {"site_packages": site_packages}
+    if python is not None:
+        code["*"] = {"python": python}
+    if scan_timeout is not None:
+        if "*" not in code:
+            raise UsageError("--scan-timeout needs --python (per-source timeouts go in the profile's code:)")
+        code["*"] = {**code["*"], "timeout": scan_timeout}
+    options = replace(
+        options,
+        probes=probe_settings,
+        defenses=defenses,
+        code=code,
+        probes_enabled=probes,
+        concurrency=concurrency,
+        read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
+        baseline=str(baseline) if baseline else None,
+        write_baseline=str(write_baseline) if write_baseline else None,
+    )
+    return _with_model_config(options, model_config)
 
 
 def _with_model_config(options: CheckOptions, flag: Path | None) -> CheckOptions:

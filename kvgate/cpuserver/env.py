@@ -136,7 +136,9 @@ def _system_libs() -> tuple[str, ...]:
             for deb in sorted(dl.glob("*.deb")):
                 run_step(["dpkg-deb", "-x", str(deb), str(dest / "root")], what=f"dpkg-deb -x {deb.name}")
             write_atomic(marker, "ok")
-    return tuple(str(p) for p in sorted((dest / "root").glob("usr/lib/*")) if p.is_dir())
+    # libnl-3-200 unpacks into lib/<triplet>, the others into usr/lib/<triplet>: both go on the path.
+    found = sorted((dest / "root").glob("usr/lib/*")) + sorted((dest / "root").glob("lib/*"))
+    return tuple(str(p) for p in found if p.is_dir())
 
 
 def server_env(version: str) -> ServerEnv:

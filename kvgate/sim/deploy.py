@@ -8,6 +8,8 @@ with SimDeployment(emulate="0.5.19", prefill=1, decode=1, context_length=4096,
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import tempfile
 import threading
@@ -226,6 +228,23 @@ class SimDeployment:
             "dp_size": self.dp_size,
             "launch_command": f"python -m kvgate.sim fleet (metadata-only {mode} worker on port {port})",
         }
+
+    def restart_worker(self, role: str, index: int, *, pool: int, deadline_s: float = 60.0) -> None:
+        """Stop one (non-light) worker and start it again on its ports with `--max-total-tokens pool`:
+        a capacity change as an operator's restart makes it (the router keeps listing the URL)."""
+        if self.supervisor is None or self.light:
+            raise ValueError("restart_worker needs a started deployment of full workers")
+        name = f"{role}{index}"
+        old = next(p for p in reversed(self.supervisor.processes) if p.name == name and not p.stopped)
+        assert old.popen is not None
+        os.killpg(old.pid, signal.SIGTERM)
+        old.popen.wait(timeout=deadline_s)
+        old.stopped = True
+        argv = list(old.argv)
+        argv[argv.index("--max-total-tokens") + 1] = str(pool)
+        url = (self.prefill_urls if role == "prefill" else self.decode_urls)[index]
+        proc = self.supervisor.start(name, argv, ready_url=url + "/health", env=self._worker_env())
+        self.supervisor.wait_ready([proc], deadline_s=deadline_s)
 
     def stop(self) -> None:
         """Stop everything (idempotent)."""

@@ -1,0 +1,148 @@
+"""`kvgate watch`: keep gating a live PD deployment after promotion; metrics, liveness and a verdict over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from kvgate.commands._common import STRICT_HELP, handle_errors
+from kvgate.defaults import DEFAULT_CONCURRENCY
+from kvgate.errors import UsageError
+
+DEFAULT_LISTEN = "127.0.0.1:9464"
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """HOST:PORT (PORT 0: any free port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"--listen {value!r}: expected HOST:PORT, e.g. 0.0.0.0:9464")
+    return host.strip("[]"), int(port)
+
+
+@handle_errors
+def watch(
+    router_url: str = typer.Option(..., "--router-url", help="Router URL: its workers are listed every interval."),
+    listen: str = typer.Option(
+        DEFAULT_LISTEN, "--listen", help="HOST:PORT serving /metrics, /healthz and /verdict (0.0.0.0 in a pod)."
+    ),
+    interval: float | None = typer.Option(
+        None, "--interval", min=1.0, help="Seconds between metadata passes (default 30; profile watch.interval_s)."
+    ),
+    max_age: float | None = typer.Option(
+        None, "--max-age", min=1.0, help="/verdict is 200 only for a passed gate younger than this (default 7200 s)."
+    ),
+    regate_every: float | None = typer.Option(
+        None, "--regate-every", min=1.0, help="Run the full gate at least this often, changes or not (default 3600 s)."
+    ),
+    requests_per_min: int | None = typer.Option(
+        None, "--requests-per-min", min=0, help="Probe budget: requests in any minute (default 6)."
+    ),
+    prefill_tokens_per_min: int | None = typer.Option(
+        None, "--prefill-tokens-per-min", min=0, help="Probe budget: prompt tokens in any minute (default 32768)."
+    ),
+    intervals: int | None = typer.Option(None, "--intervals", min=1, help="Stop after this many intervals."),
+    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
+    context_len: int | None = typer.Option(
+        None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
+    ),
+    headroom: float | None = typer.Option(None, "--headroom", min=1.0, help="Required pool / context ratio."),
+    timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="Seconds per metadata request."),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
+    token_env: str | None = typer.Option(
+        None, "--token-env", help="Name of the environment variable holding the bearer token."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No log lines on stderr."),
+    probe_deadline: float | None = typer.Option(
+        None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang."
+    ),
+    tenants: int | None = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per gate round."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Full gates run every probe, even after a leak."),
+    deferred_release_env: bool | None = typer.Option(
+        None,
+        "--deferred-release-env/--no-deferred-release-env",
+        help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to, when workers do not expose it.",
+    ),
+    model_arch: str | None = typer.Option(None, "--model-arch", help="Model architecture, when workers do not say."),
+    site_packages: str | None = typer.Option(
+        None, "--site-packages", help="Folder holding the sglang/ package every worker runs."
+    ),
+    python: str | None = typer.Option(None, "--python", help="Command running the workers' Python."),
+    scan_timeout: float | None = typer.Option(None, "--scan-timeout", min=1.0, help="Seconds --python may take."),
+    trust_version: bool = typer.Option(
+        False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."
+    ),
+    probes: bool = typer.Option(True, "--probes/--no-probes", help="Probe through the router (gates and schedule)."),
+    concurrency: int = typer.Option(
+        DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers a full gate reads at once."
+    ),
+    read_deadline: float | None = typer.Option(
+        None, "--read-deadline", min=0.1, help="Seconds a full gate's metadata read may take."
+    ),
+    model_config: Path | None = typer.Option(None, "--model-config", help="The model's config.json."),
+) -> None:
+    """Keep gating a live PD deployment: re-gate on every capacity change, probe within a traffic budget,
+    and serve Prometheus metrics, /healthz and a promotion verdict (/verdict)."""
+    import threading
+    from dataclasses import replace
+
+    from kvgate.commands.check import check_options
+    from kvgate.extras import require_watch
+    from kvgate.progress import LineObserver
+    from kvgate.redact import token_from_env
+
+    require_watch("kvgate watch")
+    from kvgate.watch.loop import Watcher
+    from kvgate.watch.settings import WatchSettings
+
+    host, port = parse_listen(listen)
+    options = check_options(
+        [],
+        [],
+        router_url,
+        profile,
+        context_len,
+        headroom,
+        timeout,
+        strict,
+        probe_deadline=probe_deadline,
+        tenants=tenants,
+        keep_going=keep_going,
+        deferred_release_env=deferred_release_env,
+        model_arch=model_arch,
+        site_packages=site_packages,
+        python=python,
+        scan_timeout=scan_timeout,
+        trust_version=trust_version,
+        probes=probes,
+        concurrency=concurrency,
+        read_deadline=read_deadline,
+        model_config=model_config,
+    )
+    from kvgate.check import node_specs
+    from kvgate.profiles import load
+
+    node_specs(options)  # validates --router-url
+    section = load(profile).watch if profile else {}
+    settings = WatchSettings.from_mapping(section, options.profile_name or "watch settings")
+    flags: dict[str, Any] = {
+        "interval_s": interval,
+        "max_age_s": max_age,
+        "regate_every_s": regate_every,
+        "requests_per_min": requests_per_min,
+        "prefill_tokens_per_min": prefill_tokens_per_min,
+    }
+    settings = replace(settings, **{k: v for k, v in flags.items() if v is not None})
+    settings.check("flags")
+    log = (lambda _m: None) if quiet else LineObserver().log
+    try:
+        watcher = Watcher(options, settings, listen=(host, port), token=token_from_env(token_env), log=log)
+    except OSError as exc:
+        raise UsageError(f"--listen {listen}: cannot serve there: {exc}") from None
+    try:
+        watcher.run(threading.Event(), max_intervals=intervals)
+    except KeyboardInterrupt:  # SIGTERM (kvgate.supervisor.Stopped) or Ctrl-C: the normal end of a watch
+        pass
+    raise typer.Exit(0)

@@ -1,0 +1,148 @@
+"""The watcher's Prometheus metrics (prometheus_client, in a registry of its own).
+
+Every name is listed in METRIC_NAMES (the README and the examples are tested against it). Series of
+workers or checks that are gone are removed on each update, so the series count follows the fleet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from kvgate.findings import Finding, Outcome, Report
+
+#: the outcome code of kvgate_check_outcome: the exit-status semantics of one finding
+OUTCOME_CODE = {Outcome.PASSED: 0, Outcome.INFO: 0, Outcome.FAILED: 1, Outcome.INCONCLUSIVE: 3, Outcome.ERROR: 4}
+#: which outcome of one (check, node) the series shows when several findings share it (a failure wins)
+_RANK = {0: 0, 3: 1, 4: 2, 1: 3}
+#: latency buckets' histogram boundaries (seconds)
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+METRIC_NAMES = (
+    "kvgate_verdict",
+    "kvgate_verdict_age_seconds",
+    "kvgate_worker_kv_pool_context_ratio",
+    "kvgate_check_outcome",
+    "kvgate_workers",
+    "kvgate_metadata_pass_seconds",
+    "kvgate_changes_total",
+    "kvgate_full_gates_total",
+    "kvgate_probe_requests_total",
+    "kvgate_probe_prefill_tokens_total",
+    "kvgate_probe_skipped_total",
+    "kvgate_probe_failures_total",
+    "kvgate_probe_leaks_total",
+    "kvgate_probe_prefill_seconds",
+    "kvgate_latency_too_good",
+    "kvgate_latency_long_p5_seconds",
+    "kvgate_latency_one_page_median_seconds",
+    "kvgate_budget_requests_per_minute",
+    "kvgate_budget_prefill_tokens_per_minute",
+    "kvgate_budget_peak_requests_per_minute",
+    "kvgate_budget_peak_prefill_tokens_per_minute",
+)
+
+
+class WatchMetrics:
+    """The metrics and the one registry /metrics renders."""
+
+    def __init__(self, verdict_time: Callable[[], float | None]) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.verdict = Gauge(
+            "kvgate_verdict",
+            "Exit status of the last full gate: 0 passed, 1 failed, 3 inconclusive, 4 unreachable (-1: none yet)",
+            registry=r,
+        )
+        self.verdict.set(-1)
+        age = Gauge("kvgate_verdict_age_seconds", "Seconds since the last full gate (-1: none yet)", registry=r)
+
+        def _age() -> float:
+            t = verdict_time()
+            return -1.0 if t is None else time.time() - t
+
+        age.set_function(_age)
+        self.ratio = Gauge(
+            "kvgate_worker_kv_pool_context_ratio",
+            "KV pool tokens / context length of each worker (the runbook wants >= the headroom, 1.25)",
+            ["worker", "role"],
+            registry=r,
+        )
+        self.outcome = Gauge(
+            "kvgate_check_outcome",
+            "Outcome of each check of the last full gate: 0 passed, 1 failed, 3 inconclusive, 4 error",
+            ["check", "node"],
+            registry=r,
+        )
+        self.workers = Gauge("kvgate_workers", "Workers listed, by the last pass", ["state"], registry=r)
+        self.pass_seconds = Gauge("kvgate_metadata_pass_seconds", "Wall time of the last metadata pass", registry=r)
+        self.changes = Counter("kvgate_changes", "Changes seen by the metadata pass", ["fact"], registry=r)
+        self.full_gates = Counter("kvgate_full_gates", "Full gate runs, by what triggered them", ["reason"], registry=r)
+        self.requests = Counter("kvgate_probe_requests", "Scheduled probes sent", ["bucket"], registry=r)
+        self.prefill_tokens = Counter(
+            "kvgate_probe_prefill_tokens", "Prompt tokens of the scheduled probes sent", registry=r
+        )
+        self.skipped = Counter("kvgate_probe_skipped", "Scheduled probes not sent", ["reason"], registry=r)
+        self.failures = Counter("kvgate_probe_failures", "Scheduled probes not served", ["bucket"], registry=r)
+        self.leaks = Counter("kvgate_probe_leaks", "Foreign sentinels seen in scheduled probes' answers", registry=r)
+        self.durations = Histogram(
+            "kvgate_probe_prefill_seconds",
+            "Duration of served scheduled probes (time to a short answer), by prompt-length bucket",
+            ["bucket"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.too_good = Gauge(
+            "kvgate_latency_too_good",
+            "1: the long bucket's p5 fell to the one-page median (latency too good); 0: not; -1: too few samples",
+            registry=r,
+        )
+        self.too_good.set(-1)
+        self.long_p5 = Gauge("kvgate_latency_long_p5_seconds", "p5 of the long bucket's durations", registry=r)
+        self.short_median = Gauge(
+            "kvgate_latency_one_page_median_seconds", "Median of the one-page bucket's durations", registry=r
+        )
+        self.budget_requests = Gauge(
+            "kvgate_budget_requests_per_minute", "Probe budget: requests in any minute", registry=r
+        )
+        self.budget_tokens = Gauge(
+            "kvgate_budget_prefill_tokens_per_minute", "Probe budget: prompt tokens in any minute", registry=r
+        )
+        self.peak_requests = Gauge(
+            "kvgate_budget_peak_requests_per_minute", "Most probe requests sent in any minute so far", registry=r
+        )
+        self.peak_tokens = Gauge(
+            "kvgate_budget_peak_prefill_tokens_per_minute",
+            "Most probe prompt tokens in any minute",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def set_report(self, report: Report) -> None:
+        """The verdict and one series per (check, node) of a full gate (the worst outcome of each)."""
+        self.verdict.set(int(report.exit_status))
+        worst: dict[tuple[str, str], int] = {}
+        for f in report.findings:
+            key = (f.test_id, f.node)
+            if key not in worst or _RANK[_code(f)] > _RANK[worst[key]]:
+                worst[key] = _code(f)
+        self.outcome.clear()
+        for (check, node), code in worst.items():
+            self.outcome.labels(check=check, node=node).set(code)
+
+    def set_ratios(self, ratios: Iterable[tuple[str, str, float]]) -> None:
+        self.ratio.clear()
+        for worker, role, value in ratios:
+            self.ratio.labels(worker=worker, role=role).set(value)
+
+    def set_workers(self, counts: Mapping[str, int]) -> None:
+        self.workers.clear()
+        for state, n in counts.items():
+            self.workers.labels(state=state).set(n)
+
+
+def _code(f: Finding) -> int:
+    return OUTCOME_CODE.get(f.outcome, 4)
