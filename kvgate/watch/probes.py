@@ -18,7 +18,6 @@ import httpx
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.cost import CostMeter
-from kvgate.gates.probes.latency import long_length
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sentinel, TokenCodec, owners
 from kvgate.gates.probes.settings import ProbeSettings
@@ -26,11 +25,23 @@ from kvgate.progress import NullObserver
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.latency import LONG, ONE_PAGE
 
+#: the long bucket without a calibration of the watch's own: a 32nd of the context, at least 8 pages
+#: (probes.latency_long_tokens sets it; the budget and the longest accepted prompt cap it)
+LONG_SHARE = 1 / 32
+
 #: answer length: long enough to carry a whole sentinel, short enough to keep decode out of the timing
 ANSWER_TOKENS = 24
 #: sentinels of this watch's recent probes kept for attributing a sighting (older ones are still
 #: caught as whole delimited sentinels of an unknown earlier request)
 BOOK = 64
+
+
+def long_length(limits: ProbeLimits, settings: ProbeSettings) -> int:
+    """Length of the long bucket's prompt: configured, else LONG_SHARE of the context."""
+    want = (
+        settings.latency_long_tokens if settings.latency_long_tokens is not None else int(limits.context * LONG_SHARE)
+    )
+    return max(8 * limits.one_page, min(want, limits.longest_accepted))
 
 
 @dataclass(frozen=True)
