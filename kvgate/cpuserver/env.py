@@ -135,7 +135,9 @@ def _system_libs() -> tuple[str, ...]:
             for deb in sorted(dl.glob("*.deb")):
                 run_step(["dpkg-deb", "-x", str(deb), str(dest / "root")], what=f"dpkg-deb -x {deb.name}")
             marker.write_text("ok")
-    return tuple(str(p) for p in sorted((dest / "root").glob("usr/lib/*")) if p.is_dir())
+    # Debian puts some of them under /lib (libnl-3-200 on bookworm), the others under /usr/lib.
+    found = [*(dest / "root").glob("lib/*"), *(dest / "root").glob("usr/lib/*")]
+    return tuple(str(p) for p in sorted(found) if p.is_dir())
 
 
 def server_env(version: str) -> ServerEnv:
