@@ -7,9 +7,15 @@ with the cancelled request's content. None may.
 
 The cancel is SGLang's `POST /abort_request {"rid"}` on every decode worker: a decode-initiated abort,
 the case deferred release exists for (the router forwards `rid` unchanged). Without decode URLs it
-falls back to the client's disconnect, which a router may or may not propagate. When the transfer is in flight
-is estimated from the latency probe (median latencies interpolated to the abort length); attempts
-cancel at evenly spread points of that window.
+falls back to the client's disconnect, which a router may or may not propagate.
+
+Sizing and timing (`plan_abort`, `CancelPoints`): the victim is long enough that its prefill (the
+window in which the decode waits for its KV) lasts WINDOW_NOISE calibrated noise units, up to the
+longest accepted prompt. The first cancel aims at the middle of the window the calibration predicts;
+each try that missed teaches the window (a victim answered before or soon after the cancel: the cancel
+came late; long after it: early), and the next cancel aims inside what is left. Tries go on until
+`abort_attempts` acknowledged cancels in flight were observed or the budget (max(abort_budget x
+context, budget_floor_s of measured prefill)) is spent; the finding says how many tries it took.
 
 What a leak needs, and how the probe arranges it: once the prefill learns of the abort it posts no
 more chunks, so what can land late is the write already in flight (one chunk, for at most one chunk's
@@ -26,16 +32,18 @@ had its KV before the cancel and does not count as cancelled.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import httpx
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.probes.calibrate import Calibration
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import ProbeResult
-from kvgate.gates.probes.latency import LatencyModel
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
@@ -44,9 +52,127 @@ GATE = "probes"
 CHECK = "abort.mid_transfer"
 
 
-def abort_length(limits: ProbeLimits, settings: ProbeSettings) -> int:
-    want = settings.abort_tokens if settings.abort_tokens is not None else int(0.012 * limits.context)
-    return max(16 * limits.one_page, min(want, limits.longest_accepted))
+#: The victim's prefill window aimed for, in calibrated noise units (a cancel aimed at its middle
+#: then lands inside it despite the noise), and never below MIN_WINDOW_S.
+WINDOW_NOISE = 10.0
+MIN_WINDOW_S = 0.02
+#: However large the budget, at most this many tries per wanted cancel (bounds the wall time).
+TRIES_PER_ATTEMPT = 4
+#: Share of a one-page round trip spent before the decode knows a request / after its KV arrived.
+_LEAD = 0.3
+
+
+@dataclass(frozen=True)
+class AbortPlan:
+    """The sizes the abort probe chose, and from what."""
+
+    victim_tokens: int
+    canary_tokens: int
+    canaries: int
+    expected_s: float  # calibrated latency of the victim, end to end
+    window_s: float  # calibrated prefill time of the victim beyond a one-page request
+    lead_s: float  # before this, the decode may not know the victim yet
+    budget_tokens: int
+    max_tries: int
+    limited_by: str | None
+
+    @property
+    def per_try_tokens(self) -> int:
+        return self.victim_tokens + self.canary_tokens * self.canaries
+
+    def as_evidence(self) -> dict[str, object]:
+        return {
+            "victim_tokens": self.victim_tokens,
+            "canary_tokens": self.canary_tokens,
+            "canaries_per_try": self.canaries,
+            "expected_victim_ms": round(self.expected_s * 1000, 2),
+            "window_ms": round(self.window_s * 1000, 2),
+            "budget_tokens": self.budget_tokens,
+            "max_tries": self.max_tries,
+            "limited_by": self.limited_by,
+        }
+
+
+def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -> AbortPlan:
+    """Size the victim, the canaries and the number of tries from the calibration (abort_tokens wins)."""
+    page = limits.one_page
+    limited: list[str] = []
+    if settings.abort_tokens is not None:
+        victim = settings.abort_tokens
+    else:
+        at = cal.tokens_for(max(WINDOW_NOISE * cal.jitter_s, MIN_WINDOW_S))
+        victim = at if at is not None else limits.longest_accepted
+        if victim > limits.longest_accepted:
+            limited.append("the longest accepted prompt")
+    victim = max(16 * page, min(victim, limits.longest_accepted))
+    victim = min(victim, limits.longest_accepted)
+    per = min(max(page * 2, -(-victim // settings.abort_canaries)), limits.longest_accepted)
+    budget = cal.budget_tokens(settings.abort_budget, limits.context, settings.budget_floor_s)
+    per_try = victim + per * settings.abort_canaries
+    cap = TRIES_PER_ATTEMPT * settings.abort_attempts
+    max_tries = max(1, min(budget // per_try, cap))
+    if max_tries < cap:
+        limited.append(f"the budget ({budget:,} tokens: {max_tries} tries of {per_try:,})")
+    expected = cal.expected_s(victim)
+    return AbortPlan(
+        victim_tokens=victim,
+        canary_tokens=per,
+        canaries=settings.abort_canaries,
+        expected_s=expected,
+        window_s=expected - cal.base_s,
+        lead_s=_LEAD * cal.base_s,
+        budget_tokens=budget,
+        max_tries=max_tries,
+        limited_by="; ".join(limited) or None,
+    )
+
+
+def _van_der_corput(k: int) -> float:
+    """0.5, 0.25, 0.75, 0.125, 0.625, ...: each next point splits the largest gap left."""
+    x, denom, k = 0.0, 1.0, k + 1
+    while k:
+        denom *= 2
+        x += (k % 2) / denom
+        k //= 2
+    return x
+
+
+@dataclass
+class CancelPoints:
+    """Where to cancel next: the window where the decode waits for the victim's KV, narrowed by what
+    each missed try showed (see the module docstring)."""
+
+    lo: float
+    hi: float
+    lead: float
+    tries: int = 0
+    served: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_plan(cls, plan: AbortPlan) -> CancelPoints:
+        lo = max(0.001, plan.lead_s)
+        return cls(lo, max(lo + 0.001, plan.expected_s - plan.lead_s), plan.lead_s)
+
+    def next(self) -> float:
+        at = self.lo + _van_der_corput(self.tries) * (self.hi - self.lo)
+        self.tries += 1
+        return round(at, 4)
+
+    def learn(self, at: float, victim: ProbeResult) -> None:
+        """A try missed and the victim was served after `elapsed_s`: its KV arrived about `lead` before
+        the answer. A cancel after that came late; one well before it came before the decode knew it."""
+        if not victim.served:
+            return
+        self.served.append(victim.elapsed_s)
+        arrived = victim.elapsed_s - self.lead
+        if at >= arrived:
+            self.hi = min(self.hi, at, arrived)
+        else:
+            self.lo = max(self.lo, at)
+            self.hi = min(self.hi, arrived)
+        if self.hi - self.lo < 0.001:  # the window closed on noise: reopen it around what was observed
+            self.lo = max(0.001, 0.5 * self.lead)
+            self.hi = max(self.lo + 0.001, min(self.served) - self.lead)
 
 
 def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) -> tuple[list[str], bool]:
@@ -81,11 +207,11 @@ def run_abort(
     decode_urls: Sequence[str],
     limits: ProbeLimits,
     settings: ProbeSettings,
-    model: LatencyModel | None,
+    plan: AbortPlan,
     node: str,
 ) -> Finding:
     """Cancel long requests mid-transfer and check that no canary carries their content."""
-    la = abort_length(limits, settings)
+    la = plan.victim_tokens
     victim_p = LengthProbe(
         "abort_victim",
         la,
@@ -94,29 +220,14 @@ def run_abort(
         "request cancelled mid-transfer",
         max_new_tokens_for(limits, la, settings.max_new_tokens),
     )
-    per = max(limits.one_page * 2, -(-la // settings.abort_canaries))
-    per = min(per, limits.longest_accepted)
     canary_p = LengthProbe(
         "abort_canary",
-        per,
+        plan.canary_tokens,
         ACCEPT,
         "none",
         "canary after a cancel",
-        max_new_tokens_for(limits, per, settings.max_new_tokens),
+        max_new_tokens_for(limits, plan.canary_tokens, settings.max_new_tokens),
     )
-    if model is None:
-        cal = sender.one(victim_p, "abort-calibration")
-        if not cal.result.served:
-            return inconclusive(
-                GATE,
-                CHECK,
-                node,
-                f"calibration request of {la:,} tokens failed: "
-                f"HTTP {cal.result.status}, timed_out={cal.result.timed_out}",
-            )
-        expected = cal.result.elapsed_s
-    else:
-        expected = model.expected_s(la)
     cancelled: list[Sent] = []
     canaries: list[Sent] = []
     sightings: list[Sighting] = []  # scanned per batch, as it arrives
@@ -124,21 +235,18 @@ def run_abort(
     acknowledged = 0  # cancels a decode worker confirmed with its /abort_request answer
     n = settings.abort_attempts
     tries = 0
+    first_hit: int | None = None
+    answered_first = 0  # tries whose victim was served before the cancel took
     points: list[float] = []
-    per_try = la + canary_p.length * settings.abort_canaries
-    budget = settings.abort_budget * limits.context
+    schedule = CancelPoints.from_plan(plan)
     with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {la:,} tokens", total=n) as handle:
         # A try whose request answered before the cancel observed nothing; it does not count.
-        while len(cancelled) < n and tries < 2 * n:
+        while len(cancelled) < n and tries < plan.max_tries:
             if settings.early_stop and any("abort_victim" in x.source for x in sightings):
                 notes.append(f"stopped after {tries} tries: a canary carried a cancelled request's content")
                 break
-            if tries and (tries + 1) * per_try > budget:
-                notes.append(f"stopped after {tries} tries: abort_budget ({settings.abort_budget:g} x context) spent")
-                break
-            k = len(cancelled)
-            at = max(0.005, expected * (k + 1) / (n + 1))
-            points.append(round(at, 4))
+            at = schedule.next()
+            points.append(at)
             phase = f"abort{tries}"
             tries += 1
             box: list[Sent] = []
@@ -161,9 +269,7 @@ def run_abort(
                 if not ok:
                     notes.append(f"try {tries}: /abort_request not acknowledged: {answers}")
             acked = acked and bool(rids)
-            batch = sender.many(
-                [canary_p] * settings.abort_canaries, f"{phase}-canary", f"abort canaries after cancel {tries}"
-            )
+            batch = sender.many([canary_p] * plan.canaries, f"{phase}-canary", f"abort canaries after cancel {tries}")
             t.join(timeout=settings.deadline_s + at)
             victim = box[0] if box else None
             # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
@@ -176,7 +282,7 @@ def run_abort(
             )
             if victim is not None:
                 sender.observer.log(
-                    f"abort try {tries}: cancel at {at:.3f} s of ~{expected:.3f} s expected; victim "
+                    f"abort try {tries}: cancel at {at:.3f} s of ~{plan.expected_s:.3f} s expected; victim "
                     f"{'aborted in flight' if hit is not None else 'answered first'} "
                     f"(HTTP {victim.result.status}, {victim.result.elapsed_s:.3f} s)"
                 )
@@ -187,25 +293,30 @@ def run_abort(
                     sender.meter.charge_prefill(la)  # aborted, so not counted as served; it was prefilled
                 cancelled.append(hit)
                 acknowledged += acked
+                first_hit = first_hit or tries
                 handle.advance(1)
             else:
                 what = (
                     "no answer"
                     if victim is None
                     else (
-                        f"HTTP {victim.result.status}, timed_out={victim.result.timed_out}, "
-                        f"transport_error={victim.result.transport_error}"
+                        f"HTTP {victim.result.status}, {victim.result.elapsed_s:.3f} s, "
+                        f"timed_out={victim.result.timed_out}, transport_error={victim.result.transport_error}"
                     )
                 )
                 notes.append(f"try {tries}: no acknowledged abort in flight at {at:.3f} s ({what})")
-                if victim is not None and victim.result.served:
-                    # it was faster than expected: aim the next cancels inside what was observed
-                    expected = min(expected, victim.result.elapsed_s)
+                if victim is not None:
+                    answered_first += victim.result.served
+                    schedule.learn(at, victim.result)
+    if len(cancelled) < n and tries >= plan.max_tries and not sightings:
+        notes.append(f"stopped after {tries} tries: the budget allows {plan.max_tries}")
     ev = [
         Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
         Evidence(node, "abort.canaries", len(canaries)),
         Evidence(node, "abort.cancel_points_s", points),
         Evidence(node, "abort.tries", tries),
+        Evidence(node, "abort.first_cancel_at_try", first_hit),
+        Evidence(node, "abort.plan", plan.as_evidence()),
         Evidence(node, "abort.acknowledged", acknowledged, "every counted cancel acknowledged by /abort_request"),
     ]
     if sightings:
@@ -229,10 +340,10 @@ def run_abort(
             CHECK,
             node,
             f"no request could be cancelled mid-transfer in {tries} tries (none was "
-            "an acknowledged abort in flight): nothing observed; see abort.notes, raise abort_tokens "
-            "or abort_budget",
+            "an acknowledged abort in flight): nothing observed; see abort.notes",
             *ev,
-            Evidence(node, "abort.notes", notes[:6]),
+            Evidence(node, "abort.notes", notes[:8]),
+            remedy=_no_cancel_remedy(plan, limits, settings, tries, answered_first),
         )
     if not acknowledged:
         how = (
@@ -252,16 +363,35 @@ def run_abort(
     if len(answered) < len(canaries):
         lost = [f"{c.label}: HTTP {c.result.status}" for c in canaries if c.result.status != 200]
         return inconclusive(
-            GATE, CHECK, node, f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}", *ev
+            GATE,
+            CHECK,
+            node,
+            f"{len(lost)} of {len(canaries)} canaries got no answer: {lost[:3]}",
+            *ev,
+            remedy=f"give each probe more time: --probe-deadline {2 * settings.deadline_s:g}",
         )
     return passed(
         GATE,
         CHECK,
         node,
         f"{acknowledged} request(s) of {la:,} tokens cancelled mid-transfer "
-        "(acknowledged and observed); "
+        f"(acknowledged and observed; the first at try {first_hit} of {tries}); "
         f"{len(answered)} canaries sent right after carry only their own content (absence of evidence: "
         "the decode may not have reused those pages yet; the defenses gate's deferred-release check "
         "is what proves page lifetime)",
         *ev,
     )
+
+
+def _no_cancel_remedy(
+    plan: AbortPlan, limits: ProbeLimits, settings: ProbeSettings, tries: int, answered_first: int
+) -> str:
+    """The one profile key that gives the next run a chance to cancel in flight: a longer victim when
+    every victim answered before its cancel (the window was too short to hit), else more tries."""
+    if answered_first == tries and plan.victim_tokens < limits.longest_accepted:
+        longer = min(limits.longest_accepted, 4 * plan.victim_tokens)
+        return f"set the profile key probes.abort_tokens: {longer} (a longer prefill window to cancel in)"
+    share = math.ceil(100 * 2 * max(tries, 1) * plan.per_try_tokens / limits.context) / 100
+    if share <= 10:
+        return f"set the profile key probes.abort_budget: {share:g} (room for {2 * max(tries, 1)} tries)"
+    return f"set the profile key probes.budget_floor_s: {min(600, 2 * max(settings.budget_floor_s, 0.5)):g}"

@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe
-from kvgate.gates.probes.sentinels import Sentinel, Sighting, TokenCodec, new_sentinel, plant_ids, scan
+from kvgate.gates.probes.sentinels import (
+    Sentinel,
+    Sighting,
+    TokenCodec,
+    TokenSpaceCodec,
+    new_sentinel,
+    plant_ids,
+    scan,
+)
 from kvgate.progress import Observer
 
 
@@ -136,11 +144,14 @@ class Sender:
 
     def readable(self, res: ProbeResult) -> str:
         """The generated text of an answer: its `text`, else its `output_ids` decoded when this codec can
-        decode ids locally (the simulator's bytes), else "" (ids only: nothing a sentinel can be read in)."""
+        decode ids locally (the simulator's bytes), else "" (ids only: nothing a sentinel can be read in).
+        In token space the ids are what the sentinels were planted as: they are read whatever the text."""
+        ids = res.output_ids
+        if isinstance(self.codec, TokenSpaceCodec):
+            return "\n".join(x for x in (res.text, self.codec.decode(ids or [])) if x)
         if res.text:
             return res.text
         decode = getattr(self.codec, "decode", None)
-        ids = res.output_ids
         return decode(ids) if decode is not None and ids else ""
 
     def sightings(self, records: Sequence[Sent]) -> list[Sighting]:

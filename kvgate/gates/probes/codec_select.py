@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import httpx
 
-from kvgate.gates.probes.sentinels import ByteCodec, ServerCodec, TokenCodec, new_sentinel
+from kvgate.gates.probes.sentinels import ByteCodec, ServerCodec, TokenCodec, TokenSpaceCodec, new_sentinel
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.target import PREFILL, NodeReading
 
@@ -35,7 +35,9 @@ def _server_codec(http: httpx.Client, readings: Sequence[NodeReading]) -> tuple[
 def select_codec(
     http: httpx.Client, readings: Sequence[NodeReading], settings: ProbeSettings
 ) -> tuple[TokenCodec | None, str]:
-    """The codec and a sentence saying why; None when sentinels cannot be decoded (canaries inconclusive)."""
+    """The codec and a sentence saying why; None when sentinels cannot be decoded (canaries inconclusive:
+    only `tokenizer: server` with no usable /v1/tokenize). In "auto" mode a server with no tokenizer gets
+    sentinels in token space (planted as id sequences, searched in `output_ids`)."""
     if settings.tokenizer == "bytes":
         return ByteCodec(settings.byte_offset), f"byte-level ids (offset {settings.byte_offset}, from the profile)"
     codec, why = _server_codec(http, readings)
@@ -43,4 +45,9 @@ def select_codec(
         return codec, why
     if settings.tokenizer == "auto" and is_simulator(readings):
         return ByteCodec(0), "the kvgate simulator's byte-level tokenizer"
+    if settings.tokenizer == "auto":
+        return (
+            TokenSpaceCodec(settings.byte_offset),
+            f"token space: id sequences planted, searched in output_ids (no server tokenizer: {why})",
+        )
     return None, why

@@ -5,8 +5,9 @@ Order (cheapest that can fail first; incident.md sections 4-5):
 2. canary round A: cheap plants (the tenants), then the abort-path probes (first rejected length of
    the pool bound, the middle of the reject band) together with fresh concurrent tenants;
 2b. isolation: greedy replay of one prompt around other tenants' traffic (needs no decodable text);
-3. latency: one-page vs long prompts, one-sided KS;
-4. abort mid-transfer;
+3. calibration (calibrate.py): the noise and the prefill time per token, measured through the router;
+   then latency: one-page vs long prompts (sized from the calibration), one-sided KS;
+4. abort mid-transfer (victim length and cancel points from the calibration, retried within budget);
 5. canary round B: the longest accepted prompt as the plant (the one long prefill of the run), then
    the abort-path probes and fresh concurrent tenants again.
 A confirmed leak (a foreign sentinel), or a deployment that stopped answering (STALL_AFTER
@@ -18,16 +19,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, info, passed
 from kvgate.gates.base import GateContext
-from kvgate.gates.probes.abort import run_abort
+from kvgate.gates.probes.abort import plan_abort, run_abort
+from kvgate.gates.probes.calibrate import Calibration, calibrate, calibration_budget
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.isolation import run_isolation
-from kvgate.gates.probes.latency import LatencySamples, collect_latency, latency_finding
+from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, collect_latency, latency_finding, plan_latency
 from kvgate.gates.probes.plan import (
     ABORT_PATH_PROBES,
     ACCEPT,
@@ -48,6 +50,7 @@ REMEDY_REJECT = (
     "upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
     "raise the KV pool to at least the context"
 )
+REMEDY_CODEC = "set the profile key probes.tokenizer: auto (token-space sentinels need no server tokenizer)"
 REMEDY_UNTOLD_DECODE = (
     "raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
     "help, no SGLang release through 0.5.23 (nor kvgate's backport) tells the decode that the "
@@ -126,6 +129,8 @@ class _Run:
         )
         tenant = self._tenant_probe()
         samples: list[LatencySamples | None] = [None]
+        self.cal: Calibration | None = None
+        self.latency_plan: LatencyPlan | None = None
         plant_b: list[Sent] = []
 
         def tokenizer_rejections() -> None:
@@ -149,8 +154,15 @@ class _Run:
                 return
             self.findings.append(run_isolation(self.sender, lim, s, self.node))
 
+        def calibration() -> None:
+            self.cal = calibrate(self.sender, lim, calibration_budget(lim.context))
+            self.findings.append(self._calibration_finding(self.cal))
+
         def latency() -> None:
-            samples[0] = collect_latency(self.sender, lim, s)
+            if self.cal is None or not self.cal.ok:
+                return
+            self.latency_plan = plan_latency(self.cal, lim, s)
+            samples[0] = collect_latency(self.sender, self.latency_plan)
 
         def abort() -> None:
             if not s.abort_probe:
@@ -158,11 +170,20 @@ class _Run:
                     inconclusive(GATE, "abort.mid_transfer", self.node, "not run: abort_probe is false")
                 )
                 return
+            if self.cal is None or not self.cal.ok:
+                self.findings.append(self._uncalibrated("abort.mid_transfer"))
+                return
             decodes = [r.spec.url for r in self.ctx.nodes(DECODE)]
-            model = samples[0].model(s.latency_alpha) if samples[0] is not None else None
-            f = run_abort(self.sender, decodes, lim, s, model, self.node)
+            f = run_abort(self.sender, decodes, lim, s, plan_abort(self.cal, lim, s), self.node)
             if not self.can_decode and f.outcome == Outcome.PASSED:
-                f = inconclusive(GATE, f.check, self.node, "sentinels cannot be decoded: " + f.summary, *f.evidence)
+                f = inconclusive(
+                    GATE,
+                    f.check,
+                    self.node,
+                    "sentinels cannot be decoded: " + f.summary,
+                    *f.evidence,
+                    remedy=REMEDY_CODEC,
+                )
             self.findings.append(f)
             if f.outcome == Outcome.FAILED:
                 self.stopped_by = self.stopped_by or f"abort probe: {f.summary}"
@@ -180,6 +201,7 @@ class _Run:
             ("tokenizer rejections", tokenizer_rejections),
             ("canary round A (small plants)", round_a),
             ("isolation (greedy replay)", isolation),
+            ("calibration", calibration),
             ("latency", latency),
             ("abort mid-transfer", abort),
             ("canary round B (at-limit plant)", round_b),
@@ -198,7 +220,21 @@ class _Run:
             served = [
                 rec for name in ABORT_PATH_PROBES for rec, _ in self.observations.get(name, []) if rec.result.served
             ]
-            self.findings.append(latency_finding(samples[0], s, served, plant_b[0] if plant_b else None, self.node))
+            if self.cal is None or not self.cal.ok:
+                self.findings.append(self._uncalibrated("latency.prefill_scaling"))
+            else:
+                self.findings.append(
+                    latency_finding(
+                        samples[0],
+                        s,
+                        served,
+                        plant_b[0] if plant_b else None,
+                        self.node,
+                        self.cal,
+                        self.latency_plan,
+                        lim.context,
+                    )
+                )
         lost = self.sender.transport_failures
         if lost and lost == self.meter.requests:
             self.findings.append(
@@ -226,6 +262,37 @@ class _Run:
             )
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
+
+    def _calibration_finding(self, cal: Calibration) -> Finding:
+        ev = Evidence(self.node, "calibration", cal.as_evidence())
+        if not cal.ok:
+            return inconclusive(
+                GATE,
+                "calibration",
+                self.node,
+                "could not measure the deployment's noise and prefill speed: "
+                + ("; ".join(cal.failures[:3]) or "no answers"),
+                ev,
+                remedy=f"give each probe more time: --probe-deadline {2 * self.settings.deadline_s:g}",
+            )
+        speed = f"{cal.tokens_per_s:,.0f} tokens/s" if cal.tokens_per_s else "not measurable above the noise"
+        return info(
+            GATE,
+            "calibration",
+            self.node,
+            f"one-page requests {cal.base_s * 1000:.1f} ms (noise {cal.jitter_s * 1000:.2f} ms); prefill "
+            f"{speed} (end to end, {cal.requests} requests)",
+            ev,
+        )
+
+    def _uncalibrated(self, check: str) -> Finding:
+        return inconclusive(
+            GATE,
+            check,
+            self.node,
+            "not run: the calibration measured nothing to size it from (see probes.calibration)",
+            remedy=f"give each probe more time: --probe-deadline {2 * self.settings.deadline_s:g}",
+        )
 
     def _tenant_probe(self) -> Callable[[str], LengthProbe]:
         s, lim = self.settings, self.limits

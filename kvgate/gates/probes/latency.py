@@ -3,46 +3,113 @@
 Samples are interleaved (short, long, short, ...) so drift hits both buckets alike, and every sample
 carries a fresh sentinel so no prefix cache can serve it. Each sample asks for one new token: its
 non-streaming latency is the time to first token (prefill, KV transfer, one decode step).
+
+Sizing (`plan_latency`): from the calibration, the long length is the one whose extra prefill time is
+EFFECT_NOISE noise units (at least MIN_EFFECT_S), up to the longest accepted prompt; the sample count
+is the smallest that the KS test passes at `latency_alpha` with room to spare for that effect; both
+shrink to fit the budget (max(latency_budget x context, budget_floor_s of measured prefill)), and the
+plan says when they had to.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.probes.calibrate import MIN_EFFECT_S, Calibration
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.gates.probes.stats import KsResult, ks_long_slower
+from kvgate.gates.probes.stats import KsResult, ks_long_slower, p_value_one_sided
 
 GATE = "probes"
 CHECK = "latency.prefill_scaling"
 
 
+#: The long sample's extra prefill time aimed for, in noise units of the calibration.
+EFFECT_NOISE = 6.0
+#: Sample counts per bucket the sizing chooses from.
+MIN_SAMPLES, MAX_SAMPLES = 8, 60
+#: The KS statistic is planned this far below its expected value (sampling slack: c / sqrt(n)).
+KS_SLACK = 0.8
+
+
+def samples_for(effect_noise_units: float, alpha: float) -> int | None:
+    """Smallest samples per bucket for which a shift of `effect_noise_units` noise sigmas passes the
+    one-sided KS test at alpha/4 even when D+ comes out KS_SLACK/sqrt(n) below its expected value
+    (2 Phi(d/2) - 1 for a normal shift d); None when even MAX_SAMPLES would not."""
+    if effect_noise_units <= 0:
+        return None
+    expected = 2 * NormalDist().cdf(effect_noise_units / 2) - 1
+    for n in range(MIN_SAMPLES, MAX_SAMPLES + 1):
+        d = expected - KS_SLACK / math.sqrt(n)
+        if d > 0 and p_value_one_sided(n, n, d) < alpha / 4:
+            return n
+    return None
+
+
 @dataclass(frozen=True)
-class LatencyModel:
-    """Median latencies of the two buckets, for estimating when a transfer is in flight."""
+class LatencyPlan:
+    """The sizes the latency probe chose, and from what."""
 
     short_tokens: int
     long_tokens: int
-    short_s: float
-    long_s: float
+    samples: int
+    budget_tokens: int
+    wanted_tokens: int  # what the long bucket would cost at the sizes the noise asks for
+    expected_effect_s: float | None  # the calibrated extra time of a long sample
+    limited_by: str | None  # why the sizes fell short of what the noise asks for (None: they did not)
 
-    def expected_s(self, tokens: int) -> float:
-        """Linear interpolation (prefill time grows with length)."""
-        if self.long_tokens == self.short_tokens:
-            return self.long_s
-        slope = max(0.0, (self.long_s - self.short_s) / (self.long_tokens - self.short_tokens))
-        return self.short_s + slope * (tokens - self.short_tokens)
+    def as_evidence(self) -> dict[str, object]:
+        return {
+            "short_tokens": self.short_tokens,
+            "long_tokens": self.long_tokens,
+            "samples_per_bucket": self.samples,
+            "budget_tokens": self.budget_tokens,
+            "wanted_tokens": self.wanted_tokens,
+            "expected_effect_ms": None if self.expected_effect_s is None else round(self.expected_effect_s * 1000, 2),
+            "limited_by": self.limited_by,
+        }
 
 
-def long_length(limits: ProbeLimits, settings: ProbeSettings) -> int:
-    """Length of a long latency sample: configured, or the latency budget spread over the samples."""
-    if settings.latency_long_tokens is not None:
-        want = settings.latency_long_tokens
+def plan_latency(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -> LatencyPlan:
+    """Size the latency probe from the calibration; profile keys, when set, win (and are not shrunk)."""
+    page = limits.one_page
+    budget = cal.budget_tokens(settings.latency_budget, limits.context, settings.budget_floor_s)
+    want_s = max(EFFECT_NOISE * cal.jitter_s, MIN_EFFECT_S)
+    limited: list[str] = []
+    auto_long, auto_n = settings.latency_long_tokens is None, settings.latency_samples is None
+    if not auto_long:
+        long_t = min(settings.latency_long_tokens or 0, limits.longest_accepted)
     else:
-        want = int(settings.latency_budget * limits.context / settings.latency_samples)
-    return max(8 * limits.one_page, min(want, limits.longest_accepted))
+        at = cal.tokens_for(want_s)
+        long_t = max(at if at is not None else limits.longest_accepted, 8 * page)
+        if long_t > limits.longest_accepted:
+            limited.append("the longest accepted prompt")
+            long_t = limits.longest_accepted
+
+    def effect_of(length: int) -> float | None:
+        return cal.s_per_token * (length - page) if cal.s_per_token else None
+
+    if not auto_n:
+        n = settings.latency_samples or MIN_SAMPLES
+    else:
+        e = effect_of(long_t)
+        found = samples_for(e / cal.jitter_s, settings.latency_alpha) if e else None
+        if found is None:
+            limited.append("the noise: no planned sample count shows this effect")
+        n = found or MAX_SAMPLES
+    wanted = n * long_t
+    if wanted > budget and (auto_n or auto_long):
+        if auto_n:
+            n = max(MIN_SAMPLES, min(n, budget // long_t))
+        if auto_long and n * long_t > budget:
+            long_t = max(page + 1, budget // n)
+        if n * long_t < wanted:
+            limited.append(f"the budget ({budget:,} tokens)")
+    return LatencyPlan(page, long_t, n, budget, wanted, effect_of(long_t), "; ".join(limited) or None)
 
 
 @dataclass(frozen=True)
@@ -60,19 +127,12 @@ class LatencySamples:
             return None
         return ks_long_slower(self.short, self.long)
 
-    def model(self, alpha: float) -> LatencyModel | None:
-        """A latency model only when long prompts are significantly slower (otherwise the slope is noise)."""
-        ks = self.ks()
-        if ks is None or not ks.significant(alpha):
-            return None
-        return LatencyModel(self.short_tokens, self.long_tokens, ks.median_short, ks.median_long)
 
-
-def collect_latency(sender: Sender, limits: ProbeLimits, settings: ProbeSettings) -> LatencySamples | None:
+def collect_latency(sender: Sender, plan: LatencyPlan) -> LatencySamples | None:
     """Interleave n one-page and n long samples (each with a fresh sentinel, one new token)."""
-    n = settings.latency_samples
-    short_p = LengthProbe("latency_short", limits.one_page, ACCEPT, "none", "one-page latency sample", 1)
-    ll = min(long_length(limits, settings), limits.longest_accepted)
+    n = plan.samples
+    short_p = LengthProbe("latency_short", plan.short_tokens, ACCEPT, "none", "one-page latency sample", 1)
+    ll = plan.long_tokens
     long_p = LengthProbe("latency_long", ll, ACCEPT, "none", "long latency sample", 1)
     if ll <= short_p.length:
         return None
@@ -97,17 +157,31 @@ def latency_finding(
     served_over_limit: list[Sent],
     plant: Sent | None,
     node: str,
+    cal: Calibration | None = None,
+    plan: LatencyPlan | None = None,
+    context: int | None = None,
 ) -> Finding:
     """Verdict of signal 3: KS over the buckets, and over-limit answers served faster than a real prefill.
 
     A rejected-length prompt answered with 200 in under half the time the at-limit plant (a real
-    prefill of about the same length) took, or of what the latency model predicts, is `latency_too_fast`.
+    prefill of about the same length) took, or of what the calibration predicts, is `latency_too_fast`.
     """
+    ev: list[Evidence] = []
+    if cal is not None:
+        ev.append(Evidence(node, "latency.calibration", cal.as_evidence()))
+    if plan is not None:
+        ev.append(Evidence(node, "latency.plan", plan.as_evidence()))
     if samples is None:
-        return inconclusive(GATE, CHECK, node, "no long length above one page fits the limits")
+        return inconclusive(
+            GATE,
+            CHECK,
+            node,
+            "no long length above one page fits the limits",
+            *ev,
+            remedy="raise the context (--context-length) so that a prompt longer than one KV page is accepted",
+        )
     ks = samples.ks()
-    model = samples.model(settings.latency_alpha)
-    ev: list[Evidence] = [
+    ev.append(
         Evidence(
             node,
             "latency.samples",
@@ -118,14 +192,14 @@ def latency_finding(
                 "long_tokens": samples.long_tokens,
             },
         )
-    ]
+    )
     fast: list[str] = []
     for rec in served_over_limit:
         ref = None
         if plant is not None and plant.result.status == 200 and rec.probe.length >= plant.probe.length:
             ref = (plant.result.elapsed_s, f"the at-limit plant ({plant.probe.length:,} tokens) took")
-        elif model is not None:
-            ref = (model.expected_s(rec.probe.length), "a real prefill of that length should take about")
+        elif cal is not None and cal.s_per_token:
+            ref = (cal.expected_s(rec.probe.length), "a real prefill of that length should take about")
         if ref is not None and rec.result.elapsed_s < 0.5 * ref[0]:
             fast.append(
                 f"{rec.label} answered 200 in {rec.result.elapsed_s * 1000:.1f} ms; {ref[1]} {ref[0] * 1000:.1f} ms"
@@ -159,6 +233,7 @@ def latency_finding(
             f"too few answered latency samples ({len(samples.short)} short, "
             f"{len(samples.long)} long); failures: {list(samples.failures[:3])}",
             *ev,
+            remedy=f"give each probe more time: --probe-deadline {2 * settings.deadline_s:g}",
         )
     how = (
         f"one-sided two-sample KS over {ks.n_short} one-page ({samples.short_tokens} tokens) and {ks.n_long} "
@@ -173,7 +248,32 @@ def latency_finding(
         node,
         f"could not show that long prompts are slower than one-page prompts at "
         f"alpha={settings.latency_alpha:g} ({how}): at this length the prefill may be below the "
-        "noise, or long prompts are served without a prefill; raise latency_long_tokens or "
-        "latency_samples",
+        "noise, or long prompts are served without a prefill",
         *ev,
+        remedy=latency_remedy(samples, ks, settings, cal, plan, context),
     )
+
+
+def latency_remedy(
+    samples: LatencySamples,
+    ks: KsResult,
+    settings: ProbeSettings,
+    cal: Calibration | None,
+    plan: LatencyPlan | None,
+    context: int | None,
+) -> str:
+    """The one profile key (with its value) that gives the KS test the power this run lacked: more
+    samples for the effect measured (its median shift over the calibrated noise), else a longer sample."""
+    if plan is not None and plan.limited_by and "budget" in plan.limited_by and context:
+        share = min(1.0, math.ceil(100 * plan.wanted_tokens / context) / 100)
+        return f"set the profile key probes.latency_budget: {share:g} (the sizes the measured noise asks for)"
+    noise = cal.jitter_s if cal is not None else None
+    shift = ks.median_long - ks.median_short
+    n = samples_for(shift / noise, settings.latency_alpha) if noise and shift > 0 else None
+    if n is not None and n > len(samples.long):
+        return f"set the profile key probes.latency_samples: {n} (enough for the measured {shift * 1000:.1f} ms shift)"
+    longer = 4 * samples.long_tokens
+    if context is not None and longer * max(len(samples.long), 1) > settings.latency_budget * context:
+        share = min(1.0, round(longer * max(len(samples.long), 1) / context + 0.005, 2))
+        return f"set the profile key probes.latency_budget: {share:g} (room for {longer:,}-token samples)"
+    return f"set the profile key probes.latency_long_tokens: {longer}"

@@ -9,7 +9,9 @@ How ids are obtained, honestly:
 - `ServerCodec`: the worker's own tokenizer through SGLang's `/v1/tokenize` (ids without special
   tokens), accepted only if `/v1/detokenize` of the ids repeated twice gives the text back twice.
 - `ByteCodec`: the kvgate simulator's reversible byte-level tokenizer (id = byte + offset).
-- With neither, canary checks are inconclusive: kvgate cannot decode a model's ids on its own.
+- `TokenSpaceCodec`: a server without a tokenizer (`--skip-tokenizer-init`): the sentinel is planted as
+  an id sequence (each byte of its text plus an offset, ids every vocabulary has) and searched for in
+  the answers' `output_ids`, mapped back id by id; no tokenizer is needed on either side.
 """
 
 from __future__ import annotations
@@ -96,6 +98,21 @@ class ByteCodec:
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i - self.offset for i in ids if 0 <= i - self.offset < 256).decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class TokenSpaceCodec:
+    """Sentinels in token space: ids = UTF-8 bytes of the sentinel's text + offset, and back, one id at a
+    time (an id outside the range maps to U+FFFD, so no sequence is ever glued across foreign ids)."""
+
+    offset: int = 0
+    name: str = "token-space"
+
+    def encode(self, text: str) -> list[int]:
+        return [b + self.offset for b in text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(chr(i - self.offset) if 0 <= i - self.offset < 128 else "\ufffd" for i in ids)
 
 
 class ServerCodec:

@@ -25,18 +25,25 @@ class ProbeSettings:
     - tenant_tokens: prompt length of one tenant; None = two KV pages, at least four sentinels.
     - max_new_tokens: generation length asked of canary and over-limit probes (capped so that
       prompt + max_new_tokens never exceeds the context, which SGLang's tokenizer would reject first).
-    - latency_samples: samples per bucket (one-page and long prompts, interleaved) for the KS test.
-    - latency_long_tokens: length of a "long" latency sample; None = latency_budget x context / samples.
-    - latency_budget: share of one context-length prefill the long latency bucket may cost in total.
+    - latency_samples: samples per bucket (one-page and long prompts, interleaved) for the KS test;
+      None = sized from the calibration (calibrate.py): enough for the measured effect at latency_alpha.
+    - latency_long_tokens: length of a "long" latency sample; None = sized from the calibration: the
+      length whose prefill stands clear of the measured noise (up to the longest accepted prompt).
+    - latency_budget: share of one context-length prefill the long latency bucket may cost in total
+      (or budget_floor_s of measured prefill, whichever is more).
     - latency_alpha: significance level of the one-sided two-sample KS test.
     - early_stop: stop after a confirmed leak (a foreign sentinel seen), or once the deployment stopped
       answering (accepted-length requests unanswered at their deadline), instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
-    - abort_attempts: in-flight cancellations wanted, each at a different point of the expected transfer
-      window (a try whose request answered first does not count; at most 2 x abort_attempts tries).
-    - abort_tokens: prompt length of the request that is cancelled; None = 1.2 % of the context.
+    - abort_attempts: in-flight cancellations wanted; tries go on at learned cancel points (a try whose
+      request answered first does not count) until that many are observed or the budget is spent.
+    - abort_tokens: prompt length of the request that is cancelled; None = sized from the calibration:
+      long enough that its prefill window is well above the measured noise (up to the longest accepted).
     - abort_budget: share of one context-length prefill the abort probe may spend on victims and
-      canaries in total; tries stop when the next one would exceed it (the first always runs).
+      canaries in total (or budget_floor_s of measured prefill, whichever is more); tries stop when the
+      next one would exceed it (the first always runs).
+    - budget_floor_s: the seconds of measured prefill each timing probe (latency, abort) may spend
+      whatever the context, so a small context affords enough tries (a 1M context's share is larger).
     - abort_canaries: canary requests sent right after each cancellation.
     - isolation_probe: run the greedy-replay isolation check (model-agnostic; isolation.py).
     - isolation_new_tokens: answer length of each replay (short: fewer steps for round-off to matter).
@@ -53,16 +60,17 @@ class ProbeSettings:
     tenants: int = 32
     tenant_tokens: int | None = None
     max_new_tokens: int = 48
-    latency_samples: int = 20
+    latency_samples: int | None = None
     latency_long_tokens: int | None = None
-    latency_budget: float = 0.06
+    latency_budget: float = 0.03
     latency_alpha: float = 0.01
     early_stop: bool = True
     abort_probe: bool = True
     abort_attempts: int = 3
     abort_tokens: int | None = None
     abort_canaries: int = 8
-    abort_budget: float = 0.08
+    abort_budget: float = 0.05
+    budget_floor_s: float = 1.0
     isolation_probe: bool = True
     isolation_new_tokens: int = 8
     isolation_tenants: int = 8
@@ -94,7 +102,6 @@ class ProbeSettings:
         for key, lo, hi in (
             ("tenants", 1, 1024),
             ("max_new_tokens", 1, 8192),
-            ("latency_samples", 3, 1000),
             ("abort_attempts", 1, 20),
             ("abort_canaries", 1, 256),
             ("isolation_new_tokens", 1, 256),
@@ -104,6 +111,10 @@ class ProbeSettings:
             v = getattr(self, key)
             if not lo <= v <= hi:
                 bad(key, f"must be between {lo} and {hi}, got {v}")
+        if self.latency_samples is not None and not 3 <= self.latency_samples <= 1000:
+            bad("latency_samples", f"must be between 3 and 1000 or null, got {self.latency_samples}")
+        if not 0 <= self.budget_floor_s <= 600:
+            bad("budget_floor_s", "must be >= 0 and <= 600 (seconds of measured prefill)")
         for key in ("tenant_tokens", "latency_long_tokens", "abort_tokens"):
             v = getattr(self, key)
             if v is not None and v < 1:
@@ -126,9 +137,9 @@ class ProbeSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-_INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens"}
+_INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens", "latency_samples"}
 _BOOL = {"early_stop", "abort_probe", "isolation_probe"}
-_FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha", "abort_budget"}
+_FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha", "abort_budget", "budget_floor_s"}
 _STR = {"tokenizer"}
 
 

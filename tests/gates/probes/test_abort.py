@@ -11,18 +11,28 @@ import httpx
 import pytest
 
 from kvgate.findings import Outcome
-from kvgate.gates.probes.abort import run_abort
+from kvgate.gates.probes.abort import CancelPoints, plan_abort, run_abort
+from kvgate.gates.probes.calibrate import Calibration
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.cost import CostMeter
-from kvgate.gates.probes.latency import LatencyModel
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import ByteCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.progress import NullObserver
 
 LIMITS = ProbeLimits(context=8192, max_req_input_len=8000, page_size=1, pool=None)
-MODEL = LatencyModel(short_tokens=16, long_tokens=4096, short_s=0.001, long_s=0.01)
+# A deployment measured at 1 ms per one-page request (0.5 ms noise) and 10 ms at 4,096 tokens.
+CAL = Calibration(
+    one_page_tokens=16,
+    base_s=0.001,
+    jitter_s=0.0005,
+    lengths=((4096, 0.011),),
+    s_per_token=0.01 / 4080,
+    observable=True,
+    requests=0,
+    failures=(),
+)
 
 
 class _Client:
@@ -50,13 +60,15 @@ class _Client:
         return ProbeResult(name, len(ids), max_new_tokens, 200, 0.001, body, '{"text": "ok"}')
 
 
-def _run(victim: Any, decode_urls: tuple[str, ...] = ()) -> Any:
+def _run(victim: Any, decode_urls: tuple[str, ...] = (), attempts: int = 2) -> Any:
     client: Any = _Client(victim)
     codec: Any = ByteCodec()
     sender = Sender(client, codec, CostMeter(context=LIMITS.context), NullObserver())
-    settings = ProbeSettings(abort_tokens=256, abort_attempts=2, abort_canaries=2, abort_budget=4, deadline_s=5.0)
+    settings = ProbeSettings(
+        abort_tokens=256, abort_attempts=attempts, abort_canaries=2, abort_budget=4, deadline_s=5.0
+    )
     try:
-        return run_abort(sender, list(decode_urls), LIMITS, settings, MODEL, "test")
+        return run_abort(sender, list(decode_urls), LIMITS, settings, plan_abort(CAL, LIMITS, settings), "test")
     finally:
         client.http.close()
 
@@ -165,3 +177,49 @@ def test_issue_route_3_a_timeout_or_unrelated_5xx_is_not_an_abort(abort_endpoint
     f = _run(victim, (decode.url,))
     assert f.outcome == Outcome.INCONCLUSIVE, f.summary
     assert next(e.value for e in f.evidence if e.field == "abort.cancelled") == []
+
+
+def test_retries_at_learned_points_until_an_acknowledged_cancel_and_says_after_how_many(abort_endpoint: Any) -> None:
+    """The first three victims answer before their cancel takes (200 in 2 ms); the fourth is aborted."""
+    decode = abort_endpoint(200)
+    calls: list[int] = []
+
+    def victim(n: str, k: int, m: int) -> ProbeResult:
+        calls.append(k)
+        if len(calls) <= 3:
+            body = {"text": "x", "meta_info": {"prompt_tokens": k, "finish_reason": {"type": "length"}}}
+            return ProbeResult(n, k, m, 200, 0.002, body, '{"text": "x"}')
+        return _aborted(n, k, m)
+
+    f = _run(victim, (decode.url,), attempts=1)
+    assert f.outcome == Outcome.PASSED, f.summary
+    ev = {e.field: e.value for e in f.evidence}
+    assert ev["abort.tries"] == 4 and ev["abort.first_cancel_at_try"] == 4
+    assert "first at try 4 of 4" in f.summary
+    # after victims served in 2 ms, the later cancels aim before that answer
+    assert all(p < 0.002 for p in ev["abort.cancel_points_s"][1:]), ev["abort.cancel_points_s"]
+
+
+def test_without_a_cancel_in_flight_the_remedy_is_a_computed_profile_key(abort_endpoint: Any) -> None:
+    decode = abort_endpoint(200)
+
+    def late(n: str, k: int, m: int) -> ProbeResult:
+        body = {"text": "x", "meta_info": {"prompt_tokens": k, "finish_reason": {"type": "length"}}}
+        return ProbeResult(n, k, m, 200, 0.002, body, '{"text": "x"}')
+
+    f = _run(late, (decode.url,), attempts=1)
+    assert f.outcome == Outcome.INCONCLUSIVE, f.summary
+    ev = {e.field: e.value for e in f.evidence}
+    assert ev["abort.tries"] == ev["abort.plan"]["max_tries"] > 1
+    # every victim answered first: a longer victim (4 x 256, within the longest accepted prompt)
+    assert f.remedy == "set the profile key probes.abort_tokens: 1024 (a longer prefill window to cancel in)"
+
+
+def test_cancel_points_narrow_to_before_an_observed_answer() -> None:
+    plan = plan_abort(CAL, LIMITS, ProbeSettings())
+    points = CancelPoints.from_plan(plan)
+    first = points.next()
+    assert plan.lead_s <= first <= plan.expected_s
+    served = ProbeResult("abort_victim", 1, 1, 200, first / 2, {"text": "x", "meta_info": {}}, "")
+    points.learn(first, served)  # answered before the cancel: late, so every next point is earlier
+    assert all(points.next() < first for _ in range(5))
