@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from kvgate import baseline
 from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError, UsageError
-from kvgate.findings import Evidence, Finding, Outcome, Report, error, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, Report, error, inconclusive, info, passed
 from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
@@ -45,7 +45,7 @@ def node_specs(options: CheckOptions) -> list[NodeSpec]:
 
 def default_gates(options: CheckOptions) -> list[Gate]:
     """Gate 1, the defenses and the fleet gates always; the baseline gate with --baseline; the probe
-    gates when a router is given (unless --no-probes).
+    gates when a router is given (unless --no-probes; `_probe_setup` reports either absence).
 
     Construction validates the profile's sections and the baseline file, so a bad one is a usage
     error before any request is sent.
@@ -190,15 +190,7 @@ def run_check(
                         )
                     )
             ctx = replace(ctx, listing=listing, attempted=tuple(specs))
-            if options.router_url and not options.probes_enabled:
-                findings.append(
-                    inconclusive(
-                        "probes",
-                        "setup",
-                        f"router {options.router_url}",
-                        "skipped (--no-probes): nothing was sent through the router",
-                    )
-                )
+            findings.extend(_probe_setup(options))
             for gate in gates:
                 observer.log(f"gate {gate.name}")
                 try:
@@ -234,6 +226,29 @@ def run_check(
         cost=cost,
         notes=tuple(notes),
     )
+
+
+#: What the probes are, for the findings that say they did not run.
+_PROBES_WHAT = "the content probes (exact-length contracts, canaries, isolation, latency, abort) did not run"
+
+
+def _probe_setup(options: CheckOptions) -> list[Finding]:
+    """Probes off by choice is reported (info, and in the verdict line); probes off for want of a
+    router is doubt (inconclusive): the content probes are the core of the gate."""
+    node = f"router {options.router_url}" if options.router_url else "deployment"
+    if not options.probes_enabled:
+        return [info("probes", "setup", node, f"opted out with --no-probes: {_PROBES_WHAT}")]
+    if not options.router_url:
+        return [
+            inconclusive(
+                "probes",
+                "setup",
+                node,
+                f"no --router-url: {_PROBES_WHAT}",
+                remedy="give the router, or opt out with --no-probes",
+            )
+        ]
+    return []
 
 
 def _list_workers(client: TargetClient, router: str, findings: list[Finding]) -> RouterListing | None:

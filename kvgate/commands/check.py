@@ -94,7 +94,10 @@ def check(
         False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."
     ),
     probes: bool = typer.Option(
-        True, "--probes/--no-probes", help="Send the probe requests through the router (--no-probes: metadata only)."
+        True,
+        "--probes/--no-probes",
+        help="Send the probe requests through the router (--no-probes: metadata only, said in the report and "
+        "the verdict line; without --router-url and without --no-probes the probes are inconclusive).",
     ),
     concurrency: int = typer.Option(
         DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers whose metadata is read at once."

@@ -40,7 +40,7 @@ def _deployment(
 ) -> Any:
     """A started-on-enter deployment of `engine`."""
     if engine == "sim":
-        from kvgate.sim.deploy import OBSERVABLE_PREFILL_TOKENS_PER_S, SimDeployment
+        from kvgate.sim.deploy import SimDeployment
 
         return SimDeployment(
             emulate=emulate,
@@ -51,7 +51,6 @@ def _deployment(
             decode_pool=decode_pool,
             page_size=page_size,
             deferred_release=deferred_release,
-            prefill_tokens_per_s=OBSERVABLE_PREFILL_TOKENS_PER_S,  # the latency probe must see prefill
             expose_env_vars=True,
             skip_tokenizer_init=skip_tokenizer_init,
         )

@@ -31,7 +31,13 @@ MAX_LIST_ITEMS = 4
 def verdict_line(report: Report) -> str:
     """`kvgate check: GATE FAILED: do not promote (exit 1)`."""
     status = report.exit_status
-    return f"kvgate {report.command}: {_VERDICT[status]} (exit {int(status)})"
+    return f"kvgate {report.command}: {_VERDICT[status]}{_opted_out(report)} (exit {int(status)})"
+
+
+def _opted_out(report: Report) -> str:
+    """An explicit opt-out that left part of the gate unrun, said where nobody misses it."""
+    off = any(f.test_id == "probes.setup" and f.outcome is Outcome.INFO for f in report.findings)
+    return "; probes opted out (--no-probes)" if off else ""
 
 
 def counts_line(report: Report) -> str:

@@ -20,13 +20,6 @@ from kvgate.pdstart import DistinctPorts, PDLayout, WorkerProcess, start_pd
 from kvgate.supervisor import Supervisor, http_ok
 from kvgate.upstream import RELEASES
 
-# A prefill speed at which timing is observable: the latency probe's default long sample at a 1M context
-# (6% of it over 20 samples: 3,145 tokens) takes 31 ms of prefill, far above loopback jitter on a busy
-# 2-core machine, while a 1M-token prefill still takes about 10 s. The default speed (2M tokens/s) keeps
-# the tests fast, but its 1.6 ms is not always seen: one CI run measured KS D+ 0.45, p 0.017, and the
-# probe said inconclusive. At this speed, with two cores kept busy, D+ was 1.0 in every run.
-OBSERVABLE_PREFILL_TOKENS_PER_S = 100_000.0
-
 
 @dataclass
 class SimDeployment:
@@ -42,8 +35,7 @@ class SimDeployment:
       bootstrap_timeout: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT (s) (SGLang: 300).
       deferred_release: None = the release's default, else SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE.
       deferred_release_timeout: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT (SGLang: 30).
-      prefill_tokens_per_s: prefill compute speed, one value or one per prefill worker (0 = instant;
-        OBSERVABLE_PREFILL_TOKENS_PER_S where the latency probe must see prefill).
+      prefill_tokens_per_s: prefill compute speed, one value or one per prefill worker (0 = instant).
       decode_tokens_per_s: decode speed (0 = as fast as possible).
       transfer_tokens_per_s: KV transfer bandwidth; a posted chunk write lands size/bandwidth later and
         is "in flight" meanwhile (0 = instant).

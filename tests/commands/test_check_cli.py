@@ -38,7 +38,9 @@ def worker(
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Any:
-    return runner.invoke(app, ["check", "--quiet", *args], env=env)
+    # Metadata tests: without a router the probes are opted out explicitly (else probes.setup is doubt).
+    off = [] if {"--router-url", "--probes", "--no-probes"} & set(args) else ["--no-probes"]
+    return runner.invoke(app, ["check", "--quiet", *off, *args], env=env)
 
 
 def free_port() -> int:
@@ -73,10 +75,31 @@ def test_doubled_pool_passes(payload_server: Callable[..., PayloadServer]) -> No
     # A payload server runs no sglang code: its version string is all there is to go on.
     res = run("--prefill-url", p.url, "--decode-url", d.url, "--deferred-release-env", "--trust-version")
     assert res.exit_code == ExitStatus.PASSED, res.output
-    assert res.stdout.startswith("kvgate check: PASSED (exit 0)")
+    # the explicit opt-out of the probes (run() adds --no-probes without a router) is in the verdict line
+    assert res.stdout.startswith("kvgate check: PASSED; probes opted out (--no-probes) (exit 0)")
     assert "2,040,000" not in res.stdout  # passed checks are one digest line by default
     res = run("--prefill-url", p.url, "--decode-url", d.url, "--verbose", "--trust-version", "--deferred-release-env")
-    assert "max_total_num_tokens = 2,040,000" in res.stdout and "PASSED (exit 0)" in res.stdout
+    assert "max_total_num_tokens = 2,040,000" in res.stdout and "(exit 0)" in res.stdout
+
+
+def test_without_a_router_the_probes_are_doubt_unless_opted_out(payload_server: Callable[..., PayloadServer]) -> None:
+    """Issue 19: no --router-url and no --no-probes is probes.setup inconclusive (exit 3 under --strict),
+    with the remedy; an explicit --no-probes is an info finding, in the verdict line, and passes."""
+    p = worker(payload_server, "0.5.23", mode="prefill", pool=2_040_000)
+    d = worker(payload_server, "0.5.23", mode="decode", pool=2_040_000)
+    common = ["--prefill-url", p.url, "--decode-url", d.url, "--deferred-release-env", "--trust-version"]
+    res = run("--probes", *common, "--format", "json")
+    assert res.exit_code == ExitStatus.INCONCLUSIVE, res.output
+    setup = [f for f in json.loads(res.stdout)["findings"] if f["id"] == "probes.setup"]
+    assert [(f["outcome"], f["remedy"]) for f in setup] == [
+        ("inconclusive", "give the router, or opt out with --no-probes")
+    ]
+    res = run("--no-probes", *common, "--format", "json")
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    setup = [f for f in json.loads(res.stdout)["findings"] if f["id"] == "probes.setup"]
+    assert [f["outcome"] for f in setup] == ["info"] and "--no-probes" in setup[0]["summary"]
+    res = run("--no-probes", *common)
+    assert res.stdout.splitlines()[0] == "kvgate check: PASSED; probes opted out (--no-probes) (exit 0)"
 
 
 def test_decode_pool_is_checked_too(payload_server: Callable[..., PayloadServer]) -> None:

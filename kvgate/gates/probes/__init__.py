@@ -12,7 +12,8 @@ API:
 
 Check names (finding.check, gate "probes"): contract.{beyond_context,context_limit,pool_limit,
 reject_band_middle,longest_accepted}, canary.round_a, canary.round_b, tenants.round_a, tenants.round_b,
-latency.prefill_scaling, abort.mid_transfer, plus setup / skipped / transport when they apply.
+latency.prefill_scaling, abort.mid_transfer, calibration (info: what the timing probes were sized
+from), plus setup / skipped / transport when they apply.
 Cost keys put in `ctx.cost`: probe_requests, probe_tokens_sent, probe_prefill_tokens,
 probe_over_limit_served_tokens, probe_wall_s, probe_prefill_ratio_of_context.
 """

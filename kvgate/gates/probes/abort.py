@@ -57,7 +57,7 @@ CHECK = "abort.mid_transfer"
 WINDOW_NOISE = 10.0
 MIN_WINDOW_S = 0.02
 #: However large the budget, at most this many tries per wanted cancel (bounds the wall time).
-TRIES_PER_ATTEMPT = 4
+TRIES_PER_ATTEMPT = 8
 #: Share of a one-page round trip spent before the decode knows a request / after its KV arrived.
 _LEAD = 0.3
 
@@ -391,7 +391,5 @@ def _no_cancel_remedy(
     if answered_first == tries and plan.victim_tokens < limits.longest_accepted:
         longer = min(limits.longest_accepted, 4 * plan.victim_tokens)
         return f"set the profile key probes.abort_tokens: {longer} (a longer prefill window to cancel in)"
-    share = math.ceil(100 * 2 * max(tries, 1) * plan.per_try_tokens / limits.context) / 100
-    if share <= 10:
-        return f"set the profile key probes.abort_budget: {share:g} (room for {2 * max(tries, 1)} tries)"
-    return f"set the profile key probes.budget_floor_s: {min(600, 2 * max(settings.budget_floor_s, 0.5)):g}"
+    share = min(10.0, math.ceil(100 * 2 * max(tries, 1) * plan.per_try_tokens / limits.context) / 100)
+    return f"set the profile key probes.abort_budget: {share:g} (room for up to {2 * max(tries, 1)} tries)"

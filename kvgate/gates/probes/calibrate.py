@@ -5,7 +5,8 @@ one-page requests, end to end through HTTP, the router, the transfer and one dec
 prefill time per token (requests of growing length until the extra time stands well clear of the
 noise, or the longest accepted prompt). The latency and abort probes size their lengths, sample
 counts and cancel points from them (`latency.plan_latency`, `abort.plan_abort`), within a prefill
-budget of max(share of one context-length prefill, `budget_floor_s` seconds of measured prefill), so
+budget of max(share of one context-length prefill, `budget_floor_s` seconds of measured prefill up to
+FLOOR_CAP_TOKENS), so
 a small context can afford enough tries and a 1M context stays cheap.
 
 Every calibration request carries a fresh sentinel (no prefix cache can serve it) and asks for one
@@ -38,10 +39,10 @@ MIN_JITTER_S = 0.0005
 MIN_EFFECT_S = 0.005
 #: What the calibration itself may spend: this share of one context-length prefill, at least the floor.
 CALIBRATION_SHARE = 0.02
-CALIBRATION_FLOOR_TOKENS = 65_536
-#: The floor never allows more than this many context-length prefills (a sanity bound on a slope
-#: measured near zero).
-FLOOR_CAP_CONTEXTS = 64
+CALIBRATION_FLOOR_TOKENS = 32_768
+#: The floor (budget_floor_s of measured prefill) never exceeds this many tokens: a fast deployment
+#: (or a slope measured low) must not turn a 1M context's budget from its share into the floor's.
+FLOOR_CAP_TOKENS = 65_536
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,11 @@ class Calibration:
         return 1.0 / self.s_per_token if self.s_per_token else None
 
     def budget_tokens(self, share: float, context: int, floor_s: float) -> int:
-        """Prefill tokens a timing probe may spend: max(share x context, floor_s of measured prefill)."""
+        """Prefill tokens a timing probe may spend: max(share x context, floor), the floor being floor_s
+        of measured prefill up to FLOOR_CAP_TOKENS."""
         by_share = int(share * context)
         floor = int(floor_s / self.s_per_token) if self.s_per_token else 0
-        return max(by_share, min(floor, FLOOR_CAP_CONTEXTS * context))
+        return max(by_share, min(floor, FLOOR_CAP_TOKENS))
 
     def as_evidence(self) -> dict[str, Any]:
         return {
@@ -170,6 +172,8 @@ def calibrate(sender: Sender, limits: ProbeLimits, budget_tokens: int) -> Calibr
         probe = LengthProbe("calibrate_grow", length, ACCEPT, "none", "calibration: growing length", 1)
         times: list[float] = []
         with sender.observer.step(f"calibration: {PER_LENGTH} x {length:,} tokens"):
+            # Every length gets PER_LENGTH requests: under load one request in three can be a scheduler
+            # spike, and a length picked for one spike would leave the probes it sizes under the noise.
             for i in range(PER_LENGTH):
                 rec = sender.one(probe, f"cal-grow{len(lengths)}-{i}")
                 requests += 1

@@ -40,6 +40,12 @@ def select_codec(
     sentinels in token space (planted as id sequences, searched in `output_ids`)."""
     if settings.tokenizer == "bytes":
         return ByteCodec(settings.byte_offset), f"byte-level ids (offset {settings.byte_offset}, from the profile)"
+    if settings.tokenizer == "ids":
+        return (
+            TokenSpaceCodec(settings.byte_offset),
+            f"token space: id sequences planted, searched in output_ids (offset {settings.byte_offset}, "
+            "from the profile)",
+        )
     codec, why = _server_codec(http, readings)
     if codec is not None:
         return codec, why

@@ -29,7 +29,7 @@ from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.isolation import run_isolation
-from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, collect_latency, latency_finding, plan_latency
+from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, latency_finding, run_latency
 from kvgate.gates.probes.plan import (
     ABORT_PATH_PROBES,
     ACCEPT,
@@ -50,6 +50,7 @@ REMEDY_REJECT = (
     "upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
     "raise the KV pool to at least the context"
 )
+REMEDY_KEEP_GOING = "run every probe with --keep-going"
 REMEDY_CODEC = "set the profile key probes.tokenizer: auto (token-space sentinels need no server tokenizer)"
 REMEDY_UNTOLD_DECODE = (
     "raise the prefill's KV pool to at least the context (gate 1): an upgrade alone does not "
@@ -72,7 +73,15 @@ class ProbeGate:
         router = ctx.options.router_url
         node = f"router {router}" if router else "deployment"
         if not router:
-            return [inconclusive(GATE, "setup", node, "probes need --router-url: nothing was probed")]
+            return [
+                inconclusive(
+                    GATE,
+                    "setup",
+                    node,
+                    "probes need --router-url: nothing was probed",
+                    remedy="give the router, or opt out with --no-probes",
+                )
+            ]
         limits, problems = limits_from_readings(ctx.readings)
         if limits is None:
             return [
@@ -149,7 +158,13 @@ class _Run:
         def isolation() -> None:
             if not s.isolation_probe:
                 self.findings.append(
-                    inconclusive(GATE, "isolation.greedy_replay", self.node, "not run: isolation_probe is false")
+                    inconclusive(
+                        GATE,
+                        "isolation.greedy_replay",
+                        self.node,
+                        "not run: isolation_probe is false",
+                        remedy="set the profile key probes.isolation_probe: true",
+                    )
                 )
                 return
             self.findings.append(run_isolation(self.sender, lim, s, self.node))
@@ -161,13 +176,18 @@ class _Run:
         def latency() -> None:
             if self.cal is None or not self.cal.ok:
                 return
-            self.latency_plan = plan_latency(self.cal, lim, s)
-            samples[0] = collect_latency(self.sender, self.latency_plan)
+            samples[0], self.latency_plan = run_latency(self.sender, self.cal, lim, s)
 
         def abort() -> None:
             if not s.abort_probe:
                 self.findings.append(
-                    inconclusive(GATE, "abort.mid_transfer", self.node, "not run: abort_probe is false")
+                    inconclusive(
+                        GATE,
+                        "abort.mid_transfer",
+                        self.node,
+                        "not run: abort_probe is false",
+                        remedy="set the profile key probes.abort_probe: true",
+                    )
                 )
                 return
             if self.cal is None or not self.cal.ok:
@@ -258,10 +278,15 @@ class _Run:
                     self.node,
                     f"not run after {why}: " + ", ".join(skipped) + " (run them with "
                     "--keep-going, or the profile's probes.early_stop: false)",
+                    remedy=REMEDY_KEEP_GOING,
                 )
             )
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
+
+    @property
+    def _more_time(self) -> str:
+        return f"give each probe more time: --probe-deadline {2 * self.settings.deadline_s:g}"
 
     def _calibration_finding(self, cal: Calibration) -> Finding:
         ev = Evidence(self.node, "calibration", cal.as_evidence())
@@ -273,7 +298,7 @@ class _Run:
                 "could not measure the deployment's noise and prefill speed: "
                 + ("; ".join(cal.failures[:3]) or "no answers"),
                 ev,
-                remedy=f"give each probe more time: --probe-deadline {2 * self.settings.deadline_s:g}",
+                remedy=self._more_time,
             )
         speed = f"{cal.tokens_per_s:,.0f} tokens/s" if cal.tokens_per_s else "not measurable above the noise"
         return info(
@@ -291,7 +316,7 @@ class _Run:
             check,
             self.node,
             "not run: the calibration measured nothing to size it from (see probes.calibration)",
-            remedy=f"give each probe more time: --probe-deadline {2 * self.settings.deadline_s:g}",
+            remedy=self._more_time,
         )
 
     def _tenant_probe(self) -> Callable[[str], LengthProbe]:
@@ -362,7 +387,9 @@ class _Run:
                 for rec, c in obs
             ]
             if not obs:
-                self.findings.append(inconclusive(GATE, check, self.node, f"{p.label}: not run", *ev))
+                self.findings.append(
+                    inconclusive(GATE, check, self.node, f"{p.label}: not run", *ev, remedy=REMEDY_KEEP_GOING)
+                )
                 continue
             bad = [(rec, c) for rec, c in obs if not c.verdict.ok and c.verdict != Verdict.NO_OBSERVATION]
             if bad:
@@ -383,7 +410,14 @@ class _Run:
                 )
             elif unseen := [(rec, c) for rec, c in obs if c.verdict == Verdict.NO_OBSERVATION]:
                 self.findings.append(
-                    inconclusive(GATE, check, self.node, f"{p.label}: nothing observed ({unseen[0][1].detail})", *ev)
+                    inconclusive(
+                        GATE,
+                        check,
+                        self.node,
+                        f"{p.label}: nothing observed ({unseen[0][1].detail})",
+                        *ev,
+                        remedy=self._more_time,
+                    )
                 )
             else:
                 self.findings.append(passed(GATE, check, self.node, f"{p.label}: {p.why}: {obs[-1][1].detail}", *ev))
@@ -457,6 +491,7 @@ class _Run:
             Evidence(self.node, "canary.plants", [p.label for p in plants]),
             Evidence(self.node, "canary.answers_scanned", len(answered)),
             Evidence(self.node, "canary.sentinels", len(self.sender.book)),
+            Evidence(self.node, "canary.sentinels_via", self.codec_note),
         ]
         if sightings:
             what = owners(sightings)
@@ -478,18 +513,19 @@ class _Run:
                 f"sentinels cannot be decoded ({self.codec_note}): "
                 "canary content was not checked; the isolation check does not need it",
                 *ev,
+                remedy=REMEDY_CODEC,
             )
         if not answered:
-            return inconclusive(GATE, check, self.node, "no answer to scan", *ev)
+            return inconclusive(GATE, check, self.node, "no answer to scan", *ev, remedy=self._more_time)
         if not any(self.sender.readable(r.result) for r in answered if r.result.served):
             return inconclusive(
                 GATE,
                 check,
                 self.node,
-                "no answer carried readable text (a server started with "
-                "--skip-tokenizer-init returns output_ids only): canary content was not checked; "
+                "no answer carried readable text or output ids: canary content was not checked; "
                 "the isolation check does not need it",
                 *ev,
+                remedy="set the profile key probes.tokenizer: ids (sentinels searched in output_ids)",
             )
         return passed(
             GATE,
@@ -525,7 +561,7 @@ class _Run:
             Evidence(self.node, "tenants.bad", bad[:10], "every tenant answered 200 with its own prompt_tokens"),
         ]
         if not all_t:
-            return inconclusive(GATE, check, self.node, "no tenant ran", *ev)
+            return inconclusive(GATE, check, self.node, "no tenant ran", *ev, remedy=self._more_time)
         if bad:
             return failed(
                 GATE, check, self.node, f"{len(bad)} of {len(all_t)} tenant requests broke the contract: {bad[0]}", *ev
@@ -537,5 +573,6 @@ class _Run:
                 self.node,
                 f"{len(unobserved)} of {len(all_t)} tenant requests got no answer at all: {unobserved[0]}",
                 *ev,
+                remedy=self._more_time,
             )
         return passed(GATE, check, self.node, f"{len(all_t)} concurrent tenant requests answered in full", *ev)

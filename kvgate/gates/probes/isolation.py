@@ -100,6 +100,7 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
             o = _Answer.of(sender.one(over, f"iso-after{tag}", sentinel=fixed)) if over is not None else None
             after.append((tag, o, _Answer.of(sender.one(q, f"iso-after{tag}", sentinel=fixed))))
 
+    more_time = f"give each probe more time: --probe-deadline {2 * settings.deadline_s:g}"
     ev = [
         Evidence(node, "isolation.control", [a.show() for a in control], "the same answer twice"),
         Evidence(
@@ -116,6 +117,7 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
             node,
             "the replay prompt was not answered: " + "; ".join(f"{a.label}: {a.show()}" for a in control),
             *ev,
+            remedy=more_time,
         )
     if control[0].answer != control[1].answer:
         return inconclusive(
@@ -154,7 +156,9 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
         )
     unobserved = [a.label for _, _, a in after if not a.observed]
     if unobserved:
-        return inconclusive(GATE, CHECK, node, "replays after traffic got no answer: " + ", ".join(unobserved), *ev)
+        return inconclusive(
+            GATE, CHECK, node, "replays after traffic got no answer: " + ", ".join(unobserved), *ev, remedy=more_time
+        )
     served = [o.label for o in overs if o.served]
     note = (
         (

@@ -14,7 +14,7 @@ plan says when they had to.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
@@ -61,6 +61,7 @@ class LatencyPlan:
     wanted_tokens: int  # what the long bucket would cost at the sizes the noise asks for
     expected_effect_s: float | None  # the calibrated extra time of a long sample
     limited_by: str | None  # why the sizes fell short of what the noise asks for (None: they did not)
+    passes: tuple[str, ...] = ()  # earlier passes that did not show the effect, and what they saw
 
     def as_evidence(self) -> dict[str, object]:
         return {
@@ -69,6 +70,7 @@ class LatencyPlan:
             "samples_per_bucket": self.samples,
             "budget_tokens": self.budget_tokens,
             "wanted_tokens": self.wanted_tokens,
+            "earlier_passes": list(self.passes),
             "expected_effect_ms": None if self.expected_effect_s is None else round(self.expected_effect_s * 1000, 2),
             "limited_by": self.limited_by,
         }
@@ -126,6 +128,38 @@ class LatencySamples:
         if len(self.short) < 3 or len(self.long) < 3:
             return None
         return ks_long_slower(self.short, self.long)
+
+
+#: A pass that did not show the effect is run again with samples this many times longer (within the
+#: budget and the longest accepted prompt): the calibration's few requests can misjudge a bursty noise.
+ESCALATE = 4
+
+
+def run_latency(
+    sender: Sender, cal: Calibration, limits: ProbeLimits, settings: ProbeSettings
+) -> tuple[LatencySamples | None, LatencyPlan]:
+    """Plan, collect, and while the KS test does not show the effect, collect again with longer samples
+    (calibrated sizes only; a profile's latency_long_tokens is run as given), within the budget."""
+    plan = plan_latency(cal, limits, settings)
+    samples = collect_latency(sender, plan)
+    spent = plan.samples * plan.long_tokens
+    while samples is not None and settings.latency_long_tokens is None:
+        ks = samples.ks()
+        if ks is not None and ks.significant(settings.latency_alpha):
+            break
+        left = plan.budget_tokens - spent
+        longer = min(limits.longest_accepted, ESCALATE * plan.long_tokens, left // MIN_SAMPLES)
+        if longer <= plan.long_tokens:
+            break
+        n = max(MIN_SAMPLES, min(plan.samples, left // longer))
+        seen = f"{plan.samples} x {plan.long_tokens:,} tokens: " + (
+            f"D+={ks.d_plus:.3f}, p={ks.p_value:.2g}" if ks is not None else "too few answers"
+        )
+        effect = cal.s_per_token * (longer - plan.short_tokens) if cal.s_per_token else None
+        plan = replace(plan, long_tokens=longer, samples=n, expected_effect_s=effect, passes=(*plan.passes, seen))
+        samples = collect_latency(sender, plan)
+        spent += n * longer
+    return samples, plan
 
 
 def collect_latency(sender: Sender, plan: LatencyPlan) -> LatencySamples | None:

@@ -11,7 +11,7 @@ from kvgate.errors import ProfileError
 # SGLang's SGLANG_DISAGGREGATION_WAITING_TIMEOUT / BOOTSTRAP_TIMEOUT default (sglang-surface.md section 3).
 # A probe deadline at or above it cannot tell a hang from a slow error.
 SGLANG_WAITING_TIMEOUT_S = 300.0
-TOKENIZER_MODES = ("auto", "server", "bytes")
+TOKENIZER_MODES = ("auto", "server", "bytes", "ids")
 
 
 @dataclass(frozen=True)
@@ -35,24 +35,27 @@ class ProbeSettings:
     - early_stop: stop after a confirmed leak (a foreign sentinel seen), or once the deployment stopped
       answering (accepted-length requests unanswered at their deadline), instead of running every probe.
     - abort_probe: run the abort-mid-transfer probe (gate 4, dynamic).
-    - abort_attempts: in-flight cancellations wanted; tries go on at learned cancel points (a try whose
-      request answered first does not count) until that many are observed or the budget is spent.
+    - abort_attempts: in-flight cancellations wanted; tries go on at learned cancel points (a try
+      whose request answered first does not count) until that many are observed or the budget is spent.
     - abort_tokens: prompt length of the request that is cancelled; None = sized from the calibration:
       long enough that its prefill window is well above the measured noise (up to the longest accepted).
     - abort_budget: share of one context-length prefill the abort probe may spend on victims and
       canaries in total (or budget_floor_s of measured prefill, whichever is more); tries stop when the
       next one would exceed it (the first always runs).
     - budget_floor_s: the seconds of measured prefill each timing probe (latency, abort) may spend
-      whatever the context, so a small context affords enough tries (a 1M context's share is larger).
+      whatever the context (at most 65,536 tokens), so a small context affords enough tries while a
+      1M context pays its share.
     - abort_canaries: canary requests sent right after each cancellation.
     - isolation_probe: run the greedy-replay isolation check (model-agnostic; isolation.py).
     - isolation_new_tokens: answer length of each replay (short: fewer steps for round-off to matter).
     - isolation_tenants: requests of other traffic before each replay.
     - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
       /v1/detokenize if they round-trip, else the simulator's byte-level tokenizer when the target is
-      the kvgate simulator, else canaries are inconclusive. "server": /v1/tokenize only. "bytes": ids are
-      UTF-8 bytes plus `byte_offset` (the kvgate simulator's tokenizer).
-    - byte_offset: id of byte 0 in "bytes" mode.
+      the kvgate simulator, else sentinels in token space (as "ids"). "server": /v1/tokenize only (else
+      canaries are inconclusive). "bytes": ids are UTF-8 bytes plus `byte_offset` (the kvgate
+      simulator's tokenizer). "ids": token space, no tokenizer anywhere: sentinels planted as id
+      sequences (bytes plus `byte_offset`) and searched in the answers' `output_ids`.
+    - byte_offset: id of byte 0 in "bytes" and "ids" modes.
     """
 
     deadline_s: float = 30.0
@@ -66,7 +69,7 @@ class ProbeSettings:
     latency_alpha: float = 0.01
     early_stop: bool = True
     abort_probe: bool = True
-    abort_attempts: int = 3
+    abort_attempts: int = 1
     abort_tokens: int | None = None
     abort_canaries: int = 8
     abort_budget: float = 0.05

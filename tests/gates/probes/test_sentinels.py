@@ -127,12 +127,31 @@ def test_codec_refuses_a_tokenizer_that_does_not_round_trip() -> None:
     srv, url = _tokenizer_server(offset=0, lossy=True)
     try:
         with httpx.Client() as http:
+            # only the server's tokenizer was asked for: canaries become inconclusive
+            codec, how = select_codec(http, _readings(url), ProbeSettings(tokenizer="server"))
+            assert codec is None and "does not give the sentinel back" in how
+            # auto: sentinels go to token space (id sequences, searched in output_ids)
             codec, how = select_codec(http, _readings(url), ProbeSettings())
-            assert codec is None and "does not give the sentinel back" in how  # canaries become inconclusive
+            assert codec is not None and codec.name == "token-space" and "does not give the sentinel back" in how
             codec, _ = select_codec(http, _readings(url, "kvgate-sim/byte-echo", simulator=True), ProbeSettings())
             assert codec is not None and codec.name == "bytes"  # the simulator's known tokenizer
             # A real model that merely lives under a folder named kvgate is not the simulator.
             codec, _ = select_codec(http, _readings(url, "/cache/kvgate/tiny-llama"), ProbeSettings())
-            assert codec is None
+            assert codec is not None and codec.name == "token-space"
     finally:
         srv.shutdown()
+
+
+def test_token_space_sentinels_are_found_in_output_ids_and_never_glued_across_foreign_ids() -> None:
+    """Issue 19: a server without a tokenizer answers ids only; a sentinel planted as ids is searched there."""
+    from kvgate.gates.probes.sentinels import TokenSpaceCodec, scan
+
+    codec = TokenSpaceCodec(offset=3)
+    mine, theirs = new_sentinel("mine"), new_sentinel("theirs")
+    leaked = [70000, 12] + plant_ids(codec, theirs, 40) + [151643]
+    found = scan("mine's answer", mine, codec.decode(leaked), [mine, theirs])
+    assert [(x.source, x.kind) for x in found] == [("theirs", "whole")]
+    # the same ids with a foreign id inside every sentinel copy: no whole sentinel, no 8-id fragment
+    ids = plant_ids(codec, theirs, len(codec.encode(theirs.unit)))
+    broken = [i for k, x in enumerate(ids) for i in ((x, 99999) if k % 5 == 4 else (x,))]
+    assert scan("mine's answer", mine, codec.decode(broken), [mine, theirs]) == []

@@ -1,0 +1,185 @@
+"""Issue 19: the probes size themselves from a calibration, canaries work in token space, and a
+healthy `sim up` release passes `kvgate check` at the defaults.
+
+The simulator runs as real processes behind the real router (loopback sockets); `kvgate check` runs
+in-process through the CLI. No test asserts a wall-clock time: the sizes are checked against what the
+same run's calibration measured, which is what the rule is stated in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kvgate.cli import app
+from kvgate.exitcodes import ExitStatus
+from kvgate.gates.probes.abort import WINDOW_NOISE, plan_abort
+from kvgate.gates.probes.calibrate import MIN_EFFECT_S, Calibration
+from kvgate.gates.probes.latency import EFFECT_NOISE, plan_latency
+from kvgate.gates.probes.plan import ProbeLimits
+from kvgate.gates.probes.settings import ProbeSettings
+
+runner = CliRunner()
+
+# `kvgate sim up`'s own defaults (kvgate/sim/cli.py), with a healthy prefill pool (1.25 x the context).
+SIM_UP = {"context_length": 8192, "decode_pool": 65536, "page_size": 16, "chunked_prefill_size": 8192}
+HEALTHY_POOL = 10240
+
+
+def _check(dep: Any, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "report.json"
+    args = ["check", "--quiet", "--router-url", dep.router_url, "--trust-version", "-f", "json", "-o", str(out)]
+    for u in dep.prefill_urls:
+        args += ["--prefill-url", u]
+    for u in dep.decode_urls:
+        args += ["--decode-url", u]
+    res = runner.invoke(app, args + list(extra))
+    return res.exit_code, json.loads(out.read_text())
+
+
+def _finding(doc: dict[str, Any], check_id: str) -> dict[str, Any]:
+    found = [f for f in doc["findings"] if f["id"] == check_id]
+    assert len(found) == 1, [f["id"] for f in doc["findings"]]
+    return found[0]
+
+
+def _ev(f: dict[str, Any]) -> dict[str, Any]:
+    return {e["field"]: e["value"] for e in f["evidence"]}
+
+
+def _not_passed(doc: dict[str, Any]) -> list[str]:
+    return [f"{f['id']}: {f['summary']}" for f in doc["findings"] if f["outcome"] not in ("passed", "info")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulate", ["0.5.22", "0.5.23"])
+def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
+    deployment: Any, tmp_path: Path, emulate: str
+) -> None:
+    dep = deployment(emulate=emulate, prefill_pool=HEALTHY_POOL, expose_env_vars=True, deferred_release=True, **SIM_UP)
+    code, doc = _check(dep, tmp_path)
+    assert code == ExitStatus.PASSED, _not_passed(doc)
+    cal = _ev(_finding(doc, "probes.calibration"))["calibration"]
+    assert cal["observable"] and cal["prefill_tokens_per_s"] > 0 and cal["requests"] >= 10
+    measured = {int(k.replace(",", "")): ms / 1000 for k, ms in cal["lengths_ms"].items()}
+    base, noise = cal["one_page_median_ms"] / 1000, cal["jitter_ms"] / 1000
+    # the latency probe's long length is a length the calibration measured clear of the noise
+    lat = _ev(_finding(doc, "probes.latency.prefill_scaling"))["latency.plan"]
+    if lat["limited_by"] is None:
+        assert lat["long_tokens"] in measured
+        assert measured[lat["long_tokens"]] - base >= max(EFFECT_NOISE * noise, MIN_EFFECT_S) * 0.999
+    # the abort probe says how many tries it took and what it was sized from
+    abort = _ev(_finding(doc, "probes.abort.mid_transfer"))
+    assert 1 <= abort["abort.first_cancel_at_try"] <= abort["abort.tries"] <= abort["abort.plan"]["max_tries"]
+    assert abort["abort.plan"]["window_ms"] >= min(WINDOW_NOISE * cal["jitter_ms"], 20) * 0.999 or (
+        abort["abort.plan"]["limited_by"] or ""
+    ).startswith("the longest accepted prompt")
+
+
+def _cal(context_speed_s_per_token: float, jitter_s: float = 0.002) -> Calibration:
+    return Calibration(
+        one_page_tokens=64,
+        base_s=0.02,
+        jitter_s=jitter_s,
+        lengths=((512, 0.02 + 448 * context_speed_s_per_token), (2048, 0.02 + 1984 * context_speed_s_per_token)),
+        s_per_token=context_speed_s_per_token,
+        observable=True,
+        requests=16,
+        failures=(),
+    )
+
+
+def test_budget_is_a_share_at_1m_and_the_seconds_floor_at_a_small_context() -> None:
+    """max(share x context, budget_floor_s of measured prefill): a 4k context affords the floor (many
+    contexts' worth), a 1M context only its share."""
+    cal = _cal(50e-6)  # 20,000 tokens/s
+    settings = ProbeSettings()
+    small = ProbeLimits(context=4096, max_req_input_len=4090, page_size=64, pool=None)
+    big = ProbeLimits(context=1_048_576, max_req_input_len=1_048_570, page_size=64, pool=None)
+    assert cal.budget_tokens(settings.abort_budget, small.context, settings.budget_floor_s) == 20_000
+    assert cal.budget_tokens(settings.abort_budget, big.context, settings.budget_floor_s) == int(0.05 * 1_048_576)
+    # sizes follow the noise, not the context: the same victim at 4k and at 1M
+    assert plan_abort(cal, small, settings).victim_tokens == plan_abort(cal, big, settings).victim_tokens
+    assert plan_abort(cal, small, settings).max_tries > 1
+    assert plan_latency(cal, small, settings).long_tokens == plan_latency(cal, big, settings).long_tokens
+
+
+def test_a_noisy_deployment_gets_longer_samples_up_to_the_longest_accepted_prompt() -> None:
+    quiet, noisy = _cal(50e-6, jitter_s=0.001), _cal(50e-6, jitter_s=0.05)
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=64, pool=None)
+    q, n = plan_latency(quiet, lim, ProbeSettings()), plan_latency(noisy, lim, ProbeSettings())
+    assert q.long_tokens < n.long_tokens <= lim.longest_accepted
+    assert plan_abort(noisy, lim, ProbeSettings()).victim_tokens == lim.longest_accepted
+    # profile keys, when set, win
+    fixed = plan_latency(noisy, lim, ProbeSettings(latency_long_tokens=1000, latency_samples=7))
+    assert (fixed.long_tokens, fixed.samples) == (1000, 7)
+
+
+@pytest.mark.slow
+def test_token_space_canaries_see_a_leak_in_output_ids(deployment: Any, tmp_path: Path) -> None:
+    """A leaky release (0.5.19, pool below the context) started with --skip-tokenizer-init answers ids
+    only: the sentinels planted as ids are found in another request's output_ids."""
+    dep = deployment(
+        emulate="0.5.19",
+        context_length=8192,
+        prefill_pool=4096,
+        decode_pool=65536,
+        page_size=16,
+        skip_tokenizer_init=True,
+    )
+    profile = tmp_path / "ids.yaml"
+    profile.write_text("schema: 1\nname: ids\nprobes:\n  tokenizer: ids\n  tenants: 8\n")
+    code, doc = _check(dep, tmp_path, "--profile", str(profile))
+    assert code == ExitStatus.GATE_FAILED
+    canary = _finding(doc, "probes.canary.round_a")
+    assert canary["outcome"] == "failed" and "leaked into" in canary["summary"], canary["summary"]
+    assert _ev(canary)["canary.sentinels_via"].startswith("token space")
+
+
+@pytest.mark.slow
+def test_token_space_canaries_pass_a_healthy_server_without_tokenizer(deployment: Any, tmp_path: Path) -> None:
+    dep = deployment(emulate="0.5.23", prefill_pool=HEALTHY_POOL, skip_tokenizer_init=True, **SIM_UP)
+    profile = tmp_path / "ids.yaml"
+    profile.write_text("schema: 1\nname: ids\nprobes:\n  tokenizer: ids\n  tenants: 8\n  abort_probe: false\n")
+    code, doc = _check(dep, tmp_path, "--profile", str(profile), "--no-strict")
+    for check_id in ("probes.canary.round_a", "probes.canary.round_b"):
+        f = _finding(doc, check_id)
+        assert f["outcome"] == "passed", f["summary"]
+        assert _ev(f)["canary.sentinels_via"].startswith("token space")
+
+
+class _LengthClient:
+    """A /generate stand-in whose answer time grows only past 4,000 tokens (a prefill the calibration
+    misjudged: it promised an effect at 2,048 tokens)."""
+
+    deadline_s = 5.0
+    http = None
+
+    def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
+        from kvgate.gates.probes.client import ProbeResult
+
+        body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
+        elapsed = 0.01 + (0.05 if len(ids) > 4000 else 0.0)
+        return ProbeResult(name, len(ids), max_new_tokens, 200, elapsed, body, '{"text": "x"}')
+
+
+def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -> None:
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.latency import run_latency
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.progress import NullObserver
+
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    cal = Calibration(16, 0.01, 0.001, ((2048, 0.03),), 0.02 / 2032, True, 13, ())
+    client: Any = _LengthClient()
+    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
+    samples, plan = run_latency(sender, cal, lim, ProbeSettings())
+    assert samples is not None and plan.long_tokens > 4000 and len(plan.passes) == 1
+    assert plan.passes[0].startswith("10 x 2,048 tokens: D+=0.000")
+    ks = samples.ks()
+    assert ks is not None and ks.significant(0.01)
