@@ -63,20 +63,25 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
     )
     if spec.kind == "healthy":
         assert not _failed(report, "pool-context"), summary
-        not_passed = [f for f in report["findings"] if f["gate"] == "probes" and f["outcome"] != "passed"]
+        # `info` is no verdict (the calibration's figures); inconclusive, failed and error all are not passed.
+        not_passed = [f for f in report["findings"] if f["gate"] == "probes" and f["outcome"] not in ("passed", "info")]
         if spec.release == "0.5.20":
             # Real 0.5.20 (no #38935): in the 6-token abort band the prefill retires the request after its
             # forward and sends no KV, while the decode admitted it and waits for that KV until its 300 s
-            # waiting timeout: a streaming client hangs. A real defect even with a healthy pool, so the
-            # only probe failure allowed here is that hang (the issue expected none; the server decides).
-            not_passed = [
+            # waiting timeout: a streaming client hangs. A real defect even with a healthy pool (the issue
+            # expected none; the server decides). The hung request also keeps its decode reservation for
+            # those 300 s, so accepted-length requests after it go unanswered and the run stops early:
+            # allowed here are that hang and what it left unobservable (inconclusive, "stopped answering").
+            hangs = [
                 f
                 for f in not_passed
-                if not (
-                    f["outcome"] == "failed"
-                    and f["check"] in ("contract.pool_limit", "contract.reject_band_middle")
-                    and f["summary"].startswith("hang")
-                )
+                if f["outcome"] == "failed"
+                and f["check"] in ("contract.pool_limit", "contract.reject_band_middle")
+                and f["summary"].startswith("hang")
+            ]
+            stopped = any(f["check"] == "skipped" and "stopped answering" in f["summary"] for f in not_passed)
+            not_passed = [
+                f for f in not_passed if f not in hangs and not (hangs and stopped and f["outcome"] == "inconclusive")
             ]
         assert not not_passed, summary
         if spec.release in ("0.5.22", "0.5.23"):
