@@ -343,7 +343,7 @@ def run_abort(
             "an acknowledged abort in flight): nothing observed; see abort.notes",
             *ev,
             Evidence(node, "abort.notes", notes[:8]),
-            remedy=_no_cancel_remedy(plan, limits, settings, tries, answered_first),
+            remedy=_no_cancel_remedy(plan, limits, tries, answered_first),
         )
     if not acknowledged:
         how = (
@@ -383,9 +383,7 @@ def run_abort(
     )
 
 
-def _no_cancel_remedy(
-    plan: AbortPlan, limits: ProbeLimits, settings: ProbeSettings, tries: int, answered_first: int
-) -> str:
+def _no_cancel_remedy(plan: AbortPlan, limits: ProbeLimits, tries: int, answered_first: int) -> str:
     """The one profile key that gives the next run a chance to cancel in flight: a longer victim when
     every victim answered before its cancel (the window was too short to hit), else more tries."""
     if answered_first == tries and plan.victim_tokens < limits.longest_accepted:
