@@ -1,4 +1,6 @@
-"""Writes kvgate's tiny Llama and its tokenizer into argv[1]. Run by the CPU sglang environment's python.
+"""Writes one of kvgate's tiny models (Llama or Qwen2) and its tokenizer into argv[1].
+
+Run by the CPU sglang environment's python.
 
 Self-contained (torch, safetensors, tokenizers, all in that environment); `model.py` decides when to run it.
 """
@@ -17,19 +19,17 @@ SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 
 
 def config(spec: dict) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    common = {
         "hidden_size": spec["hidden"],
         "intermediate_size": spec["hidden"] * 2,
         "num_hidden_layers": spec["layers"],
         "num_attention_heads": spec["heads"],
         "num_key_value_heads": spec["kv_heads"],
-        "head_dim": spec["hidden"] // spec["heads"],
+        "head_dim": spec["head_dim"],
         "vocab_size": spec["vocab"],
         "max_position_embeddings": spec["max_positions"],
         "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
+        "rope_theta": spec["rope_theta"],
         "hidden_act": "silu",
         "bos_token_id": 1,
         "eos_token_id": 2,
@@ -37,9 +37,23 @@ def config(spec: dict) -> dict:
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
     }
+    if spec["arch"] == "llama":
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **common}
+    if spec["arch"] == "qwen2":
+        # Qwen2's q/k/v projections always carry a bias (its modelling code has no switch for it).
+        if not spec["qkv_bias"]:
+            raise SystemExit("qwen2 has q/k/v bias by construction")
+        return {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "use_sliding_window": False,
+            "max_window_layers": spec["layers"],
+            **common,
+        }
+    raise SystemExit(f"unknown tiny model arch {spec['arch']!r}")
 
 
-def weights(cfg: dict, seed: int, std: float) -> dict[str, torch.Tensor]:
+def weights(cfg: dict, seed: int, std: float, qkv_bias: bool) -> dict[str, torch.Tensor]:
     # Large random weights (std ~0.4): greedy output then depends on every cached token, so a stale or
     # missing KV page changes the answer. SGLang's `--load-format dummy` weights are too small for that.
     gen = torch.Generator().manual_seed(seed)
@@ -66,6 +80,9 @@ def weights(cfg: dict, seed: int, std: float) -> dict[str, torch.Tensor]:
                 p + "post_attention_layernorm.weight": torch.ones(h),
             }
         )
+        if qkv_bias:
+            out.update({p + "self_attn.q_proj.bias": rnd(q), p + "self_attn.k_proj.bias": rnd(kv)})
+            out[p + "self_attn.v_proj.bias"] = rnd(kv)
     return out
 
 
@@ -94,7 +111,11 @@ def main() -> None:
     cfg = config(spec)
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}))
-    save_file(weights(cfg, spec["seed"], spec["std"]), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        weights(cfg, spec["seed"], spec["std"], spec["qkv_bias"]),
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     corpus = [Path(f).read_text(errors="replace") for f in corpus_files]
     tokenizer(corpus, cfg["vocab_size"]).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(

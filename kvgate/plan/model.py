@@ -36,7 +36,7 @@ MLA_ARCHS = frozenset({"DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "GlmMo
 # `is_deepseek_dsa` (configs/model_config.py): one of these architectures AND `index_topk` set.
 DSA_ARCHS = MLA_ARCHS
 # Plain GQA/MHA decoders whose whole KV is one `MHATokenToKVPool` (no sliding-window or linear layers).
-MHA_ARCHS = frozenset({"LlamaForCausalLM", "Qwen3ForCausalLM"})
+MHA_ARCHS = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"})
 # SGLang's `_get_and_verify_dtype` serves a float32 checkpoint in float16: every planned dtype is 2 bytes.
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 2, "half": 2, "bf16": 2, "fp16": 2}
 

@@ -7,8 +7,9 @@ reports along the way (cell size per stage, KV budget bytes, pool, max_req_input
 for every case and every release.
 
 The model configs in model_configs/ are our own, written in the shapes of Llama-3-70B-style GQA,
-Qwen3-style GQA (head_dim not hidden/heads), DeepSeek-V3-style MLA, DeepSeek-V3.2-style DSA and a
-GLM-5-style DSA with shared-top-k indexer layers (no weights; nothing is downloaded).
+Qwen3-style GQA (head_dim not hidden/heads), Qwen2.5-style GQA (q/k/v bias, sliding window off),
+DeepSeek-V3-style MLA, DeepSeek-V3.2-style DSA and a GLM-5-style DSA with shared-top-k indexer layers
+(no weights; nothing is downloaded).
 """
 
 from __future__ import annotations
@@ -124,6 +125,8 @@ CASES = (
         disaggregation_mode="prefill",
     ),
     Case("gqa-explicit-head-dim", "qwen3-gqa", 4, 0.88, 16, "auto", 40960, 79.0, 16.2),
+    # q/k/v bias (weights only) and a sliding window switched off: the plain pool all the same.
+    Case("gqa-qkv-bias-window-off", "qwen2-gqa", 2, 0.85, 32, "bfloat16", 32768, 79.0, 7.6),
     Case(
         "glm-dsa-shared-topk-prefill",
         "glm-dsa",

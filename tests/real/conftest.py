@@ -2,20 +2,25 @@
 
 Each pair is `python -m sglang.launch_server` x2 (Mooncake over TCP) behind the real smg router,
 started by kvgate's own launcher (`kvgate.launch`, device cpu) from the release's cached CPU
-environment and kvgate's tiny model (kvgate.cpuserver). One pair is alive at a time: the fixture is
-session-scoped and parametrized, so pytest groups every test of one pair together and stops it before
-starting the next (about 2 GB of RAM per server); under `pytest -n 2` the whole tier is one unit of
-work (tests/conftest.py), so one worker runs it in that order.
+environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time: the
+fixture is session-scoped and parametrized, so pytest groups every test of one pair together and stops
+it before starting the next (about 2 GB of RAM per server); under `pytest -n 2` the whole tier is one
+unit of work (tests/conftest.py), so one worker runs it in that order.
 
-Per release two pairs: "short" (prefill pool 4,096 < context 8,192: the incident's shape) and
-"healthy" (pool 10,240 = 1.25 x context on both sides). Both server modes run on every kind: the
-even-indexed releases run "short" with --skip-tokenizer-init (input_ids in, output_ids out) and
-"healthy" with the tokenizer; the odd-indexed ones the other way round.
+A pair has five axes: release, pool ("short": prefill pool half the context, the incident's shape;
+"healthy": 1.25 x context on both sides), server mode (text, or --skip-tokenizer-init: input_ids in,
+output_ids out), context (4,096 or 8,192) and model (the tiny Llama or the tiny Qwen2, another
+attention shape). Starting a pair costs 60-90 s on two cores, so the default run (`.ci/run`) is the
+ten pairs of `CI_SPECS`: one short and one healthy pair per release, chosen so that every value of every
+axis occurs and the healthy pairs cover every pair of values of mode x context x model (a pairwise
+set). `KVGATE_REAL_MATRIX=full` runs `full_specs()`: every healthy combination, 0.5.19's short pool in
+every mode, context and model, and the short pairs of the other releases (README.md says what it costs).
 """
 
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 from collections.abc import Iterator
@@ -24,42 +29,82 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.cpuserver.model import TINY_MODELS, tiny_model
 from kvgate.launch import PDDeployment, PDLaunchPlan
 from kvgate.upstream import RELEASES
 from tests.assets.real_sglang import server_env_or_skip
 
-CONTEXT = 8192
-SHORT_POOL = 4096
-HEALTHY_POOL = 10240
+CONTEXTS = (4096, 8192)
+HEALTHY_FACTOR = 1.25
+MATRIX_ENV = "KVGATE_REAL_MATRIX"
 
 
 @dataclass(frozen=True)
 class PairSpec:
-    """One real PD pair: its release, its pool shape and its server mode."""
+    """One real PD pair: its release, its pool shape, its server mode, its context and its model."""
 
     release: str
     kind: str  # "short" | "healthy"
     skip_tokenizer_init: bool
+    context: int = 8192
+    arch: str = "llama"  # a key of kvgate.cpuserver.model.TINY_MODELS
 
     @property
     def prefill_pool(self) -> int:
-        return SHORT_POOL if self.kind == "short" else HEALTHY_POOL
+        return self.context // 2 if self.kind == "short" else self.decode_pool
 
     @property
     def decode_pool(self) -> int:
-        return HEALTHY_POOL
+        return int(self.context * HEALTHY_FACTOR)
+
+    @property
+    def mode(self) -> str:
+        return "ids" if self.skip_tokenizer_init else "text"
 
     @property
     def id(self) -> str:
-        return f"{self.release}-{self.kind}-{'ids' if self.skip_tokenizer_init else 'text'}"
+        return f"{self.release}-{self.kind}-{self.mode}-{self.context // 1024}k-{self.arch}"
+
+    def model_path(self) -> Path:
+        """The pair's tiny model, written on first use."""
+        return tiny_model(TINY_MODELS[self.arch])
+
+
+IDS, TEXT = True, False
+# The default run. Healthy pairs as (mode, context, model), text/4k/llama = 000: 0.5.22 is 111 and 0.5.23
+# 000 (the releases that must pass outright see every value of every axis between them), 0.5.19 010,
+# 0.5.20 100, 0.5.21 001, so every pair of values of any two axes occurs. Short pairs keep 8k (pool
+# 4,096 is the incident's shape) and the Llama, except 0.5.19's on the Qwen2 (the drill in
+# test_cli_real.py blocks the Llama's 0.5.19); their modes alternate with the healthy pair's.
+CI_SPECS: tuple[PairSpec, ...] = (
+    PairSpec("0.5.19", "short", IDS, 8192, "qwen2"),
+    PairSpec("0.5.19", "healthy", TEXT, 8192, "llama"),
+    PairSpec("0.5.20", "short", TEXT, 8192, "llama"),
+    PairSpec("0.5.20", "healthy", IDS, 4096, "llama"),
+    PairSpec("0.5.21", "short", IDS, 8192, "llama"),
+    PairSpec("0.5.21", "healthy", TEXT, 4096, "qwen2"),
+    PairSpec("0.5.22", "short", TEXT, 8192, "llama"),
+    PairSpec("0.5.22", "healthy", IDS, 8192, "qwen2"),
+    PairSpec("0.5.23", "short", IDS, 8192, "llama"),
+    PairSpec("0.5.23", "healthy", TEXT, 4096, "llama"),
+)
+
+
+def full_specs() -> list[PairSpec]:
+    """Every healthy pair, 0.5.19's short pool on every other axis, and the default run's short pairs."""
+    out = list(CI_SPECS)
+    axes = itertools.product((IDS, TEXT), CONTEXTS, sorted(TINY_MODELS))
+    for mode, ctx, arch in axes:
+        out += [PairSpec(v, "healthy", mode, ctx, arch) for v in RELEASES]
+        out.append(PairSpec("0.5.19", "short", mode, ctx, arch))
+    return list(dict.fromkeys(out))
 
 
 def _specs() -> list[PairSpec]:
-    out = []
-    for i, v in enumerate(RELEASES):
-        out.append(PairSpec(v, "short", i % 2 == 0))
-        out.append(PairSpec(v, "healthy", i % 2 == 1))
-    return out
+    chosen = os.environ.get(MATRIX_ENV, "").strip().lower()
+    if chosen not in ("", "ci", "full"):
+        raise pytest.UsageError(f"{MATRIX_ENV}={chosen!r}: use 'full' (every pair) or leave it unset (CI's ten)")
+    return full_specs() if chosen == "full" else list(CI_SPECS)
 
 
 SPECS = _specs()
@@ -103,11 +148,11 @@ class RealPair:
 def plan_for(spec: PairSpec) -> PDLaunchPlan:
     """kvgate's own launch plan of a real pair (what `kvgate up --device cpu --release R` starts)."""
     return PDLaunchPlan(
-        model_path=None,
+        model_path=str(spec.model_path()),
         engine="sglang",
         device="cpu",
         release=spec.release,
-        context_length=CONTEXT,
+        context_length=spec.context,
         prefill_max_total_tokens=spec.prefill_pool,
         decode_max_total_tokens=spec.decode_pool,
         skip_tokenizer_init=spec.skip_tokenizer_init,

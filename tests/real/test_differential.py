@@ -105,7 +105,7 @@ def test_simulator_matches_the_real_server(real_pair: RealPair) -> None:
         real_run = pool.submit(run_set, real_pair.router, probes, numbers)
         with SimDeployment(
             emulate=spec.release,
-            context_length=8192,
+            context_length=spec.context,
             prefill_pool=spec.prefill_pool,
             decode_pool=spec.decode_pool,
             page_size=1,
