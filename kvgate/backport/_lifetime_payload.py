@@ -182,7 +182,6 @@ class Lifetime:
     def __init__(self, w: World) -> None:
         import numpy as np
         import torch.distributed as dist
-
         from sglang.srt.disaggregation.base.conn import KVPoll
         from sglang.srt.disaggregation.common import conn as common_conn
         from sglang.srt.disaggregation.common.utils import TransferKVChunk
@@ -192,9 +191,7 @@ class Lifetime:
         self.w, self.np, self.KVPoll, self.mc, self.common_conn = w, np, KVPoll, mc, common_conn
         self.TransferKVChunk, self.AbortReq = TransferKVChunk, AbortReq
         if not dist.is_initialized():
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1
-            )
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
         self.group = dist.group.WORLD
         self.room = 7_000
         # Threads the probe ends by closing their socket raise ProbeSocketClosed (or the worker's
@@ -266,7 +263,13 @@ class Pair:
         return P
 
     def kvgate_probe_delayed_send_kvcache(
-        self, mooncake_session_id: str, prefill_kv_indices: Any, dst_kv_ptrs: Any, dst_kv_indices: Any, *a: Any, **k: Any
+        self,
+        mooncake_session_id: str,
+        prefill_kv_indices: Any,
+        dst_kv_ptrs: Any,
+        dst_kv_indices: Any,
+        *a: Any,
+        **k: Any,
     ) -> int:
         """TEST CODE standing in for the RDMA write: wait for the gate (the injected delay), then write
         the sending request's bytes into the destination pages, whoever owns them by then."""
@@ -448,14 +451,14 @@ def _victim_ticker(pair: Pair, victim: str) -> Any:
     return tick
 
 
-def _verdict(pair: Pair, aborted: str, value: int, victim_tick: Any, ack_targets: list[tuple[str, int]]) -> dict[str, Any]:
+def _verdict(
+    pair: Pair, aborted: str, value: int, victim_tick: Any, ack_targets: list[tuple[str, int]]
+) -> dict[str, Any]:
     pool = pair.pool
     freed = [e for e in pool.events if e["event"] == "free" and e["req"] == aborted]
     write = pool.first("late-write-lands", aborted)
     victim_pages = victim_tick.state["pages"]
-    overwritten = (
-        sorted(p for p in victim_pages if int(pool.data[p, 0]) == value) if victim_pages is not None else []
-    )
+    overwritten = sorted(p for p in victim_pages if int(pool.data[p, 0]) == value) if victim_pages is not None else []
     timed_out = [m for m in pair.warnings if "timed out" in m and "releasing anyway" in m]
     acks = pair.wire.frames(b"ABORT_ACK")
     acked_eps = {a["dst"] for a in acks if not a["held"]}
@@ -467,9 +470,8 @@ def _verdict(pair: Pair, aborted: str, value: int, victim_tick: Any, ack_targets
         outcome, why = "INCONCLUSIVE", "decode never released the aborted request's pages within the probe"
     elif early or overwritten:
         outcome = "EXPOSED"
-        why = (
-            f"pages freed at {freed[0]['t']}s before the late write landed at {write['t']}s"
-            + (f"; the next request's pages {overwritten} now hold the aborted request's bytes" if overwritten else "")
+        why = f"pages freed at {freed[0]['t']}s before the late write landed at {write['t']}s" + (
+            f"; the next request's pages {overwritten} now hold the aborted request's bytes" if overwritten else ""
         )
     elif timed_out or missing_ack:
         outcome = "UNPROVEN"
@@ -477,7 +479,10 @@ def _verdict(pair: Pair, aborted: str, value: int, victim_tick: Any, ack_targets
             f"; no drain ACK reached {missing_ack}" if missing_ack else ""
         )
     else:
-        outcome, why = "SAFE", f"released at {freed[-1]['t']}s on the drain ACK, after the write landed at {write['t']}s"
+        outcome, why = (
+            "SAFE",
+            f"released at {freed[-1]['t']}s on the drain ACK, after the write landed at {write['t']}s",
+        )
     return {
         "outcome": outcome,
         "why": why,
@@ -545,7 +550,8 @@ def prefill_side_failure(lt: Lifetime) -> dict[str, Any]:
         pair.admit(d, room, a, pages)
         held = pair.start_transfer(room, a, 0xA1, pages)
         pair.prefill.conclude_failure(
-            bootstrap_room=room, failure_reason="kvgate probe: prefill-side failure while a chunk is still being written"
+            bootstrap_room=room,
+            failure_reason="kvgate probe: prefill-side failure while a chunk is still being written",
         )
         tick = _victim_ticker(pair, "kvgate-probe-next")
         pair.pump(GATE_DELAY_S, tick)
@@ -617,7 +623,13 @@ def main(argv: list[str]) -> int:
             except Exception as exc:
                 results[name] = {"outcome": "ERROR", **_error(exc)}
             results[name]["duration_s"] = round(time.monotonic() - t, 2)
-        out = {"status": "ok", "version": w.version, "sglang_path": w.path, "torchvision_stub": stubbed, "scenarios": results}
+        out = {
+            "status": "ok",
+            "version": w.version,
+            "sglang_path": w.path,
+            "torchvision_stub": stubbed,
+            "scenarios": results,
+        }
     except Exception as exc:
         out = _error(exc)
         out["traceback"] = traceback.format_exc(limit=8)
