@@ -25,6 +25,10 @@ SERIES = {
         "kvgate-admission-door",
         "kvgate-deferred-release-default",
         "kvgate-retire-aborted-results",
+        "kvgate-preserve-abort-ack",
+        "kvgate-ack-fanout",
+        "kvgate-force-arm-on-failure",
+        "kvgate-ack-generations",
         "kvgate-verify-handoff-coverage",
     ],
 }
