@@ -27,9 +27,7 @@ def _statuses(env: CpuEnv, patches: tuple[str, ...] = LIFETIME_PATCHES) -> dict[
 
 
 @pytest.mark.parametrize("release", ["0.5.20", "0.5.19"])
-def test_lifetime_races_shown_unpatched_and_closed_by_the_series(
-    release: str, site: Callable[[str], CpuEnv]
-) -> None:
+def test_lifetime_races_shown_unpatched_and_closed_by_the_series(release: str, site: Callable[[str], CpuEnv]) -> None:
     env = site(release)
     series = load_series(release)
     ids = tuple(p.id for p in series.patches if p.id in LIFETIME_PATCHES)
