@@ -4,7 +4,9 @@
 what it observed into a `DoorProbeReport`. The verdict comes from observed effects only (transfer
 endpoints created, queue contents, metadata slots, what the client was sent); a missing attribute or
 import is an ERROR naming it, never a verdict. `detect_by_behaviour` hands the results to the catalogue
-as method-4 detections (kvgate/catalogue/behaviour.py maps them).
+as method-4 detections (kvgate/catalogue/behaviour.py maps them). `run_lifetime_probe` runs
+`_lifetime_payload.py`: each page-lifetime patch's race, provoked in the release's real Mooncake
+control plane with an injected write delay, judged by a page oracle (RETIRED / NOT RETIRED).
 """
 
 from __future__ import annotations
