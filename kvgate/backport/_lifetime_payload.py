@@ -539,6 +539,21 @@ def two_decode_ranks_abort(lt: Lifetime) -> dict[str, Any]:
         pair.close()
 
 
+def _prefill_fails_room(pair: Pair, room: int, reason: str) -> None:
+    """Prefill concludes the room Failed and tells decode, as its transfer worker does on an error:
+    `conclude_failure` from 0.5.20 (#36612); 0.5.19's worker records the failure, marks the room Failed
+    and calls `sync_status_to_decode_endpoint` per decode endpoint."""
+    P = pair.prefill
+    if hasattr(P, "conclude_failure"):
+        P.conclude_failure(bootstrap_room=room, failure_reason=reason)
+        return
+    P.record_failure(room, reason)
+    P.update_status(room, pair.lt.KVPoll.Failed)
+    for info in list(P.transfer_infos.get(room, {}).values()):
+        if not info.is_dummy:
+            P.sync_status_to_decode_endpoint(info.endpoint, info.dst_port, room, pair.lt.KVPoll.Failed, 0)
+
+
 def prefill_side_failure(lt: Lifetime) -> dict[str, Any]:
     """#41404: prefill concludes the room Failed (a failure decode did not initiate) while a write is
     still in flight; decode learns it from the real status message."""
@@ -549,10 +564,7 @@ def prefill_side_failure(lt: Lifetime) -> dict[str, Any]:
         pages = pair.pool.alloc(PAGES, a) or []
         pair.admit(d, room, a, pages)
         held = pair.start_transfer(room, a, 0xA1, pages)
-        pair.prefill.conclude_failure(
-            bootstrap_room=room,
-            failure_reason="kvgate probe: prefill-side failure while a chunk is still being written",
-        )
+        _prefill_fails_room(pair, room, "kvgate probe: prefill-side failure while a chunk is still being written")
         tick = _victim_ticker(pair, "kvgate-probe-next")
         pair.pump(GATE_DELAY_S, tick)
         pair.gates[held].set()
