@@ -4,7 +4,9 @@
 what it observed into a `DoorProbeReport`. The verdict comes from observed effects only (transfer
 endpoints created, queue contents, metadata slots, what the client was sent); a missing attribute or
 import is an ERROR naming it, never a verdict. `detect_by_behaviour` hands the results to the catalogue
-as method-4 detections (kvgate/catalogue/behaviour.py maps them).
+as method-4 detections (kvgate/catalogue/behaviour.py maps them). `run_lifetime_probe` runs
+`_lifetime_payload.py`: each page-lifetime patch's race, provoked in the release's real Mooncake
+control plane with an injected write delay, judged by a page oracle (RETIRED / NOT RETIRED).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from kvgate.catalogue.model import Detection
 
 _HERE = Path(__file__).resolve().parent
 PAYLOAD = _HERE / "_probe_payload.py"
+LIFETIME_PAYLOAD = _HERE / "_lifetime_payload.py"
 STUB_FILE = _HERE / "_stub" / "sitecustomize.py"
 RESULT_TAG = "KVGATE-PROBE-RESULT:"
 
@@ -93,7 +96,12 @@ class HandoffProbeReport:
 
 
 def _run_payload(
-    mode: str, python: str, extra_pythonpath: Sequence[str | os.PathLike[str]], timeout: float
+    mode: str,
+    python: str,
+    extra_pythonpath: Sequence[str | os.PathLike[str]],
+    timeout: float,
+    payload: Path = PAYLOAD,
+    argv: Sequence[str] | None = None,
 ) -> tuple[dict[str, Any], float]:
     if os.sep in python and not os.path.isabs(python):
         python = os.path.abspath(python)  # the payload runs in another directory; keep venv symlinks as given
@@ -108,7 +116,7 @@ def _run_payload(
     started = time.monotonic()
     try:
         proc = subprocess.run(
-            [python, str(PAYLOAD), mode, str(STUB_FILE)],
+            [python, str(payload), *(argv if argv is not None else (mode, str(STUB_FILE)))],
             capture_output=True,
             text=True,
             env=env,
@@ -345,3 +353,66 @@ def detect_by_behaviour(
         python = os.path.abspath(python)
     suite = run_all_probes(python, extra_pythonpath, timeout=timeout)
     return [admission_detection(suite.admission), hardening_detection(suite.hardening)]
+
+
+# -- page lifetime: sglang's real Mooncake control plane with an injected write delay ---------------
+NOT_RETIRED = "NOT RETIRED"
+LIFETIME_PATCHES = (
+    "kvgate-preserve-abort-ack",
+    "kvgate-ack-fanout",
+    "kvgate-force-arm-on-failure",
+    "kvgate-ack-generations",
+)
+"""The patches whose race `run_lifetime_probe` provokes, one scenario each (see _lifetime_payload.py)."""
+
+
+@dataclass(frozen=True)
+class LifetimeCase:
+    """One page-lifetime scenario: RETIRED (pages released only on the drain ACK, after the late write),
+    NOT RETIRED (released before the write landed, or on the timeout without a drain ACK) or ERROR."""
+
+    patch: str
+    status: str
+    outcome: str  # SAFE | EXPOSED | UNPROVEN | INCONCLUSIVE | ERROR (what the page oracle saw)
+    why: str
+    observed: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass(frozen=True)
+class LifetimeProbeReport:
+    """Every scenario on one import of sglang; `error` when the probe could not run at all."""
+
+    version: str | None
+    cases: tuple[LifetimeCase, ...]
+    error: str | None
+    missing: str | None
+    duration_s: float
+    python: str
+
+    def case(self, patch: str) -> LifetimeCase | None:
+        return next((c for c in self.cases if c.patch == patch), None)
+
+
+def run_lifetime_probe(
+    python: str,
+    extra_pythonpath: Sequence[str | os.PathLike[str]] = (),
+    timeout: float = 300.0,
+    patches: Sequence[str] = LIFETIME_PATCHES,
+) -> LifetimeProbeReport:
+    """Provoke each patch's page-lifetime race in the sglang that `python` imports: an abort or failure
+    while a KV write is held back by an injected delay, then the page handed to the next request."""
+    raw, elapsed = _run_payload(
+        "lifetime", python, extra_pythonpath, timeout, LIFETIME_PAYLOAD, (str(STUB_FILE), ",".join(patches))
+    )
+    if raw.get("status") != "ok":
+        return LifetimeProbeReport(
+            raw.get("version"), (), raw.get("error") or "probe failed", raw.get("missing"), round(elapsed, 2), python
+        )
+    cases = []
+    for patch, sc in raw.get("scenarios", {}).items():
+        outcome = str(sc.get("outcome"))
+        status = RETIRED if outcome == "SAFE" else NOT_RETIRED if outcome in ("EXPOSED", "UNPROVEN") else ERROR
+        why = str(sc.get("why") or sc.get("error") or "no observation")
+        observed = {k: v for k, v in sc.items() if k not in ("outcome", "why")}
+        cases.append(LifetimeCase(patch, status, outcome, why, observed))
+    return LifetimeProbeReport(raw.get("version"), tuple(cases), None, None, round(elapsed, 2), python)

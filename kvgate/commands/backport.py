@@ -157,6 +157,8 @@ def _verify(
                 extra = [tmp]
         with observer.step(f"running sglang's admission code on CPU ({python})"):
             suite = run_all_probes(python, extra, timeout=timeout)  # one import of sglang for every probe
+        with observer.step(f"running sglang's transfer code on CPU: the page-lifetime probes ({python})"):
+            lifetime = _lifetime_findings(series, node, python, extra, timeout)
     adm = suite.admission
     ev = [Evidence(c.door, f"{c.door}.{c.name}", c.outcome, c.expect) for c in adm.cases]
     if adm.client_error:
@@ -252,6 +254,7 @@ def _verify(
             findings.append(
                 failed(f"{GATE}-probe", "handoff-coverage", node, f"{hard.status}: a short handoff was committed", *hev)
             )
+    findings += lifetime[0]
     from kvgate.paths import cache_dir, left_behind
 
     notes = (
@@ -274,9 +277,72 @@ def _verify(
             "probe_status": adm.status,
             "client_error": adm.client_error,
             "applied": sorted(have_ids),
+            "lifetime": lifetime[1],
         },
         notes=notes,
     )
+
+
+def _lifetime_findings(
+    series: Series, node: str, python: str, extra: list[str], timeout: float
+) -> tuple[list[Finding], dict[str, str]]:
+    """Provoke each page-lifetime race the series' patches close in the target's own code (one import)."""
+    from kvgate.backport.probe import ERROR, LIFETIME_PATCHES, RETIRED, run_lifetime_probe
+
+    ids = [p.id for p in series.patches if p.id in LIFETIME_PATCHES]
+    if not ids:
+        return [], {}
+    report = run_lifetime_probe(python, extra, timeout=timeout, patches=ids)
+    findings: list[Finding] = []
+    statuses: dict[str, str] = {}
+    for pid in ids:
+        name = pid.removeprefix("kvgate-")
+        case = report.case(pid)
+        if case is None:
+            why = report.error or "the probe returned no result for this scenario"
+            statuses[pid] = ERROR
+            findings.append(
+                inconclusive(
+                    f"{GATE}-probe",
+                    name,
+                    node,
+                    f"probe error (no verdict): {why}",
+                    remedy=f"missing: {report.missing}" if report.missing else "rerun with a longer --probe-timeout",
+                )
+            )
+            continue
+        statuses[pid] = case.status
+        obs = case.observed
+        ev = [
+            Evidence(node, "page_oracle", case.outcome, "SAFE"),
+            Evidence(
+                node,
+                "drain_acks",
+                [f"{a['t']}s->{a['dst']}{' (held)' if a['held'] else ''}" for a in obs.get("abort_acks", [])],
+            ),
+            Evidence(
+                node,
+                "pool_events",
+                [f"{e['t']}s {e['event']} {e['req']} {e['pages']}" for e in obs.get("pool_events", [])],
+            ),
+            Evidence(node, "hold_timeouts", obs.get("timeout_warnings")),
+        ]
+        if case.status == RETIRED:
+            findings.append(passed(f"{GATE}-probe", name, node, f"RETIRED: {case.why}", *ev))
+        elif case.status == ERROR:
+            findings.append(inconclusive(f"{GATE}-probe", name, node, f"probe error (no verdict): {case.why}", *ev))
+        else:
+            findings.append(
+                failed(
+                    f"{GATE}-probe",
+                    name,
+                    node,
+                    f"NOT RETIRED ({case.outcome}): {case.why}",
+                    *ev,
+                    remedy=f"kvgate backport --to {series.name} ...",
+                )
+            )
+    return findings, statuses
 
 
 __all__ = ["backport"]

@@ -74,3 +74,39 @@ def test_v0_5_19_site_verify_runs_all_three_probes(site: Callable[[str], CpuEnv]
     checks = {f["check"]: f["outcome"] for f in json.loads(verify.stdout)["findings"]}
     assert checks["admission"] == checks["retire-aborted-results"] == checks["handoff-coverage"] == "passed"
     assert all(checks[p] == "passed" for p in ("kvgate-admission-door", "kvgate-retire-aborted-results"))
+
+
+@pytest.mark.parametrize("release", ["0.5.20", "0.5.19"])
+def test_issue_21_backported_install_passes_fixes_and_markers_alone_do_not(
+    release: str, site: Callable[[str], CpuEnv], tmp_path: Path
+) -> None:
+    """Issue 21: after the series, every correctness fix is present or stood in for; the comment markers
+    alone bring none of them."""
+    import shutil
+
+    from kvgate.catalogue.series import load_series
+
+    root = site(release).site_packages
+    markers = tmp_path / "markers-only"
+    shutil.copytree(root, markers, symlinks=True)
+    assert runner.invoke(app, ["fixes", "--site-packages", str(root)]).exit_code == 1
+    applied = runner.invoke(app, ["backport", "--to", f"v{release}", "--site-packages", str(root)])
+    assert applied.exit_code == 0, applied.output
+    fixes = runner.invoke(app, ["fixes", "--site-packages", str(root), "--format", "json"])
+    assert fixes.exit_code == 0, fixes.output
+    found = {f["check"]: f["summary"] for f in json.loads(fixes.stdout)["findings"]}
+    for fix, bp in (
+        ("pr-40645", "kvgate-preserve-abort-ack"),
+        ("pr-41402", "kvgate-ack-fanout"),
+        ("pr-41404", "kvgate-force-arm-on-failure"),
+        ("ack-generations", "kvgate-ack-generations"),
+    ):
+        assert f"by kvgate backport {bp}, code verified" in found[fix], found[fix]
+    for patch in load_series(release).select(False):
+        for f in patch.files:
+            p = markers / f.site_path
+            p.write_text(p.read_text(encoding="utf-8") + f"\n# kvgate-backport: {patch.id}\n", encoding="utf-8")
+    tampered = runner.invoke(app, ["fixes", "--site-packages", str(markers), "--format", "json"])
+    assert tampered.exit_code == 1
+    doc = json.loads(tampered.stdout)
+    assert "kvgate-ack-generations" in doc["target"]["tampered_backports"]

@@ -12,11 +12,23 @@ from kvgate.catalogue.series import available, load_series, normalise_release
 from kvgate.errors import UsageError
 
 SERIES = {
-    "0.5.20": ["kvgate-admission-door", "kvgate-deferred-release-default", "kvgate-verify-handoff-coverage"],
+    "0.5.20": [
+        "kvgate-admission-door",
+        "kvgate-deferred-release-default",
+        "kvgate-preserve-abort-ack",
+        "kvgate-ack-fanout",
+        "kvgate-force-arm-on-failure",
+        "kvgate-ack-generations",
+        "kvgate-verify-handoff-coverage",
+    ],
     "0.5.19": [
         "kvgate-admission-door",
         "kvgate-deferred-release-default",
         "kvgate-retire-aborted-results",
+        "kvgate-preserve-abort-ack",
+        "kvgate-ack-fanout",
+        "kvgate-force-arm-on-failure",
+        "kvgate-ack-generations",
         "kvgate-verify-handoff-coverage",
     ],
 }

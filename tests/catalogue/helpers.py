@@ -36,6 +36,10 @@ EXPECTED: dict[str, set[str]] = {
     "kvgate-deferred-release-default": set(),
     "kvgate-retire-aborted-results": set(),
     "kvgate-verify-handoff-coverage": set(),
+    "kvgate-preserve-abort-ack": set(),
+    "kvgate-ack-fanout": set(),
+    "kvgate-force-arm-on-failure": set(),
+    "kvgate-ack-generations": set(),
 }
 
 # The files the catalogue's signatures read, so small trees and repos can be built from real sources.

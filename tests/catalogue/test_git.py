@@ -90,7 +90,11 @@ def test_backport_applied_in_a_commit_is_recognised_by_its_code(sglang_repo: Pat
     res = CliRunner().invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(clone)])
     assert res.exit_code == 0, res.output
     a = assess_checkout(clone, "HEAD")
-    assert a.reads_as() == "0.5.20 + kvgate backports (kvgate-admission-door, kvgate-deferred-release-default)"
+    assert a.reads_as() == (
+        "0.5.20 + kvgate backports (kvgate-admission-door, kvgate-deferred-release-default, "
+        "kvgate-preserve-abort-ack, kvgate-ack-fanout, kvgate-force-arm-on-failure, kvgate-ack-generations)"
+    )
+    assert a.status("ack-generations").via_backport == "kvgate-ack-generations"
     door = a.status("pr-38935")
     assert door.presence is Presence.PRESENT and door.via_backport == "kvgate-admission-door"
     assert "code verified" in door.how()

@@ -67,6 +67,10 @@ def test_backports_stand_in_for_their_upstream_fix() -> None:
         "kvgate-deferred-release-default": "pr-41023",
         "kvgate-retire-aborted-results": "pr-36988",
         "kvgate-verify-handoff-coverage": "pr-38704",
+        "kvgate-preserve-abort-ack": "pr-40645",
+        "kvgate-ack-fanout": "pr-41402",
+        "kvgate-force-arm-on-failure": "pr-41404",
+        "kvgate-ack-generations": "ack-generations",
     }
     for b in cat.backports():  # recognised by their series' code signatures, never by a marker here
         assert b.signatures == ()

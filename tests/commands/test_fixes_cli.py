@@ -157,11 +157,20 @@ def test_site_packages_patched_0_5_20(tmp_path: Path) -> None:
     applied = _run_app("backport", "--to", "v0.5.20", "--site-packages", str(tmp_path / "site"))
     assert applied.exit_code == 0, applied.output
     rc, doc = _json("--site-packages", str(tmp_path / "site"))
-    assert rc == 1  # no backport covers #40645 and friends
-    assert (
-        doc["target"]["reads_as"] == "0.5.20 + kvgate backports (kvgate-admission-door, "
-        "kvgate-deferred-release-default)"
+    assert rc == 0, doc["target"]  # every correctness fix present or stood in for (issue 21)
+    assert doc["target"]["reads_as"] == (
+        "0.5.20 + kvgate backports (kvgate-admission-door, kvgate-deferred-release-default, "
+        "kvgate-preserve-abort-ack, kvgate-ack-fanout, kvgate-force-arm-on-failure, kvgate-ack-generations)"
     )
+    by = {f["check"]: f for f in doc["findings"]}
+    for fix, bp in (
+        ("pr-40645", "kvgate-preserve-abort-ack"),
+        ("pr-41402", "kvgate-ack-fanout"),
+        ("pr-41404", "kvgate-force-arm-on-failure"),
+        ("ack-generations", "kvgate-ack-generations"),
+    ):
+        assert by[fix]["outcome"] == "passed", by[fix]
+        assert f"by kvgate backport {bp}, code verified" in by[fix]["summary"]
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
     assert door["outcome"] == "passed" and "by kvgate backport kvgate-admission-door, code verified" in door["summary"]
     assert "version, which says absent" in door["summary"]
