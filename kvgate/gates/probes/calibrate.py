@@ -43,6 +43,11 @@ CALIBRATION_FLOOR_TOKENS = 32_768
 #: The floor (budget_floor_s of measured prefill) never exceeds this many tokens: a fast deployment
 #: (or a slope measured low) must not turn a 1M context's budget from its share into the floor's.
 FLOOR_CAP_TOKENS = 65_536
+#: The floor is also at least this many noise units (jitter_s) of measured prefill: a latency plan needs
+#: 8-16 long samples each about 6 noise units clear of the one-page ones, and room for one pass with
+#: longer samples. Without it a noisy deployment (a loaded CPU pair: 100 ms of jitter) got a budget of
+#: 1 s of prefill, shrank its samples to about 1 noise unit and could only come out inconclusive.
+FLOOR_NOISE_UNITS = 100
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,10 @@ class Calibration:
         return 1.0 / self.s_per_token if self.s_per_token else None
 
     def budget_tokens(self, share: float, context: int, floor_s: float) -> int:
-        """Prefill tokens a timing probe may spend: max(share x context, floor), the floor being floor_s
-        of measured prefill up to FLOOR_CAP_TOKENS."""
+        """Prefill tokens a timing probe may spend: max(share x context, floor), the floor being
+        max(floor_s, FLOOR_NOISE_UNITS x jitter) of measured prefill, up to FLOOR_CAP_TOKENS."""
         by_share = int(share * context)
+        floor_s = max(floor_s, FLOOR_NOISE_UNITS * self.jitter_s)
         floor = int(floor_s / self.s_per_token) if self.s_per_token else 0
         return max(by_share, min(floor, FLOOR_CAP_TOKENS))
 

@@ -183,3 +183,22 @@ def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -
     assert plan.passes[0].startswith("10 x 2,048 tokens: D+=0.000")
     ks = samples.ks()
     assert ks is not None and ks.significant(0.01)
+
+
+def test_a_noisy_small_deployment_affords_an_observable_latency_plan() -> None:
+    """The floor grows with the noise: a loaded CPU pair (100 ms of jitter, about 2,000 tokens/s, a 4k
+    context) once got 1 s of prefill, shrank its long samples to about one noise unit and could only be
+    inconclusive. Now its budget affords the planned effect and sample count."""
+    from kvgate.gates.probes.calibrate import FLOOR_NOISE_UNITS
+
+    cal = _cal(480e-6, jitter_s=0.1)
+    settings = ProbeSettings()
+    small = ProbeLimits(context=4096, max_req_input_len=4090, page_size=64, pool=None)
+    budget = cal.budget_tokens(settings.latency_budget, small.context, settings.budget_floor_s)
+    assert budget == int(FLOOR_NOISE_UNITS * 0.1 / 480e-6)
+    plan = plan_latency(cal, small, settings)
+    assert plan.limited_by is None or "budget" not in plan.limited_by, plan
+    assert plan.expected_effect_s is not None and plan.expected_effect_s >= 6 * 0.1 * 0.99
+    # the 1 s floor alone would have starved it
+    quiet = _cal(480e-6, jitter_s=0.001)
+    assert quiet.budget_tokens(settings.latency_budget, small.context, settings.budget_floor_s) < budget / 4
