@@ -3,11 +3,9 @@ the short pool gives `kvgate_verdict 1` and a 503 from /verdict; on the healthy 
 verdict is the exit status `kvgate check` gives the same pair with the same profile, and /verdict is
 200 exactly when that is 0.
 
-The healthy 0.5.22 pair runs --skip-tokenizer-init: its canaries cannot read a sentinel, so there
-`kvgate check` itself is inconclusive (exit 3) and so is the watch (observed 2026-12-02; the short
-pair's half was observed passing the same day). The watch runs as its own process with the `cpu-tiny`
-profile, reading the code the workers run (`--site-packages`), with a small probe budget (the CPU
-server is slow); it is stopped before the check runs, so their probes do not meet. Restarting a real
+The watch runs as its own process with no profile, reading the code the workers run
+(`--site-packages`), with a small probe budget (the CPU server is slow); it is stopped before the
+check runs, so their probes do not meet. The healthy pair must pass (0 and 200) at the defaults. Restarting a real
 worker with a smaller pool is not done here (a real worker takes a minute to start and the tier keeps
 one pair alive at a time); the simulator's test covers the flip.
 """
@@ -33,7 +31,7 @@ def test_watch_gives_the_real_pair_its_verdict(real_pair: RealPair, tmp_path: Pa
     if real_pair.spec.release != RELEASE:
         pytest.skip(f"watch is checked on the {RELEASE} pairs only (one release, as the issue asks)")
     site = real_pair.deployment.code_sources()["*"]["site_packages"]
-    args = ["--router-url", real_pair.router, "--profile", "cpu-tiny", "--site-packages", site]
+    args = ["--router-url", real_pair.router, "--site-packages", site]  # no profile, as test_verdicts
     budget = ["--interval", "10", "--requests-per-min", "4", "--prefill-tokens-per-min", "4096"]
     w = WatchProcess(args + budget, tmp_path / "watch.log")
     try:
@@ -57,3 +55,4 @@ def test_watch_gives_the_real_pair_its_verdict(real_pair: RealPair, tmp_path: Pa
     assert verdict == check.exit_code == report_of(out)["exit_status"], (doc["reason"], check.output[-2000:])
     assert (res.status_code == 200) == (check.exit_code == 0) and doc["passed"] is (check.exit_code == 0)
     assert not [f for f in doc["report"]["findings"] if f["outcome"] == "failed"], doc["reason"]
+    assert verdict == 0 and res.status_code == 200, doc["reason"]  # a healthy 0.5.22 passes at the defaults
