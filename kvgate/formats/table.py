@@ -76,7 +76,8 @@ class TableFormatter(Formatter):
         status = report.exit_status
         style = "bold green" if status == 0 else "bold red"
         # Text from targets and gates is data, not markup: "[...]" must print as is.
-        console.print(f"[{style}]{escape(verdict_line(report))}[/]")
+        # one line, never folded: pipelines grep "(exit N)"
+        console.print(f"[{style}]{escape(verdict_line(report))}[/]", soft_wrap=True)
         console.print(escape(counts_line(report)))
         lines, more = headlines(report)
         if lines:
@@ -93,7 +94,7 @@ class TableFormatter(Formatter):
                 console.print(f"... and {more} more below")
         headlined = {(h.check_id, n) for h in lines for n in h.nodes}
         if self._details(console, report, headlined):
-            console.print(f"[bold]{escape(verdict_line(report))}[/]")  # again, below a long report
+            console.print(f"[bold]{escape(verdict_line(report))}[/]", soft_wrap=True)  # again, below a long report
 
     def _details(self, console: Console, report: Report, headlined: set[tuple[str, str]]) -> bool:
         """The detail below the headlines; False when there was nothing more to say."""

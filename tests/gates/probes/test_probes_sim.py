@@ -166,14 +166,19 @@ def test_0522_pool_below_context_is_blocked_and_its_streams_hang(deployment: Any
 
 
 def test_0522_pool_of_2_04m_passes(deployment: Any) -> None:
-    # Every probe must pass, the latency probe included, at the simulator's default prefill speed: the
-    # probes size themselves from the calibration (issue 19), not from a hand-picked speed.
+    # Every probe must pass, the latency probe included. At a 1M context the cost cap (the whole probe
+    # gate within 1.2 context-length prefills) bounds what latency may spend: at the simulator's default
+    # 2M tokens/s that is tens of ms of prefill, below a loaded CI machine's noise, where inconclusive is
+    # the honest answer (measured: D+ 0.625, p 0.044 with four busy loops). A prefill of 100k tokens/s
+    # (a 1M prompt in about 10 s, a real long-context deployment's order) makes the same budget observable;
+    # the calibration, not this speed, sizes every probe (sim up defaults: test_calibration.py).
     dep = deployment(
         emulate="0.5.22",
         context_length=CONTEXT,
         prefill_pool=2_040_000,
         decode_pool=2_200_000,
         page_size=64,
+        prefill_tokens_per_s=100_000,
     )
     report = check(dep, {"deadline_s": 30}, with_gate1=True)
     assert [f.test_id for f in report.findings if f.outcome == Outcome.FAILED] == []
@@ -189,7 +194,9 @@ def test_0522_pool_of_2_04m_passes(deployment: Any) -> None:
         "latency.prefill_scaling",
     ):
         assert probe(report, name).outcome == Outcome.PASSED, probe(report, name).summary
-    assert report.exit_status == ExitStatus.PASSED
+    assert report.exit_status == ExitStatus.PASSED, [
+        (f.test_id, f.summary, f.remedy) for f in report.findings if f.outcome != Outcome.PASSED
+    ]
     assert report.cost["probe_prefill_ratio_of_context"] <= 1.2
 
 
