@@ -7,7 +7,9 @@ a transport failure (refused, timeout, 5xx, bad JSON) becomes a `TransportError`
 
 from __future__ import annotations
 
+import functools
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -149,6 +151,13 @@ class NodeReading:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _ssl_context() -> ssl.SSLContext:
+    """The system's trust store, loaded once per process (it costs about 30 ms, and a watch builds a
+    client every pass); an SSLContext is safe to share between threads and clients."""
+    return httpx.create_ssl_context()
+
+
 class TargetClient:
     """HTTP access to SGLang workers and routers. Thread-safe; one per run.
 
@@ -171,7 +180,7 @@ class TargetClient:
         self.metadata_cap = metadata_cap
         self.probe_cap = probe_cap
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._ssl = httpx.create_ssl_context()  # built once: every client below shares it
+        self._ssl = _ssl_context()  # every client below shares it
         self._http = self._new_http()
         # Fleet reads: one small client per reading thread. A single pool shared by hundreds of
         # threads costs time quadratic in its connections (httpcore scans them all per request):

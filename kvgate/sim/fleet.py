@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,59 +76,151 @@ def _reason(status: int) -> str:
     return {200: "OK", 404: "Not Found", 501: "Not Implemented", 503: "Service Unavailable"}.get(status, "Error")
 
 
-async def _handle(
-    worker: LightWorker, delay_s: float, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
-    """HTTP/1.1 with keep-alive, one request at a time per connection (all the router and kvgate need)."""
-    try:
-        while True:
-            try:
-                head = await reader.readuntil(b"\r\n\r\n")
-            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-                return
-            lines = head.decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ")
-            if len(parts) < 2:
-                return
-            method, path = parts[0], parts[1].split("?")[0]
-            headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-            length = int(headers.get("content-length", "0") or 0)
-            body = await reader.readexactly(length) if length else b""
-            if delay_s and path in METADATA_PATHS:
-                await asyncio.sleep(delay_s)
-            status, doc = worker.answer(method, path, body)
-            data = b"" if doc is None else json.dumps(doc).encode()
-            writer.write(
-                f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n\r\n".encode()
-                + data
-            )
-            await writer.drain()
-            if headers.get("connection", "").lower() == "close":
-                return
-    except (ConnectionError, asyncio.IncompleteReadError):
-        return
-    finally:
-        writer.close()
+def _encode(status: int, doc: Any) -> bytes:
+    data = b"" if doc is None else json.dumps(doc).encode()
+    head = f"HTTP/1.1 {status} {_reason(status)}\r\nContent-Type: application/json\r\n"
+    return f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+
+class _Connection:
+    """One accepted connection: HTTP/1.1 with keep-alive, one request at a time (all the router and
+    kvgate need).
+
+    Bare non-blocking sockets on the event loop (add_reader), not asyncio's servers: one process answers
+    for the whole fleet, and asyncio starts a task and a transport per accepted connection; at 1,024
+    workers that host-side cost, not the client's, set what a fleet-sized bench measured
+    (bench/fleet_read.py). The metadata answers, which never change for a worker, are encoded once.
+    """
+
+    def __init__(
+        self, sock: socket.socket, worker: LightWorker, delay_s: float, cache: dict[tuple[str, str], bytes]
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.worker = worker
+        self.delay_s = delay_s
+        self.cache = cache
+        self.buf = bytearray()
+        self.out = bytearray()
+        self.busy = False  # a request is being answered (its delay running)
+        self.closing = False  # close once `out` is sent
+        self.closed = False
+        self.loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            data = self.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._close()
+            return
+        if not data:
+            self._close()
+            return
+        self.buf += data
+        if not self.busy:
+            self._next()
+
+    def _next(self) -> None:
+        """Take the next whole request from the buffer and answer it (after the delay, for metadata)."""
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self.buf) > MAX_HEADER_BYTES:
+                self._close()
+            return
+        lines = bytes(self.buf[:end]).decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) < 2:
+            self._close()
+            return
+        method, path = parts[0], parts[1].split("?")[0]
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        raw = headers.get("content-length", "0") or "0"
+        length = int(raw) if raw.isdigit() else 0
+        if len(self.buf) < end + 4 + length:
+            return
+        body = bytes(self.buf[end + 4 : end + 4 + length])
+        del self.buf[: end + 4 + length]
+        close = headers.get("connection", "").lower() == "close"
+        self.busy = True
+        if self.delay_s and path in METADATA_PATHS:
+            self.loop.call_later(self.delay_s, self._answer, method, path, body, close)
+        else:
+            self._answer(method, path, body, close)
+
+    def _answer(self, method: str, path: str, body: bytes, close: bool) -> None:
+        self.busy = False
+        if self.closed:
+            return
+        cacheable = method == "GET" and path in METADATA_PATHS
+        out = self.cache.get((method, path)) if cacheable else None
+        if out is None:
+            out = _encode(*self.worker.answer(method, path, body))
+            if cacheable:
+                self.cache[(method, path)] = out
+        self.out += out
+        self.closing = close
+        self._flush()
+        if not close and not self.closed:
+            self._next()
+
+    def _flush(self) -> None:
+        try:
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError:
+            self._close()
+            return
+        del self.out[:sent]
+        if self.out:
+            self.loop.add_writer(self.fd, self._flush)
+            return
+        self.loop.remove_writer(self.fd)
+        if self.closing:
+            self._close()
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.remove_reader(self.fd)
+            self.loop.remove_writer(self.fd)
+            self.sock.close()
 
 
 async def serve(spec: dict[str, Any]) -> None:
     """Listen on every worker's port until cancelled."""
     delay = float(spec.get("metadata_delay_s", 0.0))
-    servers = []
-    for w in spec["workers"]:
-        cfg = WorkerConfig(**w)
-        worker = LightWorker(cfg, get_release(cfg.emulate, cfg.fixed_by))
+    loop = asyncio.get_running_loop()
+    listeners: list[socket.socket] = []
 
-        async def handler(r: asyncio.StreamReader, wr: asyncio.StreamWriter, _w: LightWorker = worker) -> None:
-            await _handle(_w, delay, r, wr)
+    def accept(listener: socket.socket, worker: LightWorker, cache: dict[tuple[str, str], bytes]) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # e.g. out of descriptors: the client sees a refused or reset connection
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _Connection(sock, worker, delay, cache)
 
-        servers.append(await asyncio.start_server(handler, cfg.host, cfg.port, limit=MAX_HEADER_BYTES, backlog=1024))
     try:
+        for w in spec["workers"]:
+            cfg = WorkerConfig(**w)
+            worker = LightWorker(cfg, get_release(cfg.emulate, cfg.fixed_by))
+            listener = socket.create_server((cfg.host, cfg.port), backlog=1024)
+            listener.setblocking(False)
+            listeners.append(listener)
+            loop.add_reader(listener.fileno(), accept, listener, worker, {})
         await asyncio.Event().wait()
     finally:
-        for s in servers:
-            s.close()
+        for listener in listeners:
+            loop.remove_reader(listener.fileno())
+            listener.close()
 
 
 def main(argv: list[str]) -> None:

@@ -6,6 +6,7 @@ One module per concern:
 - `latency`: the latency-too-good signal over time (prefill durations by prompt-length bucket);
 - `fleetpass`: the per-interval metadata pass (router listing + every worker's server_info, wide and
   concurrent) and what changed since the last one;
+- `wideread`: the wire under it: many small GETs at once on one thread, bounded in time and bytes;
 - `probes`: the scheduled content probes (sentinel-carrying latency samples, scanned for foreign sentinels);
 - `metrics`: the Prometheus metrics (prometheus_client, imported only here);
 - `endpoint`: the HTTP server for /metrics, /healthz and /verdict;

@@ -1,0 +1,356 @@
+"""Many small HTTP/1.1 GETs at once on one thread: the wire under the watch's metadata pass.
+
+One selector loop over non-blocking sockets, one small state machine per request (connect, TLS
+handshake for https, send, read), every answer parsed and bounded as its bytes arrive. Not asyncio on
+purpose: over 1,024 workers, asyncio's per-request machinery (a task, futures, a transport and a dozen
+callbacks each) cost about twice the kernel's own work, and httpx before it five to forty times; the
+pass must cost about one slow answer (bench/fleet_read.py --watch prints it against a bare-socket
+floor). Hostile peers are bounded: headers MAX_HEAD, body `body_cap`, chunk-size lines MAX_CHUNK_LINE,
+and every request its own deadline (connect, handshake, send and every byte of the answer).
+"""
+
+from __future__ import annotations
+
+import errno
+import heapq
+import ipaddress
+import selectors
+import socket
+import ssl as ssl_module
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+MAX_HEAD = 64 << 10
+#: the most of one chunk-size line (hex size and extensions) a chunked answer may send
+MAX_CHUNK_LINE = 1024
+_RECV = 256 << 10
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole HTTP answer: its status and its body (de-chunked)."""
+
+    status: int
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why no answer came, as a sentence naming the URL."""
+
+    reason: str
+
+
+class _HttpProblem(Exception):
+    pass
+
+
+class _Response:
+    """An HTTP/1.1 answer parsed incrementally; `feed` and `eof` return the Answer once it is whole."""
+
+    def __init__(self, body_cap: int) -> None:
+        self.cap = body_cap
+        self.buf = bytearray()
+        self.status = 0
+        self.body_at = -1  # the body's first byte in buf, once the head is in
+        self.length: int | None = None  # Content-Length, when the answer has one
+        self.chunked = False
+        self.chunk_at = 0  # chunked: where the next chunk-size line starts
+        self.body = bytearray()  # chunked: the body decoded so far
+
+    def feed(self, data: bytes) -> Answer | None:
+        self.buf += data
+        return self._parse(eof=False)
+
+    def eof(self) -> Answer:
+        answer = self._parse(eof=True)
+        if answer is None:
+            raise _HttpProblem("the connection closed before the whole answer arrived")
+        return answer
+
+    def _parse(self, *, eof: bool) -> Answer | None:
+        if self.body_at < 0:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0 or end > MAX_HEAD:
+                if len(self.buf) > MAX_HEAD:
+                    raise _HttpProblem(f"response headers over {MAX_HEAD >> 10} KiB")
+                return None
+            self._head(bytes(self.buf[:end]))
+            self.body_at = self.chunk_at = end + 4
+        if self.chunked:
+            return self._chunks()
+        have = len(self.buf) - self.body_at
+        if self.length is not None:
+            if have < self.length:
+                return None
+            return Answer(self.status, bytes(self.buf[self.body_at : self.body_at + self.length]))
+        if have > self.cap:
+            raise _HttpProblem(f"body over {self.cap} bytes")
+        return Answer(self.status, bytes(self.buf[self.body_at :])) if eof else None
+
+    def _head(self, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        status_line = lines[0].split(" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
+            raise _HttpProblem(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
+        self.status = int(status_line[1])
+        fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            self.chunked = True
+        elif "content-length" in fields:
+            raw = fields["content-length"]
+            n = int(raw) if raw.isdigit() else -1
+            if not 0 <= n <= self.cap:
+                raise _HttpProblem(f"Content-Length {raw[:20]!r} not within 0..{self.cap}")
+            self.length = n
+
+    def _chunks(self) -> Answer | None:
+        buf = self.buf
+        while True:
+            eol = buf.find(b"\r\n", self.chunk_at)
+            if eol < 0:
+                if len(buf) - self.chunk_at > MAX_CHUNK_LINE:
+                    raise _HttpProblem("malformed chunked encoding")
+                return None
+            try:
+                size = int(bytes(buf[self.chunk_at : eol]).split(b";")[0].strip() or b"x", 16)
+            except ValueError:
+                raise _HttpProblem("malformed chunked encoding") from None
+            if size < 0:
+                raise _HttpProblem("malformed chunked encoding")
+            if size == 0:
+                return Answer(self.status, bytes(self.body))
+            if len(self.body) + size > self.cap:
+                raise _HttpProblem(f"body over {self.cap} bytes")
+            start = eol + 2
+            if len(buf) < start + size + 2:
+                return None
+            if buf[start + size : start + size + 2] != b"\r\n":
+                raise _HttpProblem("malformed chunked encoding")
+            self.body += buf[start : start + size]
+            del buf[: start + size + 2]  # decoded chunks leave the buffer: no rescans, no double memory
+            self.chunk_at = 0
+
+
+_CONNECT, _HANDSHAKE, _SEND, _READ = range(4)
+
+
+class _Request:
+    """One GET's state machine over one non-blocking socket."""
+
+    def __init__(self, index: int, url: str, path: str, headers: str, body_cap: int, end: float) -> None:
+        parts = urlsplit(url)
+        self.index = index
+        self.where = f"{url}{path}"
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if self.https else 80)
+        self.out = (
+            f"GET {parts.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            f"Accept: application/json\r\nConnection: close\r\n{headers}\r\n"
+        ).encode("latin-1")
+        self.sent = 0
+        self.response = _Response(body_cap)
+        self.end = end
+        self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
+        self.state = _CONNECT
+        self.unsent = False  # counted among the requests not yet sent whole
+        self.sock: socket.socket | ssl_module.SSLSocket | None = None
+
+
+def _numeric(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve(hosts: set[str], ports: dict[str, int], end: float) -> dict[str, tuple | str]:
+    """host -> (family, sockaddr) or why not; names are looked up in threads, within `end`."""
+    out: dict[str, tuple | str] = {}
+    names = [h for h in hosts if not _numeric(h)]
+    for h in hosts - set(names):
+        out[h] = (socket.AF_INET6 if ":" in h else socket.AF_INET, h)
+    if not names:
+        return out
+    pool = ThreadPoolExecutor(max_workers=min(32, len(names)))
+    futures = {pool.submit(socket.getaddrinfo, h, ports[h], type=socket.SOCK_STREAM): h for h in names}
+    wait(futures, timeout=max(0.0, end - time.monotonic()))
+    pool.shutdown(wait=False)  # a lookup still hanging is abandoned, not waited for
+    for fut, h in futures.items():
+        if not fut.done():
+            out[h] = f"cannot resolve {h!r} in time"
+        elif fut.exception() is not None or not fut.result():
+            out[h] = f"cannot resolve {h!r}"
+        else:
+            family, _, _, _, sockaddr = fut.result()[0]
+            out[h] = (family, sockaddr[0])
+    return out
+
+
+def get_many(
+    urls: Sequence[str],
+    path: str,
+    *,
+    headers: str = "",
+    timeout: float,
+    deadline: float,
+    width: int,
+    body_cap: int,
+    ssl_context: ssl_module.SSLContext | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    on_answer: Callable[[int, Answer], None] | None = None,
+    on_sent: Callable[[], None] | None = None,
+) -> list[Answer | Failure]:
+    """GET `path` from every base URL, up to `width` at once; one Answer or Failure per URL, in order.
+
+    `on_answer(index, answer)` runs as each answer completes, while the others are still coming (a
+    caller's parsing then overlaps the wait instead of following it); `on_sent()` runs once, when no
+    request is left to start or send (work handed to another thread then does not slow the sending).
+
+    Each request has `timeout` seconds from its start for everything; none starts or outlives `deadline`
+    (on `clock`). `headers` are whole header lines (each ending in CRLF) sent with every request.
+    """
+    reqs = [_Request(i, u, path, headers, body_cap, 0.0) for i, u in enumerate(urls)]
+    results: list[Answer | Failure | None] = [None] * len(reqs)
+    addresses = _resolve({r.host for r in reqs}, {r.host: r.port for r in reqs}, deadline)
+    if ssl_context is None and any(r.https for r in reqs):
+        ssl_context = ssl_module.create_default_context()
+    sel = selectors.DefaultSelector()
+    timers: list[tuple[float, int]] = []
+    waiting = list(reversed(reqs))
+    active = 0
+    unsent = 0  # requests started and not yet sent whole
+
+    def finish(r: _Request, outcome: Answer | Failure) -> None:
+        nonlocal active, unsent
+        results[r.index] = outcome
+        if r.unsent:
+            r.unsent = False
+            unsent -= 1
+        if r.sock is not None:
+            try:
+                sel.unregister(r.sock)
+            except (KeyError, ValueError):
+                pass
+            r.sock.close()
+            r.sock = None
+        active -= 1
+
+    def fail(r: _Request, reason: str) -> None:
+        finish(r, Failure(f"{r.where}: {reason}"))
+
+    def start(r: _Request, now: float) -> None:
+        nonlocal active, unsent
+        active += 1
+        r.end = min(now + timeout, deadline)
+        r.window = r.end - now
+        heapq.heappush(timers, (r.end, r.index))
+        addr = addresses[r.host]
+        if isinstance(addr, str):
+            fail(r, f"unreachable: {addr}")
+            return
+        family, ip = addr
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as exc:
+            fail(r, f"unreachable: {type(exc).__name__}")
+            return
+        sock.setblocking(False)
+        r.sock = sock
+        code = sock.connect_ex((ip, r.port))
+        if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+            fail(r, f"unreachable: {errno.errorcode.get(code, code)}")
+            return
+        sel.register(sock, selectors.EVENT_WRITE, r)
+        r.unsent = True
+        unsent += 1
+
+    def step(r: _Request) -> None:
+        nonlocal unsent
+        sock = r.sock
+        assert sock is not None
+        try:
+            if r.state == _CONNECT:
+                code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                if code:
+                    fail(r, f"unreachable: {errno.errorcode.get(code, code)}")
+                    return
+                if r.https:
+                    assert ssl_context is not None
+                    sel.unregister(sock)
+                    sock = r.sock = ssl_context.wrap_socket(sock, server_hostname=r.host, do_handshake_on_connect=False)
+                    sel.register(sock, selectors.EVENT_WRITE, r)
+                    r.state = _HANDSHAKE
+                else:
+                    r.state = _SEND
+            if r.state == _HANDSHAKE:
+                assert isinstance(sock, ssl_module.SSLSocket)
+                sock.do_handshake()
+                r.state = _SEND
+            if r.state == _SEND:
+                r.sent += sock.send(r.out[r.sent :])
+                if r.sent < len(r.out):
+                    sel.modify(sock, selectors.EVENT_WRITE, r)
+                    return
+                r.state = _READ
+                r.unsent = False
+                unsent -= 1
+                sel.modify(sock, selectors.EVENT_READ, r)
+                return  # the answer is at least a round trip away
+            while True:  # _READ: take everything the kernel (and TLS) has now
+                data = sock.recv(_RECV)
+                answer = r.response.feed(data) if data else r.response.eof()
+                if answer is not None:
+                    finish(r, answer)
+                    if on_answer is not None:
+                        on_answer(r.index, answer)
+                    return
+        except ssl_module.SSLWantReadError:
+            sel.modify(sock, selectors.EVENT_READ, r)
+        except ssl_module.SSLWantWriteError:
+            sel.modify(sock, selectors.EVENT_WRITE, r)
+        except BlockingIOError:
+            want = selectors.EVENT_READ if r.state == _READ else selectors.EVENT_WRITE
+            sel.modify(sock, want, r)
+        except _HttpProblem as exc:
+            fail(r, str(exc))
+        except ssl_module.SSLError as exc:
+            fail(r, f"TLS: {exc.reason or type(exc).__name__}")
+        except OSError as exc:
+            fail(r, f"unreachable: {type(exc).__name__}")
+
+    try:
+        while waiting or active:
+            now = clock()
+            while waiting and active < width:
+                r = waiting.pop()
+                left = min(timeout, deadline - now)
+                if left <= 0:
+                    results[r.index] = Failure(f"not read: the pass's deadline passed ({r.where})")
+                    continue
+                start(r, now)
+            while timers and (results[timers[0][1]] is not None or timers[0][0] <= now):
+                _, i = heapq.heappop(timers)
+                if results[i] is None:
+                    r = reqs[i]
+                    fail(r, f"no answer within {r.window:.3g}s")
+            if on_sent is not None and not waiting and not unsent:
+                on_sent()
+                on_sent = None
+            if not active:
+                continue
+            wake = timers[0][0] - now if timers else None
+            for key, _ in sel.select(wake):
+                req = key.data
+                if results[req.index] is None:
+                    step(req)
+    finally:
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        sel.close()
+    return [r if r is not None else Failure("not read") for r in results]

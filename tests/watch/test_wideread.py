@@ -1,0 +1,229 @@
+"""The watch's wide reader (kvgate/watch/wideread.py) over real loopback sockets: answers framed every
+way HTTP/1.1 allows, and hostile peers bounded in time and bytes (a drip, endless headers, a body over
+the cap, a malformed chunk, a refused port), TLS included, and the fleet pass's use of it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvgate.watch import fleetpass
+from kvgate.watch.wideread import MAX_HEAD, Answer, Failure, get_many
+from tests.hostile.net_servers import Request, ScriptedServer, drip, head
+
+CAP = 1 << 16
+
+
+@pytest.fixture
+def serve() -> Iterator[list[ScriptedServer]]:
+    started: list[ScriptedServer] = []
+    yield started
+    for s in started:
+        s.stop()
+
+
+def _start(started: list[ScriptedServer], script: object) -> ScriptedServer:
+    s = ScriptedServer(script).start()  # type: ignore[arg-type]
+    started.append(s)
+    return s
+
+
+def _raw(data: bytes) -> object:
+    def script(req: Request, conn: socket.socket) -> None:
+        conn.sendall(data)
+
+    return script
+
+
+def _read(urls: list[str], path: str = "/server_info", timeout: float = 5.0, **kw: object) -> list[Answer | Failure]:
+    return get_many(urls, path, timeout=timeout, deadline=time.monotonic() + 30, width=64, body_cap=CAP, **kw)  # type: ignore[arg-type]
+
+
+def test_every_framing_is_read_whole_and_in_order(serve: list[ScriptedServer]) -> None:
+    body = b'{"a": 1}'
+    chunks = b"3;ext=1\r\n" + body[:3] + b"\r\n5\r\n" + body[3:] + b"\r\n0\r\n\r\n"
+    chunked = head(extra="Transfer-Encoding: chunked") + chunks
+    servers = [
+        _start(serve, _raw(head(length=len(body)) + body)),
+        _start(serve, _raw(chunked)),
+        _start(serve, _raw(head() + body)),  # no length: the body ends when the connection closes
+        _start(serve, _raw(head(404, length=0))),
+    ]
+    got = _read([s.url for s in servers])
+    assert got == [Answer(200, body), Answer(200, body), Answer(200, body), Answer(404, b"")]
+    assert [s.requests[0].path for s in servers] == ["/server_info"] * 4
+
+
+def test_a_dripping_peer_ends_at_its_timeout(serve: list[ScriptedServer]) -> None:
+    stop = threading.Event()
+    s = _start(serve, drip(b"x" * 100, 0.3, stop))
+    t0 = time.monotonic()
+    (got,) = _read([s.url], timeout=1.0)
+    stop.set()
+    assert isinstance(got, Failure) and got.reason == f"{s.url}/server_info: no answer within 1s"
+    assert time.monotonic() - t0 < 4.0  # bounded by the timeout, not by the 30 s the drip would take
+
+
+def test_no_request_starts_after_the_pass_deadline(serve: list[ScriptedServer]) -> None:
+    s = _start(serve, _raw(head(length=2) + b"{}"))
+    (got,) = get_many([s.url], "/x", timeout=5, deadline=time.monotonic() - 1, width=4, body_cap=CAP)
+    assert isinstance(got, Failure) and "deadline passed" in got.reason
+    assert not s.requests
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (head(length=CAP + 1), f"Content-Length '{CAP + 1}' not within 0..{CAP}"),
+        (head(length=0).replace(b"Content-Length: 0", b"Content-Length: -1"), "Content-Length '-1' not within"),
+        (head() + b"y" * (CAP + 10), f"body over {CAP} bytes"),
+        (head(extra="Transfer-Encoding: chunked") + b"%x\r\n" % (CAP + 1) + b"y" * (CAP + 3), f"body over {CAP} bytes"),
+        (head(extra="Transfer-Encoding: chunked") + b"zz\r\n", "malformed chunked encoding"),
+        (head(extra="Transfer-Encoding: chunked") + b"2\r\nabXX", "malformed chunked encoding"),
+        (head(extra="Transfer-Encoding: chunked") + b"1" * 4096, "malformed chunked encoding"),
+        (b"HTTP/1.1 200 OK\r\nX-Endless: " + b"a" * (MAX_HEAD + 10), "response headers over 64 KiB"),
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x answer"),
+        (head(length=10) + b"{}", "the connection closed before the whole answer arrived"),
+    ],
+    ids=["length-over-cap", "length-negative", "close-delimited-over-cap", "chunk-over-cap", "chunk-size-not-hex",
+         "chunk-not-crlf", "chunk-line-endless", "endless-headers", "not-http", "cut-short"],
+)  # fmt: skip
+def test_a_hostile_answer_is_a_failure_naming_it(serve: list[ScriptedServer], answer: bytes, reason: str) -> None:
+    s = _start(serve, _raw(answer))
+    (got,) = _read([s.url])
+    assert isinstance(got, Failure) and got.reason.startswith(f"{s.url}/server_info: {reason}"), got
+
+
+def test_a_refused_port_is_unreachable() -> None:
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    (got,) = _read([f"http://127.0.0.1:{port}"])
+    assert got == Failure(f"http://127.0.0.1:{port}/server_info: unreachable: ECONNREFUSED")
+
+
+def test_width_bounds_the_requests_in_flight_and_hooks_run(serve: list[ScriptedServer]) -> None:
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def script(req: Request, conn: socket.socket) -> None:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.1)
+        with lock:
+            now[0] -= 1
+        conn.sendall(head(length=2) + b"{}")
+
+    s = _start(serve, script)
+    seen: list[int] = []
+    sent: list[bool] = []
+    got = get_many(
+        [s.url] * 6,
+        "/p",
+        headers="Authorization: Bearer t0ken-for-the-test\r\n",
+        timeout=5,
+        deadline=time.monotonic() + 30,
+        width=2,
+        body_cap=CAP,
+        on_answer=lambda i, a: seen.append(i),
+        on_sent=lambda: sent.append(True),
+    )
+    assert got == [Answer(200, b"{}")] * 6 and sorted(seen) == list(range(6)) and sent == [True]
+    assert most[0] == 2
+    assert all(r.headers["authorization"] == "Bearer t0ken-for-the-test" for r in s.requests)
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl binary to make a throwaway certificate")  # Debian's openssl package has it
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem")],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return d / "cert.pem", d / "key.pem"
+
+
+def _tls_server(cert: Path, key: Path, answer: bytes) -> tuple[str, threading.Event]:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def run() -> None:
+        with sock:
+            while not stop.is_set():
+                try:
+                    conn, _ = sock.accept()
+                except OSError:
+                    continue
+                try:
+                    with ctx.wrap_socket(conn, server_side=True) as tls:
+                        tls.settimeout(5)
+                        tls.recv(65536)
+                        tls.sendall(answer)
+                except (OSError, ssl.SSLError):
+                    pass  # the client refused the certificate: what one test is for
+
+    threading.Thread(target=run, daemon=True).start()
+    return f"https://127.0.0.1:{sock.getsockname()[1]}", stop
+
+
+def test_https_is_read_and_an_untrusted_certificate_refused(tls_cert: tuple[Path, Path]) -> None:
+    cert, key = tls_cert
+    url, stop = _tls_server(cert, key, head(length=9) + b'{"tls":1}')
+    try:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        assert _read([url], ssl_context=trusting) == [Answer(200, b'{"tls":1}')]
+        (refused,) = _read([url])  # the system's trust store: a self-signed certificate is refused
+        assert isinstance(refused, Failure) and refused.reason.startswith(f"{url}/server_info: TLS: ")
+        assert "CERTIFICATE_VERIFY_FAILED" in refused.reason
+    finally:
+        stop.set()
+
+
+def test_the_fleet_pass_falls_back_to_the_older_path_and_names_bad_documents(serve: list[ScriptedServer]) -> None:
+    info = {"disaggregation_mode": "prefill", "max_total_num_tokens": 8192, "context_length": 4096, "version": "x"}
+
+    def old_path_only(req: Request, conn: socket.socket) -> None:
+        body = json.dumps(info).encode()
+        conn.sendall(head(length=len(body)) + body if req.path == "/get_server_info" else head(404, length=0))
+
+    old = _start(serve, old_path_only)
+    neither = _start(serve, _raw(head(404, length=0)))
+    bad = _start(serve, _raw(head(length=3) + b"{x}"))
+    listed = _start(serve, _raw(head(length=2) + b"[]"))
+    down = _start(serve, _raw(head(503, length=0)))
+    urls = [old.url, neither.url, bad.url, listed.url, down.url]
+    got = fleetpass._read_workers(urls, timeout=5, token=None, width=8, deadline=time.monotonic() + 30)
+    facts = got[old.url]
+    assert isinstance(facts, fleetpass.WorkerFacts)
+    assert (facts.role, facts.pool, facts.context) == ("prefill", 8192, 4096)
+    assert [r.path for r in old.requests] == ["/server_info", "/get_server_info"]
+    assert got[neither.url] == f"{neither.url}: neither /server_info nor /get_server_info exists"
+    assert got[bad.url] == f"{bad.url}/server_info: malformed JSON"
+    assert got[listed.url] == f"{listed.url}/server_info: not a JSON object"
+    assert got[down.url] == f"{down.url}/server_info: HTTP 503"
+
+
+def test_a_nan_in_a_document_is_not_a_change_every_pass() -> None:
+    a = fleetpass.facts_from("u", json.loads('{"x": NaN, "max_total_num_tokens": 1}'))
+    b = fleetpass.facts_from("u", json.loads('{"x": NaN, "max_total_num_tokens": 1}'))
+    snap = fleetpass.FleetSnapshot({"u": "prefill"}, {"u": b}, {}, None, 0.0)
+    assert fleetpass.changes(snap, snap, {"u": a}) == []
+    c = fleetpass.facts_from("u", {"x": 2, "max_total_num_tokens": 1})
+    moved = fleetpass.changes(snap, fleetpass.FleetSnapshot({"u": "prefill"}, {"u": c}, {}, None, 0.0), {"u": a})
+    assert [(m.fact, m.new) for m in moved] == [("flag x", 2)]
