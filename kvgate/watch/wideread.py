@@ -158,6 +158,8 @@ class _Request:
         self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
         self.state = _CONNECT
         self.unsent = False  # counted among the requests not yet sent whole
+        self.tried = 0  # addresses of the host tried so far
+        self.problem = "no address"  # why the last address did not connect
         self.sock: socket.socket | ssl_module.SSLSocket | None = None
 
 
@@ -169,16 +171,20 @@ def _numeric(host: str) -> bool:
     return True
 
 
-def _resolve(hosts: set[str], ports: dict[str, int], end: float) -> dict[str, tuple | str]:
-    """host -> (family, sockaddr) or why not; names are looked up in threads, within `end`."""
-    out: dict[str, tuple | str] = {}
+Address = tuple[int, tuple]  # (family, sockaddr); the sockaddr's port is replaced by each URL's own
+
+
+def _resolve(hosts: set[str], end: float) -> dict[str, list[Address] | str]:
+    """host -> its addresses in the resolver's order, or why none; names are looked up in threads,
+    within `end` (a lookup cannot be cancelled: one still hanging then is abandoned)."""
+    out: dict[str, list[Address] | str] = {}
     names = [h for h in hosts if not _numeric(h)]
     for h in hosts - set(names):
-        out[h] = (socket.AF_INET6 if ":" in h else socket.AF_INET, h)
+        out[h] = [(socket.AF_INET6, (h, 0, 0, 0)) if ":" in h else (socket.AF_INET, (h, 0))]
     if not names:
         return out
     pool = ThreadPoolExecutor(max_workers=min(32, len(names)))
-    futures = {pool.submit(socket.getaddrinfo, h, ports[h], type=socket.SOCK_STREAM): h for h in names}
+    futures = {pool.submit(socket.getaddrinfo, h, 0, type=socket.SOCK_STREAM): h for h in names}
     wait(futures, timeout=max(0.0, end - time.monotonic()))
     pool.shutdown(wait=False)  # a lookup still hanging is abandoned, not waited for
     for fut, h in futures.items():
@@ -187,8 +193,7 @@ def _resolve(hosts: set[str], ports: dict[str, int], end: float) -> dict[str, tu
         elif fut.exception() is not None or not fut.result():
             out[h] = f"cannot resolve {h!r}"
         else:
-            family, _, _, _, sockaddr = fut.result()[0]
-            out[h] = (family, sockaddr[0])
+            out[h] = [(family, sockaddr) for family, _, _, _, sockaddr in fut.result()]
     return out
 
 
@@ -217,7 +222,7 @@ def get_many(
     """
     reqs = [_Request(i, u, path, headers, body_cap, 0.0) for i, u in enumerate(urls)]
     results: list[Answer | Failure | None] = [None] * len(reqs)
-    addresses = _resolve({r.host for r in reqs}, {r.host: r.port for r in reqs}, deadline)
+    addresses = _resolve({r.host for r in reqs}, deadline)
     if ssl_context is None and any(r.https for r in reqs):
         ssl_context = ssl_module.create_default_context()
     sel = selectors.DefaultSelector()
@@ -250,25 +255,34 @@ def get_many(
         r.end = min(now + timeout, deadline)
         r.window = r.end - now
         heapq.heappush(timers, (r.end, r.index))
-        addr = addresses[r.host]
-        if isinstance(addr, str):
-            fail(r, f"unreachable: {addr}")
+        found = addresses[r.host]
+        if isinstance(found, str):
+            fail(r, f"unreachable: {found}")
             return
-        family, ip = addr
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as exc:
-            fail(r, f"unreachable: {type(exc).__name__}")
-            return
-        sock.setblocking(False)
-        r.sock = sock
-        code = sock.connect_ex((ip, r.port))
-        if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
-            fail(r, f"unreachable: {errno.errorcode.get(code, code)}")
-            return
-        sel.register(sock, selectors.EVENT_WRITE, r)
         r.unsent = True
         unsent += 1
+        connect(r, found)
+
+    def connect(r: _Request, found: list[Address]) -> None:
+        """Connect to the request's next address; past the last, the request fails with the last error."""
+        while r.tried < len(found):
+            family, sockaddr = found[r.tried]
+            r.tried += 1
+            try:
+                sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as exc:
+                r.problem = type(exc).__name__
+                continue
+            sock.setblocking(False)
+            code = sock.connect_ex((sockaddr[0], r.port, *sockaddr[2:]))
+            if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EAGAIN):
+                r.problem = errno.errorcode.get(code, str(code))
+                sock.close()
+                continue
+            r.sock = sock
+            sel.register(sock, selectors.EVENT_WRITE, r)
+            return
+        fail(r, f"unreachable: {r.problem}")
 
     def step(r: _Request) -> None:
         nonlocal unsent
@@ -278,7 +292,13 @@ def get_many(
             if r.state == _CONNECT:
                 code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
                 if code:
-                    fail(r, f"unreachable: {errno.errorcode.get(code, code)}")
+                    r.problem = errno.errorcode.get(code, str(code))
+                    sel.unregister(sock)
+                    sock.close()
+                    r.sock = None
+                    found = addresses[r.host]
+                    assert not isinstance(found, str)
+                    connect(r, found)  # the host's next address, if it has one
                     return
                 if r.https:
                     assert ssl_context is not None

@@ -227,3 +227,35 @@ def test_a_nan_in_a_document_is_not_a_change_every_pass() -> None:
     c = fleetpass.facts_from("u", {"x": 2, "max_total_num_tokens": 1})
     moved = fleetpass.changes(snap, fleetpass.FleetSnapshot({"u": "prefill"}, {"u": c}, {}, None, 0.0), {"u": a})
     assert [(m.fact, m.new) for m in moved] == [("flag x", 2)]
+
+
+def test_a_name_is_resolved_and_each_of_its_addresses_tried(serve: list[ScriptedServer]) -> None:
+    s = _start(serve, _raw(head(length=2) + b"{}"))  # listens on 127.0.0.1 only; localhost may say ::1 first
+    port = s.url.rsplit(":", 1)[1]
+    assert _read([f"http://localhost:{port}"]) == [Answer(200, b"{}")]
+    (got,) = get_many(
+        ["http://no-such-host.invalid:1"], "/x", timeout=2, deadline=time.monotonic() + 2, width=1, body_cap=CAP
+    )
+    assert isinstance(got, Failure) and "unreachable: cannot resolve 'no-such-host.invalid'" in got.reason
+
+
+def test_a_refused_first_address_falls_through_to_the_next(
+    serve: list[ScriptedServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = _start(serve, _raw(head(length=2) + b"{}"))  # bound to 127.0.0.1: 127.0.0.2 refuses the same port
+    real = socket.getaddrinfo
+
+    def two_addresses(host: str, *a: object, **kw: object) -> list:
+        if host != "two.test":
+            return real(host, *a, **kw)  # type: ignore[arg-type]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0)) for ip in ("127.0.0.2", "127.0.0.1")]
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    port = s.url.rsplit(":", 1)[1]
+    assert _read([f"http://two.test:{port}"]) == [Answer(200, b"{}")]
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        closed = free.getsockname()[1]
+    assert _read([f"http://two.test:{closed}"]) == [
+        Failure(f"http://two.test:{closed}/server_info: unreachable: ECONNREFUSED")
+    ]
