@@ -216,6 +216,7 @@ class PDDeployment:
             ready_deadline_s=plan.ready_deadline_s,
             poll_s=0.5,
             serve_check=True,
+            attempts=2,  # a port taken between pick and bind: start again on fresh ports
         )
         self.supervisor = started.supervisor
         self.router_url = started.router_url

@@ -25,6 +25,11 @@ from types import FrameType, TracebackType
 
 from kvgate.errors import KvgateError
 
+#: Log lines that mean a service can never become ready: it could not bind its port (uvicorn's words,
+#: which SGLang's and the simulator's servers print; the Rust router's). A real SGLang worker that
+#: lost its port this way does not exit, it hangs in shutdown, so only its log says so in time.
+BIND_FAILURE_MARKERS = ("error while attempting to bind on address", "address already in use (os error 98)")
+
 
 class SupervisorError(KvgateError):
     """A supervised process failed to start, exited early, or never became ready."""
@@ -82,6 +87,7 @@ class ManagedProcess:
     ready_url: str | None = None
     popen: subprocess.Popen[bytes] | None = None
     stopped: bool = False
+    log_seen: int = 0  # bytes of the log already searched for BIND_FAILURE_MARKERS
 
     @property
     def pid(self) -> int:
@@ -93,6 +99,22 @@ class ManagedProcess:
     def alive(self) -> bool:
         """True while the child has not exited."""
         return self.popen is not None and self.popen.poll() is None
+
+    def bind_failure(self) -> str | None:
+        """The first new log line saying the process could not bind its port, if one has appeared."""
+        start = max(0, self.log_seen - 256)  # a marker may straddle the last read's end
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(start)
+                new = fh.read(4 << 20)
+        except OSError:
+            return None
+        self.log_seen = start + len(new)
+        text = new.decode("utf-8", "replace")
+        for line in text.splitlines():
+            if any(m in line.lower() for m in BIND_FAILURE_MARKERS):
+                return line.strip()[:300]
+        return None
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of the child's log, for error messages."""
@@ -161,19 +183,29 @@ class Supervisor:
     ) -> None:
         """Poll each process's `ready_url` (or `check`) until all answer, one shared deadline.
 
-        Raises SupervisorError naming the process (with its log tail) if one exits or the deadline passes.
+        Raises SupervisorError naming the process (with its log tail) if one exits, says in its log that
+        it cannot bind its port (BIND_FAILURE_MARKERS: at once, not at the deadline), or the deadline passes.
         """
         pending = [
             p for p in (procs if procs is not None else self.processes) if p.ready_url is not None or check is not None
         ]
         end = time.monotonic() + deadline_s
+        next_log_look = time.monotonic() + 1.0
         while pending:
+            look = time.monotonic() >= next_log_look
+            if look:
+                next_log_look = time.monotonic() + 1.0
             for proc in list(pending):
                 if not proc.alive():
                     code = proc.popen.returncode if proc.popen else None
                     raise SupervisorError(
                         f"{proc.name} exited with status {code} before it was ready; log {proc.log_path}:\n"
                         f"{proc.log_tail()}"
+                    )
+                if look and (line := proc.bind_failure()) is not None:
+                    raise SupervisorError(
+                        f"{proc.name} cannot become ready, its port is in use (its log: {line!r}); "
+                        f"log {proc.log_path}:\n{proc.log_tail()}"
                     )
                 ok = check(proc) if check is not None else http_ok(str(proc.ready_url), timeout=1.0)
                 if ok:

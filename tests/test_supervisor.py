@@ -81,6 +81,20 @@ def test_wait_ready_deadline(tmp_path: Path) -> None:
             sup.wait_ready(deadline_s=0.5)
 
 
+def test_a_service_that_cannot_bind_and_hangs_fails_at_once_not_at_the_deadline(tmp_path: Path) -> None:
+    # What a real SGLang worker does when its port was taken between pick and bind: uvicorn logs the
+    # bind error and the process hangs in shutdown instead of exiting.
+    hang = (
+        'import sys, time; print("ERROR:    [Errno 98] error while attempting to bind on address '
+        "('127.0.0.1', 30000): address already in use\", flush=True); time.sleep(600)"
+    )
+    with Supervisor(log_dir=tmp_path, grace_s=0.5) as sup:
+        sup.start("worker", [sys.executable, "-c", hang], ready_url=f"http://127.0.0.1:{free_port()}/")
+        with pytest.raises(SupervisorError, match="worker cannot become ready, its port is in use") as err:
+            sup.wait_ready(deadline_s=600)
+    assert "not ready within" not in str(err.value)  # the log said so; the 600 s deadline did not
+
+
 def test_children_die_with_a_killed_supervisor(tmp_path: Path) -> None:
     """Even a SIGKILLed supervisor leaves no orphan when die_with_parent is on (Linux)."""
     if not sys.platform.startswith("linux"):
