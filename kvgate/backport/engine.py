@@ -505,10 +505,17 @@ def _validate(target: Target) -> None:
         raise UsageError(f"{target.root}: no {where} here; not an sglang {target.layout.value} layout")
 
 
-def apply_series(target: Target, series: Series, with_hardening: bool = False, check: bool = False) -> BackportResult:
-    """Apply (or with check=True, only evaluate) the series; a second apply is a no-op."""
+def apply_series(
+    target: Target, series: Series, with_hardening: bool = False, check: bool = False, until: str | None = None
+) -> BackportResult:
+    """Apply (or with check=True, only evaluate) the series; a second apply is a no-op.
+
+    `until`: apply the series only up to and including that patch id (an optional patch named here is
+    applied with what precedes it, whatever `with_hardening` says), so a tree can be taken through the
+    series one patch at a time, as the per-patch isolation tests do. An unknown id is a UsageError.
+    """
     _validate(target)
-    patches = series.select(with_hardening)
+    patches = series.select(with_hardening) if until is None else series.patches[: _position(series, until) + 1]
     if target.layout is Layout.GIT:
         _refuse_dirty(_repo(target.root), target)
     # Stages are read against the whole series, so a tree patched with --with-hardening is "already
@@ -549,6 +556,13 @@ def apply_series(target: Target, series: Series, with_hardening: bool = False, c
     if target.layout is Layout.GIT:
         return _apply_git(target, series, patches, k, current)
     return _apply_site(target, series, patches, k, current)
+
+
+def _position(series: Series, patch_id: str) -> int:
+    ids = [p.id for p in series.patches]
+    if patch_id not in ids:
+        raise UsageError(f"{series.name}: no patch {patch_id!r} in the series (it has {', '.join(ids)})")
+    return ids.index(patch_id)
 
 
 def revert_series(target: Target, series: Series) -> BackportResult:

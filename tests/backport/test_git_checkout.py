@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from kvgate.backport.engine import Layout, Target, apply_series
 from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.catalogue.series import load_series
 from kvgate.cli import app
@@ -102,3 +103,17 @@ def test_v0_5_19_series_applies_to_0_5_19_and_reverts(checkout: Callable[[str], 
     assert rev.exit_code == 0, rev.output
     assert tree_digest(repo / "python") == before  # restored byte for byte, history kept
     assert "Kvgate-Revert:" in _git(repo, "log", "-1", "--format=%B")
+
+
+def test_until_commits_a_prefix_and_a_later_run_continues_the_branch(checkout: Callable[[str], Path]) -> None:
+    repo = checkout("0.5.20")
+    target, series = Target(Layout.GIT, repo), load_series("0.5.20")
+    ids = [p.id for p in series.patches]
+    base = _git(repo, "rev-parse", "HEAD")
+    apply_series(target, series, until="kvgate-ack-fanout")
+    log = _git(repo, "log", "--format=%(trailers:key=Kvgate-Patch,valueonly)", f"{base}..HEAD").split()
+    assert log == list(reversed(ids[:4]))
+    assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD") == "kvgate/backport-v0.5.20"
+    apply_series(target, series)  # on the branch: the mandatory rest, one commit each
+    log = _git(repo, "log", "--format=%(trailers:key=Kvgate-Patch,valueonly)", f"{base}..HEAD").split()
+    assert log == list(reversed(ids[:6]))

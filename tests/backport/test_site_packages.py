@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from kvgate.backport import engine
 from kvgate.backport.cpuenv import CpuEnv
-from kvgate.backport.engine import BackportFailed, Layout, Target, apply_series
+from kvgate.backport.engine import BackportFailed, Layout, Target, applied_patches, apply_series
 from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.catalogue.series import load_series
 from kvgate.cli import app
+from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
 
 from .conftest import tree_digest
@@ -138,3 +139,30 @@ def test_revert_without_a_backport_is_refused(site: Callable[[str], CpuEnv]) -> 
     root = site("0.5.20").site_packages
     res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
     assert res.exit_code == 2 and "no kvgate backport recorded" in res.stderr
+
+
+def test_until_applies_a_prefix_then_continues_and_reverts(site: Callable[[str], CpuEnv]) -> None:
+    """`apply_series(until=...)`: the per-patch isolation walk's way through the series, one patch at a time."""
+    root = site("0.5.20").site_packages
+    target, series = Target(Layout.SITE, root), load_series("0.5.20")
+    ids = [p.id for p in series.patches]
+    pristine = tree_digest(root)
+    with pytest.raises(UsageError, match="no patch 'kvgate-nope'"):
+        apply_series(target, series, until="kvgate-nope")
+    assert tree_digest(root) == pristine
+    first = apply_series(target, series, until="kvgate-preserve-abort-ack")
+    assert [p.id for p in first.patches if p.status == "applied"] == ids[:3]
+    assert [p.id for p in applied_patches(target, series)] == ids[:3]
+    middle = tree_digest(root)
+    # Already past an earlier stop: nothing changes.
+    assert not apply_series(target, series, until="kvgate-admission-door").changed
+    assert tree_digest(root) == middle
+    step = apply_series(target, series, until="kvgate-ack-fanout")
+    assert [p.id for p in step.patches if p.status == "applied"] == ["kvgate-ack-fanout"]
+    rest = apply_series(target, series)  # the mandatory remainder, optional hardening not included
+    assert [p.id for p in rest.patches if p.status == "applied"] == ids[4:6]
+    marker = json.loads((root / "sglang/.kvgate-backport/applied.json").read_text())
+    assert [p["id"] for p in marker["patches"]] == ids[:6]
+    rev = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
+    assert rev.exit_code == 0, rev.output
+    assert tree_digest(root) == pristine
