@@ -48,6 +48,9 @@ class PDLaunchPlan:
     engine: str = "sglang"
     device: str = "gpu"
     release: str | None = None  # device cpu: the SGLang release whose cached CPU environment runs
+    # device cpu: run this copy of the release's sglang (a site-packages layout holding `sglang/`, e.g. one
+    # `kvgate backport --site-packages` patched) instead of the cached install; code_sources() names it.
+    site_packages: str | None = None
     skip_tokenizer_init: bool = False
     emulate: str | None = None
     extra_worker_args: tuple[str, ...] = ()
@@ -72,6 +75,11 @@ class PDLaunchPlan:
             raise UsageError(
                 "--release picks kvgate's CPU environment of a release: only with --engine sglang --device cpu"
             )
+        if self.site_packages is not None:
+            if self.release is None:
+                raise UsageError("site_packages replaces the sglang of a release's CPU environment: give release")
+            if not (Path(self.site_packages) / "sglang" / "__init__.py").is_file():
+                raise UsageError(f"{self.site_packages}: no sglang/__init__.py there (not a site-packages layout)")
 
     def resolved(self) -> PDLaunchPlan:
         """The plan with what `release` implies filled in: the CPU environment's interpreter and process
@@ -82,6 +90,8 @@ class PDLaunchPlan:
         from kvgate.cpuserver.model import tiny_model
 
         env = server_env(self.release)
+        if self.site_packages is not None:
+            env = env.running(Path(self.site_packages))
         model = self.model_path or str(tiny_model())
         return replace(self, python=env.python, model_path=model, env={**env.env(), **self.env})
 
@@ -233,6 +243,8 @@ class PDDeployment:
         defenses gate then reads that code instead of trusting the version string."""
         if self.plan.release is None:
             return {}
+        if self.plan.site_packages is not None:
+            return {"*": {"site_packages": self.plan.site_packages}}
         from kvgate.backport.cpuenv import overlay_dir
 
         return {"*": {"site_packages": str(overlay_dir(self.plan.release))}}

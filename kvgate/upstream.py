@@ -31,6 +31,9 @@ DEFERRED_ENV = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"
 DEFERRED_RELEASE_DEFAULT: Mapping[str, bool] = MappingProxyType(
     {"0.5.19": False, "0.5.20": False, "0.5.21": True, "0.5.22": True, "0.5.23": True}
 )
+#: The catalogue entry whose code turns that default on (kvgate-deferred-release-default stands in for it):
+#: where the code a worker runs was read, its presence there, not the version string, says the default.
+DEFERRED_DEFAULT_FIX = "pr-41023"
 
 #: `/health` (srt/entrypoints/http_server.py `health_generate`) sends a one-token request and answers
 #: 200 at its first 1 s poll that saw the scheduler reply, or 503 after this many seconds

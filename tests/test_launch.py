@@ -118,3 +118,23 @@ def test_up_gate_fails_a_leaky_release(tmp_path: Path) -> None:
         ],
     )
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
+
+
+def test_a_cpu_plan_can_run_another_copy_of_the_release(tmp_path: Path) -> None:
+    """`site_packages` (e.g. a backported copy) replaces the cached install on PYTHONPATH and in code_sources."""
+    from kvgate.cpuserver.env import STUB_DIR, ServerEnv
+    from kvgate.launch import PDDeployment
+
+    site = tmp_path / "site"
+    cpu = {"engine": "sglang", "device": "cpu", "release": "0.5.20"}
+    with pytest.raises(UsageError, match="no sglang/__init__.py"):
+        PDLaunchPlan(model_path="m", site_packages=str(site), **cpu).validate()
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    with pytest.raises(UsageError, match="give release"):
+        PDLaunchPlan(model_path="m", site_packages=str(site)).validate()
+    plan = PDLaunchPlan(model_path="m", site_packages=str(site), **cpu)
+    plan.validate()
+    assert PDDeployment(plan).code_sources() == {"*": {"site_packages": str(site)}}
+    env = ServerEnv("0.5.20", "/py", (str(STUB_DIR), "/cache/sglang-0.5.20")).running(site)
+    assert env.env({})["PYTHONPATH"].split(":") == [str(STUB_DIR), str(site)]

@@ -13,7 +13,7 @@ import ctypes.util
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvgate.backport.cpuenv import CpuEnvError, base_python, cpu_env, pins_file, pip_env, root, run_step
@@ -84,6 +84,10 @@ class ServerEnv:
     python: str
     pythonpath: tuple[str, ...]
     ld_library_path: tuple[str, ...] = ()
+
+    def running(self, site_packages: Path) -> ServerEnv:
+        """The same environment running another copy of this release's sglang (e.g. a backported one)."""
+        return replace(self, pythonpath=(str(STUB_DIR), str(site_packages)))
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """The process environment of one server worker."""

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.cli import app
+from kvgate.findings import Finding, Outcome
+from kvgate.gates.defenses import DefenseInputs
 
 from .conftest import tree_digest
 
@@ -110,3 +112,21 @@ def test_issue_21_backported_install_passes_fixes_and_markers_alone_do_not(
     assert tampered.exit_code == 1
     doc = json.loads(tampered.stdout)
     assert "kvgate-ack-generations" in doc["target"]["tampered_backports"]
+    # The backported tree runs with deferred release on by default: a worker that exposes its env without
+    # setting the variable passes defenses.deferred-release when its code was read (found on the real
+    # backported 0.5.20 pair, tests/real/test_backport_real.py); the release's own default (off) does not.
+    from dataclasses import replace
+
+    from kvgate.catalogue import assess_installed
+    from kvgate.catalogue.source import from_site_packages
+    from kvgate.gates.defenses import run_defenses_gate
+    from tests.gates.test_defenses import P0
+
+    def deferred(node: DefenseInputs) -> Finding:
+        return next(f for f in run_defenses_gate([node]) if f.check == "deferred-release")
+
+    node = replace(P0, version=release, env_vars={"OTHER": "1"})
+    for tree, outcome in ((root, Outcome.PASSED), (markers, Outcome.FAILED)):
+        f = deferred(replace(node, fixes=assess_installed(from_site_packages(tree))))
+        assert f.outcome is outcome, (tree.name, f.summary, f.evidence)
+    assert deferred(node).outcome is Outcome.FAILED  # the version string's default

@@ -156,6 +156,20 @@ def test_exposed_env_without_the_variable_uses_the_release_default(version: str,
     assert f.outcome is outcome
 
 
+@pytest.mark.wheels
+def test_exposed_env_without_the_variable_uses_the_default_of_the_code_read() -> None:
+    """The code a node runs says the default, not its version string (a backported 0.5.20 runs with it on)."""
+    from tests.catalogue.helpers import wheel
+
+    node = replace(P0, env_vars={"OTHER": "1"})
+    on = replace(node, version="0.5.20", fixes=assess_installed(from_site_packages(wheel("0.5.22"))))
+    off = replace(node, version="0.5.22", fixes=assess_installed(from_site_packages(wheel("0.5.20"))))
+    f = _one(run_defenses_gate([on]), "deferred-release")
+    assert f.outcome is Outcome.PASSED and "default of the code read: #41023 present" in str(f.evidence), f
+    f = _one(run_defenses_gate([off]), "deferred-release")
+    assert f.outcome is Outcome.FAILED and "default of the code read: #41023 absent" in str(f.evidence), f
+
+
 def test_operator_input_when_env_not_exposed() -> None:
     f = _one(run_defenses_gate([P0], deferred_release_env=True), "deferred-release")
     assert f.outcome is Outcome.PASSED

@@ -89,6 +89,18 @@ CI_SPECS: tuple[PairSpec, ...] = (
     PairSpec("0.5.23", "healthy", TEXT, 4096, "llama"),
 )
 
+# Issue 21: the correctness fixes (catalogue ids) the default v0.5.20 backport series stands in for, each
+# with its patch. test_backport_real.py reads them present on the backported pair, test_verdicts.py absent
+# on CI's unpatched 0.5.20 pairs.
+STOOD_IN_0_5_20 = {
+    "pr-38935": "kvgate-admission-door",
+    "pr-41023": "kvgate-deferred-release-default",
+    "pr-40645": "kvgate-preserve-abort-ack",
+    "pr-41402": "kvgate-ack-fanout",
+    "pr-41404": "kvgate-force-arm-on-failure",
+    "ack-generations": "kvgate-ack-generations",
+}
+
 
 def full_specs() -> list[PairSpec]:
     """Every healthy pair, 0.5.19's short pool on every other axis, and the default run's short pairs."""

@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from tests.real.conftest import RealPair, report_of
+from tests.real.conftest import STOOD_IN_0_5_20, RealPair, report_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
@@ -66,12 +66,26 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
         # `info` is no verdict (the calibration's figures); inconclusive, failed and error all are not passed.
         not_passed = [f for f in report["findings"] if f["gate"] == "probes" and f["outcome"] not in ("passed", "info")]
         if spec.release == "0.5.20":
+            # The unpatched half of issue 21's proof (test_backport_real.py starts this shape from the
+            # backported tree and passes): exit 1, defenses.release failed on every worker, every fix
+            # the v0.5.20 series stands in for read absent from the code it runs.
+            assert code == 1, summary
+            releases = [f for f in report["findings"] if (f["gate"], f["check"]) == ("defenses", "release")]
+            assert len(releases) >= 2 and all(f["outcome"] == "failed" for f in releases), summary
+            for f in releases:
+                rows = {e["field"]: str(e["value"]) for e in f["evidence"]}
+                assert all(rows[fix].startswith("absent") for fix in STOOD_IN_0_5_20), rows
             # Real 0.5.20 (no #38935): in the 6-token abort band the prefill retires the request after its
             # forward and sends no KV, while the decode admitted it and waits for that KV until its 300 s
             # waiting timeout: a streaming client hangs. A real defect even with a healthy pool (the issue
             # expected none; the server decides). The hung request also keeps its decode reservation for
             # those 300 s, so accepted-length requests after it go unanswered and the run stops early:
             # allowed here are that hang and what it left unobservable (inconclusive, "stopped answering").
+            # The hang starts in round A, so calibration and latency run while the decode holds its
+            # reservation (a 4,090-token prompt of a 5,120-token pool): measured (2026-12-02), calibration
+            # reached only 512 tokens (4,089 on the backported pair) and the latency KS over 16- vs
+            # 512-token prompts came out inconclusive (p=0.084, medians 43.5 vs 48.7 ms, one-page requests
+            # 3x slower than at calibration): what the hang left unobservable too.
             hangs = [
                 f
                 for f in not_passed
@@ -80,9 +94,12 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
                 and f["summary"].startswith("hang")
             ]
             stopped = any(f["check"] == "skipped" and "stopped answering" in f["summary"] for f in not_passed)
-            not_passed = [
-                f for f in not_passed if f not in hangs and not (hangs and stopped and f["outcome"] == "inconclusive")
+            in_its_shadow = [
+                f
+                for f in not_passed
+                if hangs and f["outcome"] == "inconclusive" and (stopped or f["check"] == "latency.prefill_scaling")
             ]
+            not_passed = [f for f in not_passed if f not in hangs and f not in in_its_shadow]
         assert not not_passed, summary
         if spec.release in ("0.5.22", "0.5.23"):
             assert code == 0, summary

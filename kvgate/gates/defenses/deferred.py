@@ -3,16 +3,19 @@
 SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE must be on and the transfer backend must support it
 (mooncake, nixl, ascend; mori from 0.5.22). The variable has no CLI flag and is not in server_info:
 it is read from the exposed env vars (SGLANG_EXPOSE_OWN_ENV_VARS=1), else from the operator / profile;
-when neither says, it is unknown -> inconclusive.
+when neither says, it is unknown -> inconclusive. Exposed but unset, the default applies: the one of the
+code the node runs when that code was read (whether it carries #41023's default, e.g. by kvgate's
+backport: a backported 0.5.20 runs with it on), else the one of its release.
 """
 
 from __future__ import annotations
 
 from packaging.version import Version
 
+from kvgate.catalogue import Presence
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.defenses.common import GATE, DefenseInputs, backend_of, env_bool, release_of
-from kvgate.upstream import DEFERRED_ENV, DEFERRED_RELEASE_DEFAULT
+from kvgate.upstream import DEFERRED_DEFAULT_FIX, DEFERRED_ENV, DEFERRED_RELEASE_DEFAULT
 
 # The first release whose default is on (for remedies).
 _DEFERRED_ON_FROM = min((r for r, on in DEFERRED_RELEASE_DEFAULT.items() if on), key=Version)
@@ -22,11 +25,27 @@ _DEFERRED_BACKENDS = ("mooncake", "nixl", "ascend")
 _MORI_FROM = Version("0.5.22")
 
 
+def _default(n: DefenseInputs) -> tuple[bool | None, str]:
+    """The variable's default for this node, and where it was read: the code it runs (read, and #41023's
+    default found present or absent there by the code itself), else its release's."""
+    if n.fixes is not None:
+        try:
+            s = n.fixes.status(DEFERRED_DEFAULT_FIX)
+        except KeyError:
+            s = None
+        if s is not None and s.presence in (Presence.PRESENT, Presence.ABSENT) and not (s.version_only or s.weak):
+            how = f"by kvgate backport {s.via_backport}" if s.via_backport else f"by {s.decided_by}"
+            return s.presence is Presence.PRESENT, f"default of the code read: #41023 {s.presence.value} {how}"
+    rel = release_of(n)
+    default = DEFERRED_RELEASE_DEFAULT.get(str(rel.version)) if rel is not None and rel.is_final else None
+    return default, f"default of {rel.version if rel else '?'}"
+
+
 def check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
     rel = release_of(n)
     backend = backend_of(n)
     ev = [Evidence(n.node, "transfer_backend", n.transfer_backend, "mooncake|nixl|ascend (mori from 0.5.22)")]
-    default = DEFERRED_RELEASE_DEFAULT.get(str(rel.version)) if rel is not None and rel.is_final else None
+    default, default_of = _default(n)
     on: bool | None
     if n.env_vars is not None and DEFERRED_ENV in n.env_vars:
         on = env_bool(n.env_vars[DEFERRED_ENV])
@@ -44,9 +63,7 @@ def check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
         ev.append(Evidence(n.node, f"{DEFERRED_ENV} (operator/profile)", operator_env, "true"))
     elif n.env_vars is not None and default is not None:
         on = default
-        ev.append(
-            Evidence(n.node, f"{DEFERRED_ENV} (unset; default of {rel.version if rel else '?'})", default, "true")
-        )
+        ev.append(Evidence(n.node, f"{DEFERRED_ENV} (unset; {default_of})", default, "true"))
     else:
         ev.append(
             Evidence(
