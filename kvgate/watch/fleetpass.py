@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from kvgate.defaults import METADATA_BODY_CAP
 from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError
 from kvgate.target import POOL_KEYS, TargetClient
@@ -128,8 +129,9 @@ def changes(old: FleetSnapshot | None, new: FleetSnapshot, known: Mapping[str, W
     return out
 
 
-#: the most of a server_info answer the pass reads (a hostile worker cannot make it read more)
-MAX_BODY = 4 << 20
+#: the most of a server_info answer the pass reads (a hostile worker cannot make it read more): the same cap
+#: as every other metadata read (kvgate.defaults)
+MAX_BODY = METADATA_BODY_CAP
 MAX_HEAD = 64 << 10
 
 
