@@ -83,16 +83,18 @@ def _listed(router: str, url: str) -> object:
 def test_a_real_prefill_restarted_with_a_smaller_pool_flips_the_watch(real_pair: RealPair, tmp_path: Path) -> None:
     """Issue 22's done-when on the real tier: with the watch running on the healthy 0.5.22 pair (verdict
     0, 200), the real prefill is stopped and started again on the same URL and ports with a pool of half
-    the context. The real smg router keeps listing the URL throughout (observed and asserted); the watch
-    logs the change with the old and the new pool, and the first metadata pass that could read the
-    restarted worker re-gates at once: the verdict is 1 and /verdict 503 on pool-context.headroom, at
-    most two passes after the worker answered (the pass in flight then, and the first one begun after;
-    counted from the watch's own /healthz and /verdict times, not from a wall-clock budget).
+    the context. The real smg router keeps listing the URL throughout (observed and asserted) and keeps
+    routing to it while it is down, so the gate in between is already blocking (asserted: no pass). The
+    watch logs the change with the old and the new pool, and the first metadata pass that could read the
+    restarted worker re-gates at once: the verdict is 1 and /verdict 503 on pool-context.headroom, with
+    at most two passes ended between the worker answering and that verdict (the pass in flight then, and
+    the first one begun after), counted from the watch's own /healthz and /verdict times, not from a
+    wall-clock budget (that gate alone takes about two minutes here).
 
-    The pair is the session's (starting another costs a minute more); the test leaves it altered and
-    RealPair.restore() (tests/real/conftest.py) restarts the prefill with its planned pool before any
-    later test of the pair, so in the default order, where this is the pair's last test, nothing is
-    paid for it.
+    The pair is the session's: a pair of its own would cost another start and first gate on every run,
+    and restoring it here another 45 s on every run. The test leaves it altered and RealPair.restore()
+    (tests/real/conftest.py) restarts both workers as planned before any later test of the pair; in the
+    default order this is the pair's last test, so nothing is paid for it.
     """
     if real_pair.spec.id != HEALTHY:
         pytest.skip(f"the restart is checked on {HEALTHY} only (one real pair, as the issue asks)")
