@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kvgate.errors import UsageError
-from kvgate.pdstart import DistinctPorts, PDLayout, WorkerProcess, start_pd
-from kvgate.supervisor import Supervisor
+from kvgate.pdstart import HEALTH_READ_TIMEOUT_S, DistinctPorts, PDLayout, WorkerProcess, start_pd
+from kvgate.supervisor import Supervisor, http_ok
 
 ENGINES = ("sglang", "sim")
 DEVICES = ("gpu", "cpu")
@@ -233,6 +233,30 @@ class PDDeployment:
         self.prefill_urls = [url for url, _ in started.layout.prefill]
         self.decode_urls = list(started.layout.decode)
         return self
+
+    def restart_worker(self, role: str, index: int, *, pool: int, deadline_s: float | None = None) -> None:
+        """Stop one worker and start it again on the same ports with `--max-total-tokens pool`: a capacity
+        change as an operator's restart makes it. The router is left alone (it keeps its worker list; what
+        it says while the worker is down is its own). Returns once the worker answers /health; a worker
+        that does not within `deadline_s` (default: the plan's ready deadline) is a SupervisorError."""
+        urls = {"prefill": self.prefill_urls, "decode": self.decode_urls}.get(role)
+        if self.supervisor is None or urls is None or not 0 <= index < len(urls):
+            raise UsageError(f"restart_worker: no started {role} worker {index}")
+        name = f"{role}{index}"
+        old = next(p for p in reversed(self.supervisor.processes) if p.name == name and not p.stopped)
+        self.supervisor.stop_processes([old])
+        argv = list(old.argv)
+        if "--max-total-tokens" in argv:
+            argv[argv.index("--max-total-tokens") + 1] = str(pool)
+        else:
+            argv += ["--max-total-tokens", str(pool)]
+        proc = self.supervisor.start(name, argv, env=dict(self.plan.env))
+        self.supervisor.wait_ready(
+            [proc],
+            deadline_s=self.plan.ready_deadline_s if deadline_s is None else deadline_s,
+            poll_s=0.5,
+            check=lambda _p: http_ok(urls[index] + "/health", timeout=HEALTH_READ_TIMEOUT_S),
+        )
 
     def stop(self) -> None:
         if self.supervisor is not None:

@@ -220,9 +220,13 @@ class Supervisor:
 
     def stop(self) -> None:
         """SIGTERM every process group (newest first), wait up to `grace_s`, then SIGKILL the rest."""
+        self.stop_processes(list(reversed(self.processes)))
+
+    def stop_processes(self, procs: Sequence[ManagedProcess]) -> None:
+        """Stop these process groups as `stop()` stops all of them; the others keep running."""
         # Idempotent: a group whose leader was already reaped here is never signalled again (its
         # pid, and so its group id, may belong to another process by now).
-        live = [p for p in reversed(self.processes) if p.popen is not None and not p.stopped]
+        live = [p for p in procs if p.popen is not None and not p.stopped]
         for proc in live:
             _signal_group(proc.pid, signal.SIGTERM)
         end = time.monotonic() + self.grace_s
@@ -246,7 +250,7 @@ class Supervisor:
         """Block while every process runs; raise SupervisorError naming the first ones to exit."""
         while True:
             time.sleep(poll_s)
-            dead = [p.name for p in self.processes if not p.alive()]
+            dead = [p.name for p in self.processes if not p.alive() and not p.stopped]  # stopped: on purpose
             if dead:
                 raise SupervisorError(f"{', '.join(dead)} exited unexpectedly; see {self.log_dir}")
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.launch import PDLaunchPlan, plan_slots, worker_argv
+from kvgate.launch import PDDeployment, PDLaunchPlan, plan_slots, worker_argv
 
 runner = CliRunner()
 
@@ -138,3 +139,38 @@ def test_a_cpu_plan_can_run_another_copy_of_the_release(tmp_path: Path) -> None:
     assert PDDeployment(plan).code_sources() == {"*": {"site_packages": str(site)}}
     env = ServerEnv("0.5.20", "/py", (str(STUB_DIR), "/cache/sglang-0.5.20")).running(site)
     assert env.env({})["PYTHONPATH"].split(":") == [str(STUB_DIR), str(site)]
+
+
+@pytest.mark.slow
+def test_restart_worker_changes_one_pool_on_the_same_url(tmp_path: Path) -> None:
+    """A restart with another pool (issue 22's capacity change): same URL, the new pool in server_info,
+    the router still lists the worker and serves through it, the other worker untouched."""
+    plan = PDLaunchPlan(
+        model_path="toy",
+        engine="sim",
+        emulate="0.5.22",
+        context_length=4096,
+        prefill_max_total_tokens=8192,
+        decode_max_total_tokens=8192,
+        ready_deadline_s=60.0,
+    )
+    with PDDeployment(plan, log_dir=tmp_path) as dep:
+        assert dep.supervisor is not None and dep.router_url is not None
+        prefill, decode = dep.prefill_urls[0], dep.decode_urls[0]
+        pids = {p.name: p.pid for p in dep.supervisor.processes}
+        assert httpx.get(prefill + "/server_info").json()["max_total_num_tokens"] == 8192
+
+        dep.restart_worker("prefill", 0, pool=2048)
+
+        assert dep.prefill_urls == [prefill] and dep.decode_urls == [decode]
+        assert httpx.get(prefill + "/server_info").json()["max_total_num_tokens"] == 2048
+        assert httpx.get(decode + "/server_info").json()["max_total_num_tokens"] == 8192
+        live = {p.name: p.pid for p in dep.supervisor.processes if p.alive()}
+        assert live["prefill0"] != pids["prefill0"] and live["decode0"] == pids["decode0"]
+        assert not [p for p in dep.supervisor.processes if p.stopped and p.alive()]
+        listed = {w["url"] for w in httpx.get(dep.router_url + "/workers").json()["workers"]}
+        assert prefill in listed
+        body = {"input_ids": [5] * 16, "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(dep.router_url + "/generate", json=body, timeout=30).status_code == 200
+        with pytest.raises(UsageError, match="no started decode worker 1"):
+            dep.restart_worker("decode", 1, pool=2048)

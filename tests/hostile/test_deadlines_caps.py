@@ -235,6 +235,34 @@ def test_a_dripping_router_worker_list_ends_within_its_reads() -> None:
     assert time.monotonic() - t0 < NODE_DEADLINE_REQUESTS * 1.0 + SLACK_S
 
 
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "until-close"])
+def test_the_watch_pass_reads_server_info_up_to_the_metadata_cap(announce: bool) -> None:
+    """`kvgate watch`'s per-interval pass has the cap `kvgate check` has: a server_info of 6 MiB (padded
+    JSON, over the 4 MiB the pass once had of its own) is read, one larger than the cap is not read whole,
+    whether announced or ending at the close (the asyncio reader it had read the latter with one buffer's
+    read: a 1 MiB until-close server_info came out as malformed JSON)."""
+    from kvgate.watch.fleetpass import read_fleet
+    from tests.assets import router_payloads as R
+
+    doc = json.dumps(docs("prefill")["/server_info"]).encode()
+    padded = doc[:-1] + b" " * (6 * (1 << 20)) + b"}"
+    big_head = head(length=len(padded) if announce else None)
+    sent = Sent()
+    big = ScriptedServer(lambda req, conn: conn.sendall(big_head + padded)).start()
+    flood = ScriptedServer(counting_flood(sent, HUGE, announce=announce)).start()
+    listing = json.dumps(R.smg_workers(R.smg_entry(big.url, "prefill"), R.smg_entry(flood.url, "decode"))).encode()
+    router = ScriptedServer(lambda req, conn: conn.sendall(head(length=len(listing)) + listing)).start()
+    try:
+        snap = read_fleet(router.url, timeout=20.0, token=None, concurrency=4, deadline_s=30.0)
+    finally:
+        for srv in (router, big, flood):
+            srv.stop()
+    assert snap.listing_error is None and big.url in snap.facts, snap.errors
+    assert snap.facts[big.url].pool == 2_040_000
+    assert flood.url in snap.errors and str(METADATA_BODY_CAP) in snap.errors[flood.url], snap.errors
+    assert sent.bytes < METADATA_BODY_CAP + 64 * (1 << 20), sent.bytes
+
+
 # --- the probes: /generate bodies and stream lines ---------------------------------------------
 
 REJECT_P = LengthProbe("pool_limit", 100, REJECT, "pool", "first rejected", 8)

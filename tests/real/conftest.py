@@ -24,7 +24,7 @@ import itertools
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -124,10 +124,35 @@ SPECS = _specs()
 
 @dataclass
 class RealPair:
-    """A started real pair and where its logs are."""
+    """A started real pair and where its logs are.
+
+    A test may restart a worker with another pool (`restart_with_pool`); the pair is then altered until
+    `restore()`, which `_pair_as_planned` calls before the next test of the pair: only a test that runs
+    after such a change pays for the restart back (in the default order none does).
+    """
 
     spec: PairSpec
     deployment: PDDeployment
+    altered: set[tuple[str, int]] = field(default_factory=set)  # (role, index) of workers not as planned
+
+    def restart_with_pool(self, role: str, index: int, pool: int) -> None:
+        """Restart one worker on its URL with `--max-total-tokens pool` (kvgate.launch.PDDeployment)."""
+        self.altered.add((role, index))
+        self.deployment.restart_worker(role, index, pool=pool)
+
+    def restore(self) -> None:
+        """After a test altered the pair, restart every worker with its planned pool: the altered ones,
+        and the others too, since a gate on the altered pair (a prefill pool under the context) may
+        leave the real decode holding rejected streaming requests' pages for its 300 s waiting timeout
+        (README.md), and the next test would find it starved."""
+        if not self.altered:
+            return
+        dep = self.deployment
+        for i in range(len(dep.prefill_urls)):
+            dep.restart_worker("prefill", i, pool=self.spec.prefill_pool)
+        for i in range(len(dep.decode_urls)):
+            dep.restart_worker("decode", i, pool=self.spec.decode_pool)
+        self.altered.clear()
 
     @property
     def router(self) -> str:
@@ -200,6 +225,13 @@ def real_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         yield RealPair(spec, dep)
     finally:
         dep.stop()
+
+
+@pytest.fixture(autouse=True)
+def _pair_as_planned(request: pytest.FixtureRequest) -> None:
+    """Before a test of a pair, undo what an earlier test changed on it (RealPair.restore)."""
+    if "real_pair" in request.fixturenames:
+        request.getfixturevalue("real_pair").restore()
 
 
 def report_of(path: Path) -> dict:

@@ -6,8 +6,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +87,91 @@ class WatchProcess:
     def verdict_settled(self) -> bool:
         res = self.get("/verdict")
         return res is not None and res.json().get("report") is not None
+
+
+@dataclass(frozen=True)
+class VerdictSeen:
+    """One full gate's verdict as /verdict served it: when the report was made (this process's monotonic
+    clock), the HTTP status, the exit status and the reason."""
+
+    t: float
+    http: int
+    exit_status: int | None
+    reason: str
+
+
+class Timeline:
+    """What a running watch did, sampled every `every_s` in a thread on this process's monotonic clock:
+    when each metadata pass ended (/healthz's `last_pass_age_s`), each full gate's verdict (/verdict's
+    `age_s` dates the report), and the value of each of `probes` whenever it changes.
+
+    A pass or a report is placed to within one sample's HTTP round trip; passes closer than
+    `PASS_SLACK_S` are one pass (a watch's passes are an interval apart, or a full gate apart)."""
+
+    PASS_SLACK_S = 1.0
+
+    def __init__(
+        self, w: WatchProcess, probes: Mapping[str, Callable[[], object]] | None = None, every_s: float = 0.25
+    ) -> None:
+        self.w = w
+        self.probes = dict(probes or {})
+        self.every_s = every_s
+        self.pass_ends: list[float] = []
+        self.verdicts: list[VerdictSeen] = []
+        self.values: list[tuple[float, str, object]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watch-timeline", daemon=True)
+
+    def __enter__(self) -> Timeline:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        last: dict[str, object] = {}
+        while not self._stop.wait(self.every_s):
+            now = time.monotonic()
+            h = self.w.get("/healthz")
+            age = h.json().get("last_pass_age_s") if h is not None else None
+            if isinstance(age, (int, float)) and (
+                not self.pass_ends or now - age - self.pass_ends[-1] > self.PASS_SLACK_S
+            ):
+                self.pass_ends.append(now - age)
+            now = time.monotonic()
+            v = self.w.get("/verdict")
+            doc = v.json() if v is not None else {}
+            if v is not None and isinstance(doc.get("age_s"), (int, float)):
+                made = now - doc["age_s"]
+                if not self.verdicts or made - self.verdicts[-1].t > self.PASS_SLACK_S:
+                    self.verdicts.append(
+                        VerdictSeen(made, v.status_code, doc.get("exit_status"), doc.get("reason", ""))
+                    )
+            for name, probe in self.probes.items():
+                value = probe()
+                if name not in last or last[name] != value:
+                    last[name] = value
+                    self.values.append((time.monotonic(), name, value))
+
+    def first(self, name: str, pred: Callable[[object], bool], after: float = 0.0) -> float | None:
+        """When probe `name` was first seen with a value `pred` accepts (after `after`)."""
+        return next((t for t, n, v in self.values if n == name and t >= after and pred(v)), None)
+
+    def passes_between(self, a: float, b: float) -> list[float]:
+        """The passes that ended in (a, b]."""
+        return [t for t in self.pass_ends if a < t <= b]
+
+
+def worker_pool(url: str) -> object:
+    """The worker's pool as its /server_info says, or the name of what kept it from being read."""
+    try:
+        return httpx.get(url + "/server_info", timeout=3).json().get("max_total_num_tokens")
+    except (httpx.HTTPError, ValueError) as exc:
+        return type(exc).__name__
+
+
+def on_pool(v: VerdictSeen) -> bool:
+    """A verdict that failed on pool vs context (1 and 503, pool-context.headroom among its reasons)."""
+    return v.exit_status == 1 and v.http == 503 and "pool-context.headroom" in v.reason

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from kvgate.formats.json_report import schema_text
 from kvgate.sim.deploy import SimDeployment
-from tests.watch.helpers import WatchProcess
+from tests.watch.helpers import Timeline, WatchProcess, on_pool, worker_pool
 
 pytestmark = pytest.mark.slow
 
@@ -110,19 +111,26 @@ def test_healthy_release_passes_and_a_smaller_pool_flips_it(tmp_path: Path) -> N
             peak_tokens = w.metric("kvgate_budget_peak_prefill_tokens_per_minute")
             assert peak_tokens is not None and 0 < peak_tokens <= 20000
 
-            dep.restart_worker("prefill", 0, pool=2048)
-            # The worker is back with a quarter of its pool: the next pass sees it, logs the old and new
-            # value, and the change-triggered gate fails on pool vs context (a gate while the worker was
-            # down, if a pass caught it down, failed too: fail closed).
-            change = re.compile(r"change: http://\S+: pool 8192 -> 2048")
-            w.wait(lambda: change.search(w.log()), INTERVAL + 60, "the pool change in the log")
-
-            def flipped() -> bool:
-                res = w.get("/verdict")
-                return res is not None and res.status_code == 503 and "pool-context.headroom" in res.json()["reason"]
-
-            w.wait(flipped, INTERVAL + GATE_S, "a verdict that fails on the smaller pool")
+            prefill = dep.prefill_urls[0]
+            with Timeline(w, {"pool": lambda: worker_pool(prefill)}) as tl:
+                t_restart = time.monotonic()
+                dep.restart_worker("prefill", 0, pool=2048)
+                # The worker is back with a quarter of its pool: the next pass sees it, logs the old and
+                # new value, and the change-triggered gate fails on pool vs context (a gate while the
+                # worker was down, if a pass caught it down, failed too: fail closed).
+                change = re.compile(r"change: http://\S+: pool 8192 -> 2048")
+                w.wait(lambda: change.search(w.log()), INTERVAL + 60, "the pool change in the log")
+                w.wait(
+                    lambda: any(on_pool(v) and v.t > t_restart for v in tl.verdicts),
+                    INTERVAL + GATE_S,
+                    "a verdict that fails on the smaller pool",
+                )
             assert w.metric("kvgate_verdict") == 1
+            # Within one interval: the first pass begun after the worker answered re-gated (at most
+            # that pass and the one in flight when it answered ended before the flip; the watch's times).
+            t_up = tl.first("pool", lambda v: v == 2048, after=t_restart)
+            flip = next(v for v in tl.verdicts if on_pool(v) and v.t > t_restart)
+            assert t_up is not None and len(tl.passes_between(t_up, flip.t)) <= 2, (tl.pass_ends, t_up, flip)
             after = w.log().split(change.search(w.log()).group(0), 1)[1]  # type: ignore[union-attr]
             assert "full gate (change): gate_failed (exit 1)" in after and "pool 2,048 < 5,120 required" in after
             metrics = w.get("/metrics")
