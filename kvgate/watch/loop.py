@@ -86,6 +86,9 @@ class Watcher:
         self.probes: ScheduledProbes | None = None
         self.probes_note = "no full gate yet"
         self.pending: str | None = "start"
+        # Why the last report no longer describes the fleet (a change or a leak seen since), until the
+        # gate that re-judges it ends: /verdict is then 503, however the last report came out.
+        self.superseded: str | None = None
         self.last_pass: float | None = None
         self.in_gate = False
         self.intervals = 0
@@ -125,7 +128,9 @@ class Watcher:
             )
         age = time.time() - at
         status = report.exit_status
-        if status is not ExitStatus.PASSED:
+        if self.superseded is not None:
+            reason = f"re-gating: {self.superseded}; the last full gate ({status.name.lower()}) predates it"
+        elif status is not ExitStatus.PASSED:
             reason = f"the last full gate did not pass: {status.name.lower()} (exit {int(status)})"
             firsts = [f"{f.test_id} {f.node}: {f.summary}" for f in report.findings if f.outcome in _BLOCKING][:3]
             if firsts:
@@ -172,6 +177,8 @@ class Watcher:
         found = self.metadata_pass()
         if found:
             self.pending = self.pending or "change"
+            more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+            self.superseded = self.superseded or "a change seen: " + "; ".join(c.line() for c in found[:3]) + more
         if self.pending is None and self.report_time is not None:
             if time.time() - self.report_time >= self.settings.regate_every_s:
                 self.pending = "schedule"
@@ -235,7 +242,7 @@ class Watcher:
         finally:
             self.in_gate = False
         report = replace(report, command="watch")
-        self.report, self.report_time = report, time.time()
+        self.report, self.report_time, self.superseded = report, time.time(), None
         self.metrics.set_report(report)
         self.metrics.full_gates.labels(reason=reason).inc()
         status = report.exit_status
@@ -299,6 +306,7 @@ class Watcher:
                 self.metrics.leaks.inc(len(out.leaks))
                 self.log(f"LEAK: a scheduled probe's answer carries foreign sentinels: {list(out.leaks)[:3]}")
                 self.pending = "leak"
+                self.superseded = "a foreign sentinel in a scheduled probe's answer"
             self._update_latency()
             if self.pending == "leak":
                 return

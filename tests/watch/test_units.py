@@ -14,7 +14,7 @@ from kvgate.errors import ProfileError
 from kvgate.findings import Report, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
 from kvgate.watch.budget import TrafficBudget
-from kvgate.watch.fleetpass import FleetSnapshot, changes, facts_from
+from kvgate.watch.fleetpass import Change, FleetSnapshot, changes, facts_from
 from kvgate.watch.latency import ALERT, LONG, OK, ONE_PAGE, UNKNOWN, LatencySignal, percentile
 from kvgate.watch.loop import Watcher
 from kvgate.watch.metrics import METRIC_NAMES, WatchMetrics
@@ -168,6 +168,39 @@ def test_verdict_is_200_only_for_a_fresh_pass(tmp_path: Path) -> None:
     finally:
         w.endpoint.stop()
         w.http.close()
+
+
+def test_a_change_makes_the_verdict_503_until_the_gate_it_triggers_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A passed report stops vouching for the fleet the moment the pass sees its pool move: while the
+    triggered gate runs (minutes on a real pair), /verdict is 503 "re-gating", not the stale 200."""
+    import threading
+
+    w = Watcher(CheckOptions(router_url="http://127.0.0.1:9"), WatchSettings(interval_s=1), listen=("127.0.0.1", 0))
+    w.report, w.report_time, w.pending = _report(passed("fleet", "router-list", "router", "ok")), time.time(), None
+    assert w.verdict_answer().status == 200
+    moved = [Change("http://w", "pool", 10240, 4096)]
+    during: list[tuple[int, str]] = []
+
+    def gate(reason: str) -> None:
+        answer = w.verdict_answer()
+        during.append((answer.status, json.loads(answer.body)["reason"]))
+        w.report, w.report_time, w.superseded = (
+            _report(passed("fleet", "router-list", "router", "ok")),
+            time.time(),
+            None,
+        )
+
+    monkeypatch.setattr(w, "metadata_pass", lambda: moved)
+    monkeypatch.setattr(w, "full_gate", gate)
+    monkeypatch.setattr(w, "run_probes", lambda stop, end: None)
+    stop = threading.Event()
+    stop.set()
+    w.interval(stop)
+    w.http.close()
+    assert during == [
+        (503, "re-gating: a change seen: http://w: pool 10240 -> 4096; the last full gate (passed) predates it")
+    ]
+    assert w.verdict_answer().status == 200  # the new gate passed: 200 again
 
 
 def test_a_foreign_sentinel_in_a_probe_answer_regates_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
