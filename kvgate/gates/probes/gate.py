@@ -437,26 +437,11 @@ class _Run:
         if first.verdict != Verdict.HANG:
             return "", REMEDY_REJECT
         limits = self._prefill_rejects_decode_admits()
+        if p.expect == ACCEPT:
+            return self._queued_behind_hangs(first_rec, limits)
         if limits is None:
             return "", REMEDY_REJECT
         prefill_limit, decode_limit = limits
-        if p.expect == ACCEPT:
-            at = next((i for i, r in enumerate(self.answered) if r is first_rec), 0)
-            before = {id(r) for r in self.answered[:at]}
-            hung = [
-                rec
-                for name in ABORT_PATH_PROBES
-                for rec, c in self.observations.get(name, [])
-                if c.verdict == Verdict.HANG and prefill_limit <= rec.probe.length < decode_limit and id(rec) in before
-            ]
-            if not hung:
-                return "", REMEDY_REJECT
-            return (
-                f"; {len(hung)} rejected request(s) sent before or with it hung the same way ({hung[0].label}): "
-                "the prefill rejected them, the decode was not told and holds their KV reservations until "
-                "SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by default), so on a small decode pool an "
-                "accepted request can queue behind them"
-            ), REMEDY_UNTOLD_DECODE
         if not prefill_limit <= p.length < decode_limit:
             return "", REMEDY_REJECT
         twin = next(
@@ -475,6 +460,36 @@ class _Run:
             "0.5.20-0.5.23 behind smg 1.13.0 did)"
         )
         return why, REMEDY_UNTOLD_DECODE
+
+    def _queued_behind_hangs(self, first_rec: Sent, limits: tuple[int, int] | None) -> tuple[str, str]:
+        """An accepted request that hung after rejected ones hung: it may queue behind their reservations.
+
+        Where the prefill rejects lengths the decode admits, only hangs in that band count and no upgrade
+        helps. Where both reject alike (real 0.5.20, no #38935: the prefill retires the request after its
+        forward and sends no KV), any hung abort-path request counts and the upgrade is the remedy.
+        """
+        at = next((i for i, r in enumerate(self.answered) if r is first_rec), 0)
+        before = {id(r) for r in self.answered[:at]}
+        hung = [
+            rec
+            for name in ABORT_PATH_PROBES
+            for rec, c in self.observations.get(name, [])
+            if c.verdict == Verdict.HANG
+            and id(rec) in before
+            and (limits is None or limits[0] <= rec.probe.length < limits[1])
+        ]
+        if not hung:
+            return "", REMEDY_REJECT
+        why = (
+            "the prefill rejected them, the decode was not told"
+            if limits is not None
+            else "the prefill retired them without sending their KV, the decode, which admitted them, was not told"
+        )
+        return (
+            f"; {len(hung)} rejected request(s) sent before or with it hung the same way ({hung[0].label}): "
+            f"{why} and holds their KV reservations until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s by "
+            "default), so on a small decode pool an accepted request can queue behind them"
+        ), (REMEDY_UNTOLD_DECODE if limits is not None else REMEDY_REJECT)
 
     def _prefill_rejects_decode_admits(self) -> tuple[int, int] | None:
         """(the smallest prefill max_req_input_len, the largest decode one) when some lengths fall between."""

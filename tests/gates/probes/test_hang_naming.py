@@ -101,6 +101,20 @@ def test_a_hang_where_both_workers_reject_keeps_the_upgrade_remedy() -> None:
     assert f.remedy == REMEDY_REJECT
 
 
+def test_an_accepted_request_hanging_behind_a_band_hang_where_both_reject_keeps_the_upgrade_remedy() -> None:
+    # Real 0.5.20 with a healthy 5,120-token pool (clean-clone CI, 2026-12-02): the A-stream hang at
+    # 4,090 held the decode's reservation, and the 4,089-token plant of round B hung behind it.
+    run = _run(prefill_mril=4090, decode_mril=4090)
+    _observe(run, POOL_LIMIT, "A-stream", Verdict.HANG, stream=True, status=None)
+    _observe(run, LONGEST, "B-plant", Verdict.HANG, stream=False, status=None)
+    run._contract_findings([LONGEST])
+    (f,) = run.findings
+    assert "1 rejected request(s) sent before or with it hung the same way (pool_limit (4,090 tokens) [A-stream])" in (
+        f.summary
+    )
+    assert "retired them without sending their KV" in f.summary and f.remedy == REMEDY_REJECT
+
+
 def test_an_accepted_hang_without_hung_rejections_is_not_blamed_on_them() -> None:
     run = _run(prefill_mril=4090, decode_mril=8186)
     _observe(run, POOL_LIMIT, "A-stream", Verdict.OK_REJECTED, stream=True, status=200)
