@@ -225,3 +225,45 @@ def test_a_noisy_small_deployment_affords_an_observable_latency_plan() -> None:
     # the 1 s floor alone would have starved it
     quiet = _cal(480e-6, jitter_s=0.001)
     assert quiet.budget_tokens(settings.latency_budget, small.context, settings.budget_floor_s) < budget / 4
+
+
+class _BurstClient:
+    """A /generate stand-in that prefills at 70 us per token over 30-35 ms of one-page latency, except
+    for a burst of contention over requests 11-13 (the calibration's first three grown-length requests):
+    160 ms more each, as a CI neighbour's prefill once did to a real 0.5.19 pair."""
+
+    deadline_s = 5.0
+    http = None
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
+        from kvgate.gates.probes.client import ProbeResult
+
+        self.calls += 1
+        body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
+        elapsed = 0.03 + 0.001 * (self.calls % 5) + 70e-6 * len(ids) + (0.16 if 11 <= self.calls <= 13 else 0.0)
+        return ProbeResult(name, len(ids), max_new_tokens, 200, elapsed, body, '{"text": "x"}')
+
+
+def test_a_burst_over_one_grown_length_does_not_set_the_slope() -> None:
+    """The length that first stands clear of the noise is measured again after one-page requests and the
+    lower extra time kept: one burst no longer makes the prefill look 20x slower than it is (which sized
+    the latency and abort probes too short to see anything, and left both inconclusive)."""
+    from kvgate.gates.probes.calibrate import calibrate, calibration_budget
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.progress import NullObserver
+
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    client = _BurstClient()
+    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
+    cal = calibrate(sender, lim, calibration_budget(lim.context))
+    assert cal.s_per_token is not None and cal.observable, cal
+    assert 40e-6 < cal.s_per_token < 140e-6, cal
+    assert cal.lengths[0][0] == 128 and cal.lengths[0][1] < 0.1, cal
+    # sized from the true slope, the abort probe affords its tries again (one try of 512 tokens before)
+    plan = plan_abort(cal, lim, ProbeSettings())
+    assert plan.max_tries > 1, plan
