@@ -107,7 +107,12 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert ci[-len(commands) :] == commands
     assert commands[-1].startswith(".venv/bin/pytest -q")  # the tests come last, after install and checks
-    assert any("pip install" in c for c in commands) and any("ruff check" in c and "mypy" in c for c in commands)
+    assert any("pip install" in c for c in commands)
+    assert {".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy"} <= set(commands)
+    # Under `set -e` a failure before the last command of an && list does not stop the script: a lint
+    # error once let CI go on to the tests and pass. Each check is its own line.
+    assert (ROOT / ".ci" / "run").read_text().count("set -euo pipefail") == 1
+    assert not [c for c in commands if "&&" in c and ("ruff" in c or "mypy" in c or "pytest" in c)], commands
     assert not [ln for ln in ci if "export " in ln or "=" in ln.split()[0]], "CI must not change the environment"
 
 

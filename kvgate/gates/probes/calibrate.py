@@ -3,11 +3,11 @@
 Two numbers decide whether a timing effect is observable: the noise of one request (jitter of
 one-page requests, end to end through HTTP, the router, the transfer and one decode step) and the
 prefill time per token (requests of growing length until the extra time stands well clear of the
-noise, measured once more after one-page requests to rule out a burst, or the longest accepted prompt). The latency and abort probes size their lengths, sample
-counts and cancel points from them (`latency.plan_latency`, `abort.plan_abort`), within a prefill
-budget of max(share of one context-length prefill, `budget_floor_s` seconds of measured prefill up to
-FLOOR_CAP_TOKENS), so
-a small context can afford enough tries and a 1M context stays cheap.
+noise, that length measured once more after one-page requests to rule out a burst, or the longest
+accepted prompt). The latency and abort probes size their lengths, sample counts and cancel points
+from them (`latency.plan_latency`, `abort.plan_abort`), within a prefill budget of max(share of one
+context-length prefill, `budget_floor_s` seconds of measured prefill up to FLOOR_CAP_TOKENS), so a
+small context can afford enough tries and a 1M context stays cheap.
 
 Every calibration request carries a fresh sentinel (no prefix cache can serve it) and asks for one
 new token; the cost meter counts it like any probe.
