@@ -45,6 +45,7 @@ from _probe_payload import RESULT_TAG, Recorder, World, _ensure_torchvision, _er
 HOLD_TIMEOUT_S = 1.5  # decode's deferred-release timeout (30 s in production), shortened
 GATE_DELAY_S = 0.5  # how long the injected delay holds the write after the failure
 SETTLE_S = 0.3  # after the last event, time for late frames and releases
+WRITE_START_DEADLINE_S = 30.0  # how long the probe waits for the real transfer worker to pick up a write
 PAGES = 4  # per request; the pool has exactly one request's worth, so a freed page is reused at once
 PAGE_BYTES = 16
 PREFILL_EP = ("10.255.0.1", 17100)
@@ -315,8 +316,17 @@ class Pair:
         self.write_started[room] = threading.Event()
         np = self.lt.np
         P.add_transfer_request(room, np.arange(PAGES, dtype=np.int32), slice(0, PAGES), False)
-        if not self.write_started[room].wait(5.0):
-            raise RuntimeError("the real transfer worker never started the write")
+        # It starts within milliseconds on a quiet machine; the deadline is for a loaded CI box, where
+        # one walk once timed out at 5 s. On a timeout the error says what the worker would have seen.
+        if not self.write_started[room].wait(WRITE_START_DEADLINE_S):
+            status = P.request_status.get(room, "absent")
+            have_infos = "set" if room in P.transfer_infos else "absent"
+            raise RuntimeError(
+                f"the real transfer worker never started the write within {WRITE_START_DEADLINE_S:g} s "
+                f"(room {room}: prefill status {status}, transfer_infos {have_infos}, "
+                f"chunks still queued {self.prefill.transfer_queues[0].q.qsize()}, "
+                f"last frames {[e['frames'][:2] for e in self.wire.log[-4:]]})"
+            )
         return room
 
     def clear_prefill_sender(self, room: int) -> None:

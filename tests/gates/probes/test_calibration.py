@@ -64,8 +64,12 @@ def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
     code, doc = _check(dep, tmp_path)
     assert code == ExitStatus.PASSED, _not_passed(doc)
     cal = _ev(_finding(doc, "probes.calibration"))["calibration"]
-    assert cal["observable"] and cal["prefill_tokens_per_s"] > 0 and cal["requests"] >= 10
+    assert cal["prefill_tokens_per_s"] > 0 and cal["requests"] >= 10
     measured = {int(k.replace(",", "")): ms / 1000 for k, ms in cal["lengths_ms"].items()}
+    # Not clear of 8 noise units even at the longest prompt only where growth reached it: under CI load
+    # (2.8 ms of noise) the whole 8k context's prefill at the simulator's speed took 20 ms, and the
+    # probes sized from that still passed.
+    assert cal["observable"] or max(measured) >= SIM_UP["context_length"] - SIM_UP["page_size"], cal
     base, noise = cal["one_page_median_ms"] / 1000, cal["jitter_ms"] / 1000
     # the latency probe's long length is a length the calibration measured clear of the noise
     lat = _ev(_finding(doc, "probes.latency.prefill_scaling"))["latency.plan"]
