@@ -8,6 +8,9 @@
    `sglang.srt.disaggregation.mooncake.conn` is imported, so the sender takes its plain path (cpu-sglang.md).
    A workaround for running on CPU, not a change of the code under test: the admission, bootstrap,
    transfer and release paths are unchanged.
+3. TEST CODE entry, for the real tier only: where KVGATE_TEST_HOOK names a file (tests/real/_late_write.py,
+   which injects a late KV write), that file's `install(conn)` runs right after the same module. Unset in
+   every deployment kvgate starts for users.
 """
 
 from __future__ import annotations
@@ -37,6 +40,14 @@ def _patch_mooncake(module: ModuleType) -> None:
     sender = getattr(module, "MooncakeKVSender", None)
     if sender is not None and hasattr(sender, "supports_host_tensor_indices"):
         sender.supports_host_tensor_indices = False
+    hook = os.environ.get("KVGATE_TEST_HOOK")
+    if hook:
+        spec = importlib.util.spec_from_file_location("_kvgate_test_hook", hook)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"KVGATE_TEST_HOOK={hook}: not a Python file")
+        test_hook = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(test_hook)
+        test_hook.install(module)
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
