@@ -15,6 +15,8 @@ ten pairs of `CI_SPECS`: one short and one healthy pair per release, chosen so t
 axis occurs and the healthy pairs cover every pair of values of mode x context x model (a pairwise
 set). `KVGATE_REAL_MATRIX=full` runs `full_specs()`: every healthy combination, 0.5.19's short pool in
 every mode, context and model, and the short pairs of the other releases (README.md says what it costs).
+The healthy CI pairs load the late-write TEST hook into their workers (`_late_write.py`, for
+lifetime_race.py), inert until a test arms it; no other pair has it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from kvgate.cpuserver.model import TINY_MODELS, tiny_model
 from kvgate.launch import PDDeployment, PDLaunchPlan
 from kvgate.upstream import RELEASES
 from tests.assets.real_sglang import server_env_or_skip
+from tests.real.lifetime_race import hook_env
 
 CONTEXTS = (4096, 8192)
 HEALTHY_FACTOR = 1.25
@@ -102,6 +105,23 @@ STOOD_IN_0_5_20 = {
 }
 
 
+# Issue 21's page-lifetime race on the real server (lifetime_race.py), provoked on each release's healthy CI
+# pair as it ships (the late-write TEST hook loaded into its prefill), with the verdict each release's code
+# gives: decode frees the pages at once (0.5.19, 0.5.20), or holds them but takes the prefill's ACK of a
+# failed send as a drain (0.5.21: #41404 without 0.5.22's poisoned sends), or holds them until the write
+# can no longer land (0.5.22, 0.5.23). RACE_SPEC is the shape test_backport_real.py also starts backported.
+RACE_SPECS = tuple(s for s in CI_SPECS if s.kind == "healthy")
+RACE_OUTCOME = {
+    "0.5.19": "NOT RETIRED",
+    "0.5.20": "NOT RETIRED",
+    "0.5.21": "NOT RETIRED",
+    "0.5.22": "RETIRED",
+    "0.5.23": "RETIRED",
+}
+RACE_SPEC = PairSpec("0.5.20", "healthy", IDS, 4096, "llama")
+assert RACE_SPEC in RACE_SPECS and {s.release for s in RACE_SPECS} == set(RACE_OUTCOME) == set(RELEASES)
+
+
 def full_specs() -> list[PairSpec]:
     """Every healthy pair, 0.5.19's short pool on every other axis, and the default run's short pairs."""
     out = list(CI_SPECS)
@@ -134,6 +154,8 @@ class RealPair:
     spec: PairSpec
     deployment: PDDeployment
     altered: set[tuple[str, int]] = field(default_factory=set)  # (role, index) of workers not as planned
+    hook_dir: Path | None = None  # where the late-write TEST hook takes its orders and logs (RACE_SPECS only)
+    tests_done: int = 0  # tests of this pair that ran before the current one (the race needs fresh pools)
 
     def restart_with_pool(self, role: str, index: int, pool: int) -> None:
         """Restart one worker on its URL with `--max-total-tokens pool` (kvgate.launch.PDDeployment)."""
@@ -167,6 +189,11 @@ class RealPair:
     def decode(self) -> str:
         return self.deployment.decode_urls[0]
 
+    @property
+    def decode_log(self) -> Path:
+        assert self.deployment.log_dir is not None
+        return self.deployment.log_dir / "decode0.log"
+
     def check_args(self) -> list[str]:
         """`kvgate check` against this pair, reading the code the workers run (the release's CPU env)."""
         return [
@@ -182,8 +209,9 @@ class RealPair:
         ]
 
 
-def plan_for(spec: PairSpec) -> PDLaunchPlan:
-    """kvgate's own launch plan of a real pair (what `kvgate up --device cpu --release R` starts)."""
+def plan_for(spec: PairSpec, hook_dir: Path | None = None) -> PDLaunchPlan:
+    """kvgate's own launch plan of a real pair (what `kvgate up --device cpu --release R` starts); with
+    `hook_dir`, its workers load the late-write TEST hook (lifetime_race.py), inert until armed."""
     return PDLaunchPlan(
         model_path=str(spec.model_path()),
         engine="sglang",
@@ -195,7 +223,7 @@ def plan_for(spec: PairSpec) -> PDLaunchPlan:
         skip_tokenizer_init=spec.skip_tokenizer_init,
         ready_deadline_s=600.0,
         # So the defenses gate reads the deferred-release setting the workers really run with.
-        env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1"},
+        env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1", **(hook_env(hook_dir) if hook_dir is not None else {})},
     )
 
 
@@ -219,19 +247,26 @@ def real_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     spec: PairSpec = request.param
     server_env_or_skip(spec.release)
     logs = tmp_path_factory.mktemp(f"real-{spec.id}")
-    dep = PDDeployment(plan_for(spec), log_dir=logs)
+    hook_dir = logs / "late-write" if spec in RACE_SPECS else None
+    dep = PDDeployment(plan_for(spec, hook_dir), log_dir=logs)
     dep.start()
     try:
-        yield RealPair(spec, dep)
+        yield RealPair(spec, dep, hook_dir=hook_dir)
     finally:
         dep.stop()
 
 
 @pytest.fixture(autouse=True)
-def _pair_as_planned(request: pytest.FixtureRequest) -> None:
-    """Before a test of a pair, undo what an earlier test changed on it (RealPair.restore)."""
-    if "real_pair" in request.fixturenames:
-        request.getfixturevalue("real_pair").restore()
+def _pair_as_planned(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Before a test of a pair, undo what an earlier test changed on it (RealPair.restore); after it,
+    count it."""
+    if "real_pair" not in request.fixturenames:
+        yield
+        return
+    pair: RealPair = request.getfixturevalue("real_pair")
+    pair.restore()
+    yield
+    pair.tests_done += 1
 
 
 def report_of(path: Path) -> dict:

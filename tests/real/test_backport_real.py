@@ -15,6 +15,14 @@ band (no sglang#38935), here contract.pool_limit must pass.
 
 The same pair from the UNPATCHED tree is CI's `0.5.20-healthy-ids-4k-llama` in test_verdicts.py: exit 1
 with `defenses.release` failed, naming the fixes this series stands in for.
+
+The page-lifetime race itself, on the real server (lifetime_race.py: a KV send that fails while its
+write is still in flight, injected by TEST code into the real prefill), first on each release's healthy
+CI pair as it ships: on 0.5.20 (and 0.5.19, 0.5.21) decode hands the failed request's pages to the next
+request and the late write lands in them (NOT RETIRED, the next answer changes); on 0.5.22 and 0.5.23,
+and on the backported 0.5.20 pair, decode holds them, the next request gets other pages, the write lands
+in the held ones (RETIRED, the answer unchanged) and the hold ends on decode's 30 s timeout (the poisoned
+send is never ACKed), before the pair's next test or `kvgate check` runs.
 """
 
 from __future__ import annotations
@@ -31,12 +39,14 @@ from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 from kvgate.launch import PDDeployment
 from tests.assets.real_sglang import server_env_or_skip
-from tests.real.conftest import IDS, STOOD_IN_0_5_20, PairSpec, RealPair, plan_for, report_of
+from tests.real.conftest import RACE_OUTCOME, RACE_SPEC, RACE_SPECS, STOOD_IN_0_5_20, RealPair, plan_for, report_of
+from tests.real.lifetime_race import provoke, wait_for_hold_end
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
 
-SPEC = PairSpec("0.5.20", "healthy", IDS, 4096, "llama")  # the shape of CI's unpatched healthy 0.5.20
+SPEC = RACE_SPEC  # the shape of CI's unpatched healthy 0.5.20
+HOLD_END_S = 60.0  # decode's 30 s deferred-release timeout after the failure, with room for a loaded machine
 # Patched files a Mooncake PD worker never imports (the NIXL backend's connection module).
 NOT_ON_THE_MOONCAKE_PATH = ("sglang/srt/disaggregation/nixl/conn.py",)
 
@@ -64,6 +74,27 @@ def _compiled_from(source: Path) -> bool:
     return False
 
 
+def test_late_write_race_on_each_release_as_shipped(real_pair: RealPair) -> None:
+    """The race on each release's own code (conftest.RACE_OUTCOME); 0.5.20's is the backport's unpatched half."""
+    if real_pair.spec not in RACE_SPECS:
+        pytest.skip("the race is provoked on each release's healthy CI pair")
+    assert real_pair.tests_done == 0, "the race needs the pair's fresh pools: it must be the pair's first test"
+    assert real_pair.hook_dir is not None
+    spec = real_pair.spec
+    race = provoke(real_pair.router, real_pair.hook_dir, real_pair.decode_log, spec.decode_pool)
+    assert race.outcome == RACE_OUTCOME[spec.release], race.describe()
+    assert race.failed_room is not None, race.describe()
+    if race.outcome == "NOT RETIRED":
+        assert race.answer_changed, race.describe()  # the next request answered from the failed request's KV
+        # Not held until the write could no longer land: no hold of the room ended on decode's timeout.
+        assert wait_for_hold_end(real_pair.decode_log, race.failed_room, 0.0) is None, race.describe()
+    else:
+        assert not race.answer_changed, race.describe()
+        # The pair's next tests need its whole pool: the hold (a poisoned send is never ACKed) ends on the timeout.
+        hold_end = wait_for_hold_end(real_pair.decode_log, race.failed_room, HOLD_END_S)
+        assert hold_end is not None, f"decode never ended its hold of room {race.failed_room}: {race.describe()}"
+
+
 def test_backported_0_5_20_pair_passes_check_at_the_defaults(tmp_path: Path) -> None:
     server_env_or_skip(SPEC.release)
     site = copy_site_packages(cpu_env(SPEC.release), tmp_path / "site-0.5.20").site_packages
@@ -76,7 +107,7 @@ def test_backported_0_5_20_pair_passes_check_at_the_defaults(tmp_path: Path) -> 
             pyc.unlink()
     assert not [m for m in modules if _compiled_from(m)]
 
-    plan = plan_for(SPEC)
+    plan = plan_for(SPEC, hook_dir=tmp_path / "late-write")
     # The workers may write bytecode (this machine's shells set PYTHONDONTWRITEBYTECODE): the evidence above.
     plan = dataclasses.replace(plan, site_packages=str(site), env={**plan.env, "PYTHONDONTWRITEBYTECODE": ""})
     dep = PDDeployment(plan, log_dir=tmp_path / "logs")
@@ -86,6 +117,13 @@ def test_backported_0_5_20_pair_passes_check_at_the_defaults(tmp_path: Path) -> 
         assert dep.code_sources()["*"]["site_packages"] == str(site)
         not_run = [str(m.relative_to(site)) for m in modules if not _compiled_from(m)]
         assert not not_run, f"the workers did not import the patched copy of {not_run}"
+        # The race first, on the fresh pools; the check once decode has ended the hold it causes.
+        race = provoke(pair.router, tmp_path / "late-write", pair.decode_log, SPEC.decode_pool)
+        assert race.outcome == "RETIRED", race.describe()
+        assert not race.answer_changed, race.describe()
+        assert race.failed_room is not None, race.describe()
+        hold_end = wait_for_hold_end(pair.decode_log, race.failed_room, HOLD_END_S)
+        assert hold_end is not None, f"decode never ended its hold of room {race.failed_room}: {race.describe()}"
         out = tmp_path / "patched.json"
         res = runner.invoke(app, [*pair.check_args(), "-f", "json", "-o", str(out), "-q"])
         assert out.is_file(), res.output
