@@ -26,7 +26,9 @@ pass is the host's accepting and answering; the floor shows how much.
 Measured 2026-12-02 (2 cores, other jobs at load 1), 0.3 s per answer, median of 5: 2 workers 0.30 s;
 1,024 workers 0.39-0.43 s = 1.28-1.43x (the floor 1.2-1.32x; the pass costs 1.07-1.15x the floor).
 At load 3.8 (median of 7): 1.51x, the floor 1.51x. Before the bare-socket reader and fleet host
-(asyncio streams on both sides): 0.62 s = 2.04x on a quiet machine.
+(asyncio streams on both sides): 0.62 s = 2.04x on a quiet machine. On 2026-12-04, another machine of the same
+kind, quiet: 1.54-1.87x, the floor 1.34-1.54x, the pass 1.1-1.22x the floor (the goal is then beyond
+the floor itself).
 
     .venv/bin/python bench/fleet_read.py --watch [--sizes 2,1024] [--delay 0.3] [--repeat 5]
 """
