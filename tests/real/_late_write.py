@@ -106,7 +106,9 @@ def install(conn: ModuleType) -> None:
                 pending["write"] = (self, call, kwargs, set(pages))
             log("failed_send", pages=_span(pages), session=mooncake_session_id)
             threading.Thread(target=lift_blacklist, args=(self, mooncake_session_id), daemon=True).start()
-            threading.Timer(DEADLINE_S, deliver, ("deadline", [])).start()
+            timer = threading.Timer(DEADLINE_S, deliver, ("deadline", []))
+            timer.daemon = True  # a worker stopped before the deadline exits at once
+            timer.start()
             return -1
         ret = real_send(self, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, *args, **kwargs)
         with lock:

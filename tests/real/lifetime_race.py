@@ -121,7 +121,7 @@ _FAILED_ROOM = re.compile(r"Decode transfer failed for request .*bootstrap_room=
 
 def failed_room(decode_log: Path, after: int) -> int | None:
     """The bootstrap room of the first transfer failure decode logged after byte offset `after`."""
-    m = _FAILED_ROOM.search(decode_log.read_text(errors="replace")[after:])
+    m = _FAILED_ROOM.search(decode_log.read_bytes()[after:].decode(errors="replace"))
     return int(m.group(1)) if m else None
 
 
