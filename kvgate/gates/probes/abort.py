@@ -15,7 +15,8 @@ longest accepted prompt. The first cancel aims at the middle of the window the c
 each try that missed teaches the window (a victim answered before or soon after the cancel: the cancel
 came late; long after it: early), and the next cancel aims inside what is left. Tries go on until
 `abort_attempts` acknowledged cancels in flight were observed or the budget (max(abort_budget x
-context, budget_floor_s of measured prefill)) is spent; the finding says how many tries it took.
+context, budget_floor_s of measured prefill, room for TRIES_PER_ATTEMPT tries per wanted cancel up to
+ROOM_CAP_TOKENS)) is spent; the finding says how many tries it took.
 
 What a leak needs, and how the probe arranges it: once the prefill learns of the abort it posts no
 more chunks, so what can land late is the write already in flight (one chunk, for at most one chunk's
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
-from kvgate.gates.probes.calibrate import Calibration
+from kvgate.gates.probes.calibrate import ROOM_CAP_TOKENS, Calibration
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
@@ -110,6 +111,9 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
     budget = cal.budget_tokens(settings.abort_budget, limits.context, settings.budget_floor_s)
     per_try = victim + per * settings.abort_canaries
     cap = TRIES_PER_ATTEMPT * settings.abort_attempts
+    if settings.abort_tokens is None:
+        # room for the tries the calibrated window may need (spent only as tries miss), up to ROOM_CAP_TOKENS
+        budget = max(budget, min(cap * per_try, ROOM_CAP_TOKENS))
     max_tries = max(1, min(budget // per_try, cap))
     if max_tries < cap:
         limited.append(f"the budget ({budget:,} tokens: {max_tries} tries of {per_try:,})")

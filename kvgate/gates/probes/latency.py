@@ -8,7 +8,8 @@ Sizing (`plan_latency`): from the calibration, the long length is the one whose 
 EFFECT_NOISE noise units (at least MIN_EFFECT_S), up to the longest accepted prompt; the sample count
 is the smallest that the KS test passes at `latency_alpha` with room to spare for that effect; both
 shrink to fit the budget (max(latency_budget x context, budget_floor_s of measured prefill, room for
-this pass and one with samples ESCALATE x longer up to 65,536 tokens)), and the plan says when they had to.
+this pass and one more with samples ESCALATE x longer, or as long at the longest accepted prompt, up to
+ROOM_CAP_TOKENS)), and the plan says when they had to.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
-from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, MIN_EFFECT_S, Calibration
+from kvgate.gates.probes.calibrate import MIN_EFFECT_S, ROOM_CAP_TOKENS, Calibration
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
@@ -38,6 +39,8 @@ KS_SLACK = 0.8
 
 #: A pass that did not show the effect is run again with samples this many times longer (within the
 #: budget and the longest accepted prompt): the calibration's few requests can misjudge a bursty noise.
+#: Where the samples cannot grow (already the longest accepted prompt), the pass is repeated once at the
+#: same length: a burst of contention passes, the prefill does not.
 ESCALATE = 4
 
 
@@ -109,11 +112,12 @@ def plan_latency(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings)
             limited.append("the noise: no planned sample count shows this effect")
         n = found or MAX_SAMPLES
     if auto_long:
-        # Room for the first pass and one more with samples ESCALATE x longer (run_latency), up to the
-        # floor's cap: on a bursty machine a large effect can miss the KS test once (a real 0.5.20 pair
-        # under CI load: medians 39 vs 104 ms over 10 samples, p = 0.026) and must be looked at again.
+        # Room for the first pass and one more with samples ESCALATE x longer (or as long, at the longest
+        # accepted prompt; run_latency), up to ROOM_CAP_TOKENS: on a bursty machine a large effect can
+        # miss the KS test once (a real 0.5.20 pair under CI load: medians 39 vs 104 ms over 10 samples,
+        # p = 0.026) and must be looked at again.
         again = MIN_SAMPLES * min(ESCALATE * long_t, limits.longest_accepted)
-        budget = max(budget, min(n * long_t + again, FLOOR_CAP_TOKENS))
+        budget = max(budget, min(n * long_t + again, ROOM_CAP_TOKENS))
     wanted = n * long_t
     if wanted > budget and (auto_n or auto_long):
         if auto_n:
@@ -149,14 +153,16 @@ def run_latency(
     plan = plan_latency(cal, limits, settings)
     samples = collect_latency(sender, plan)
     spent = plan.samples * plan.long_tokens
+    repeated = False
     while samples is not None and settings.latency_long_tokens is None:
         ks = samples.ks()
         if ks is not None and ks.significant(settings.latency_alpha):
             break
         left = plan.budget_tokens - spent
         longer = min(limits.longest_accepted, ESCALATE * plan.long_tokens, left // MIN_SAMPLES)
-        if longer <= plan.long_tokens:
+        if longer < plan.long_tokens or (longer == plan.long_tokens and repeated):
             break
+        repeated = longer == plan.long_tokens
         n = max(MIN_SAMPLES, min(plan.samples, left // longer))
         seen = f"{plan.samples} x {plan.long_tokens:,} tokens: " + (
             f"D+={ks.d_plus:.3f}, p={ks.p_value:.2g}" if ks is not None else "too few answers"
