@@ -188,6 +188,21 @@ def test_a_small_deployment_affords_the_first_latency_pass_and_one_more() -> Non
     assert checked >= 20
 
 
+LATENCY_LIMITS = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+
+
+def _run_latency(client: Any, cal: Calibration) -> tuple[Any, Any]:
+    """run_latency against a /generate stand-in at an 8k context, with the default settings."""
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.latency import run_latency
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.progress import NullObserver
+
+    sender = Sender(client, ByteCodec(), CostMeter(context=LATENCY_LIMITS.context), NullObserver())
+    return run_latency(sender, cal, LATENCY_LIMITS, ProbeSettings())
+
+
 class _LengthClient:
     """A /generate stand-in whose answer time grows only past 4,000 tokens (a prefill the calibration
     misjudged: it promised an effect at 2,048 tokens)."""
@@ -204,17 +219,8 @@ class _LengthClient:
 
 
 def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -> None:
-    from kvgate.gates.probes.canary import Sender
-    from kvgate.gates.probes.cost import CostMeter
-    from kvgate.gates.probes.latency import run_latency
-    from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
-
-    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
     cal = Calibration(16, 0.01, 0.001, ((2048, 0.03),), 0.02 / 2032, True, 13, ())
-    client: Any = _LengthClient()
-    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
-    samples, plan = run_latency(sender, cal, lim, ProbeSettings())
+    samples, plan = _run_latency(_LengthClient(), cal)
     assert samples is not None and plan.long_tokens > 4000 and len(plan.passes) == 1
     assert plan.passes[0].startswith("10 x 2,048 tokens: D+=0.000")
     ks = samples.ks()
@@ -243,18 +249,10 @@ class _BurstyOnceClient:
 
 
 def test_a_pass_at_the_longest_accepted_prompt_that_misses_is_repeated_once_at_that_length() -> None:
-    from kvgate.gates.probes.canary import Sender
-    from kvgate.gates.probes.cost import CostMeter
-    from kvgate.gates.probes.latency import run_latency
-    from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
-
-    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    lim = LATENCY_LIMITS
     # calibrated: the whole context's prefill is only 4 noise units clear, so the plan takes all of it
     cal = Calibration(16, 0.005, 0.005, ((8186, 0.025),), 0.02 / 8170, True, 13, ())
-    client: Any = _BurstyOnceClient()
-    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
-    samples, plan = run_latency(sender, cal, lim, ProbeSettings())
+    samples, plan = _run_latency(_BurstyOnceClient(), cal)
     assert plan.long_tokens == lim.longest_accepted and plan.samples >= 8
     # the first pass (4 of its one-page samples slowed past the long ones) missed; the one repeat showed it
     assert len(plan.passes) == 1 and f" x {lim.longest_accepted:,} tokens: " in plan.passes[0], plan.passes
@@ -267,22 +265,14 @@ def test_a_pass_at_the_longest_accepted_prompt_that_misses_is_repeated_once_at_t
 def test_a_repeat_at_the_same_length_happens_once() -> None:
     """A server whose long prompts are never slower (served without a prefill) gets the first pass and one
     repeat at the longest accepted prompt, then an inconclusive, not a loop until the budget is gone."""
-    from kvgate.gates.probes.canary import Sender
-    from kvgate.gates.probes.cost import CostMeter
-    from kvgate.gates.probes.latency import run_latency
-    from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
 
     class Flat(_BurstyOnceClient):
         def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
             return super().generate(name, ids[:16], max_new_tokens)  # every prompt answered as one page
 
-    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
     cal = Calibration(16, 0.005, 0.005, ((8186, 0.025),), 0.02 / 8170, True, 13, ())
-    client: Any = Flat()
-    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
-    samples, plan = run_latency(sender, cal, lim, ProbeSettings())
-    assert plan.long_tokens == lim.longest_accepted and len(plan.passes) == 1, plan.passes
+    samples, plan = _run_latency(Flat(), cal)
+    assert plan.long_tokens == LATENCY_LIMITS.longest_accepted and len(plan.passes) == 1, plan.passes
     ks = samples.ks() if samples is not None else None
     assert ks is not None and not ks.significant(0.01)
 
