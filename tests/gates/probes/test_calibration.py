@@ -227,10 +227,9 @@ def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -
     assert ks is not None and ks.significant(0.01)
 
 
-class _BurstyOnceClient:
-    """A /generate stand-in that prefills the longest accepted prompt (8,185 tokens) in 20 ms over 5 ms
-    of one-page latency, but whose first 16 requests (the first latency pass, interleaved) come with
-    a burst of contention that slows every other one-page request by 40 ms."""
+class _TimedClient:
+    """A /generate stand-in that answers every prompt with 200 after `elapsed(prompt tokens)` seconds
+    (reported, not slept); `calls` counts the requests so far, this one included."""
 
     deadline_s = 5.0
     http = None
@@ -238,14 +237,25 @@ class _BurstyOnceClient:
     def __init__(self) -> None:
         self.calls = 0
 
+    def elapsed(self, tokens: int) -> float:
+        raise NotImplementedError
+
     def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
         from kvgate.gates.probes.client import ProbeResult
 
         self.calls += 1
         body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
+        return ProbeResult(name, len(ids), max_new_tokens, 200, self.elapsed(len(ids)), body, '{"text": "x"}')
+
+
+class _BurstyOnceClient(_TimedClient):
+    """Prefills the longest accepted prompt (8,185 tokens) in 20 ms over 5 ms of one-page latency, but
+    its first 16 requests (the first latency pass, interleaved) come with a burst of contention that
+    slows every other one-page request by 40 ms."""
+
+    def elapsed(self, tokens: int) -> float:
         burst = 0.04 if self.calls <= 16 and self.calls % 4 == 1 else 0.0
-        elapsed = 0.005 + 0.0001 * (self.calls % 3) + 20e-3 * len(ids) / 8185 + burst
-        return ProbeResult(name, len(ids), max_new_tokens, 200, elapsed, body, '{"text": "x"}')
+        return 0.005 + 0.0001 * (self.calls % 3) + 20e-3 * tokens / 8185 + burst
 
 
 def test_a_pass_at_the_longest_accepted_prompt_that_misses_is_repeated_once_at_that_length() -> None:
@@ -267,8 +277,8 @@ def test_a_repeat_at_the_same_length_happens_once() -> None:
     repeat at the longest accepted prompt, then an inconclusive, not a loop until the budget is gone."""
 
     class Flat(_BurstyOnceClient):
-        def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
-            return super().generate(name, ids[:16], max_new_tokens)  # every prompt answered as one page
+        def elapsed(self, tokens: int) -> float:
+            return super().elapsed(16)  # every prompt answered as fast as one page
 
     cal = Calibration(16, 0.005, 0.005, ((8186, 0.025),), 0.02 / 8170, True, 13, ())
     samples, plan = _run_latency(Flat(), cal)
@@ -296,24 +306,13 @@ def test_a_noisy_small_deployment_affords_an_observable_latency_plan() -> None:
     assert quiet.budget_tokens(settings.latency_budget, small.context, settings.budget_floor_s) < budget / 4
 
 
-class _BurstClient:
-    """A /generate stand-in that prefills at 70 us per token over 30-35 ms of one-page latency, except
-    for a burst of contention over requests 11-13 (the calibration's first three grown-length requests):
-    160 ms more each, as a CI neighbour's prefill once did to a real 0.5.19 pair."""
+class _BurstClient(_TimedClient):
+    """Prefills at 70 us per token over 30-35 ms of one-page latency, except for a burst of contention
+    over requests 11-13 (the calibration's first three grown-length requests): 160 ms more each, as a CI
+    neighbour's prefill once did to a real 0.5.19 pair."""
 
-    deadline_s = 5.0
-    http = None
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
-        from kvgate.gates.probes.client import ProbeResult
-
-        self.calls += 1
-        body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
-        elapsed = 0.03 + 0.001 * (self.calls % 5) + 70e-6 * len(ids) + (0.16 if 11 <= self.calls <= 13 else 0.0)
-        return ProbeResult(name, len(ids), max_new_tokens, 200, elapsed, body, '{"text": "x"}')
+    def elapsed(self, tokens: int) -> float:
+        return 0.03 + 0.001 * (self.calls % 5) + 70e-6 * tokens + (0.16 if 11 <= self.calls <= 13 else 0.0)
 
 
 def test_a_burst_over_one_grown_length_does_not_set_the_slope() -> None:
