@@ -28,7 +28,8 @@ Measured 2026-12-02 (2 cores, other jobs at load 1), 0.3 s per answer, median of
 At load 3.8 (median of 7): 1.51x, the floor 1.51x. Before the bare-socket reader and fleet host
 (asyncio streams on both sides): 0.62 s = 2.04x on a quiet machine. On 2026-12-04, another machine of the same
 kind, quiet: 1.54-1.87x, the floor 1.34-1.54x, the pass 1.1-1.22x the floor (the goal is then beyond
-the floor itself).
+the floor itself); a third, quiet, four runs of --repeat 5: 1.25-1.26x, the floor 1.15-1.17x, the pass
+1.08-1.09x the floor, client CPU 0.10 s.
 
     .venv/bin/python bench/fleet_read.py --watch [--sizes 2,1024] [--delay 0.3] [--repeat 5]
 """
