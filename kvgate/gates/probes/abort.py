@@ -15,8 +15,9 @@ longest accepted prompt. The first cancel aims at the middle of the window the c
 each try that missed teaches the window (a victim answered before or soon after the cancel: the cancel
 came late; long after it: early), and the next cancel aims inside what is left. Tries go on until
 `abort_attempts` acknowledged cancels in flight were observed or the budget (max(abort_budget x
-context, budget_floor_s of measured prefill, room for TRIES_PER_ATTEMPT tries per wanted cancel up to
-ROOM_CAP_TOKENS)) is spent; the finding says how many tries it took.
+context, budget_floor_s of measured prefill; where the victim is the longest accepted prompt, room for
+TRIES_PER_ATTEMPT tries per wanted cancel up to ROOM_CAP_TOKENS) is spent; the finding says how many
+tries it took. One try never goes past the budget: the victim is shortened to fit it.
 
 What a leak needs, and how the probe arranges it: once the prefill learns of the abort it posts no
 more chunks, so what can land late is the write already in flight (one chunk, for at most one chunk's
@@ -107,12 +108,20 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
             limited.append("the longest accepted prompt")
     victim = max(16 * page, min(victim, limits.longest_accepted))
     victim = min(victim, limits.longest_accepted)
-    per = min(max(page * 2, -(-victim // settings.abort_canaries)), limits.longest_accepted)
+    canaries = settings.abort_canaries
     budget = cal.budget_tokens(settings.abort_budget, limits.context, settings.budget_floor_s)
-    per_try = victim + per * settings.abort_canaries
+    if settings.abort_tokens is None and victim + _canary_tokens(victim, page, canaries, limits) * canaries > budget:
+        # One try must fit the budget: a shorter victim (a shorter window than the noise asks for), never a
+        # try past it. A 1M context whose calibration saw no slope once sized the victim at the whole
+        # context, and its one try cost two context-length prefills.
+        victim = max(16 * page, min(victim, (budget - canaries) // 2))
+        limited.append(f"the budget ({budget:,} tokens for one try)")
+    per = _canary_tokens(victim, page, canaries, limits)
+    per_try = victim + per * canaries
     cap = TRIES_PER_ATTEMPT * settings.abort_attempts
-    if settings.abort_tokens is None:
-        # room for the tries the calibrated window may need (spent only as tries miss), up to ROOM_CAP_TOKENS
+    if settings.abort_tokens is None and victim >= limits.longest_accepted:
+        # The victim is the whole context (a small one, against the floor): room for the tries the calibrated
+        # window may need, up to ROOM_CAP_TOKENS, spent only as tries miss.
         budget = max(budget, min(cap * per_try, ROOM_CAP_TOKENS))
     max_tries = max(1, min(budget // per_try, cap))
     if max_tries < cap:
@@ -121,7 +130,7 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
     return AbortPlan(
         victim_tokens=victim,
         canary_tokens=per,
-        canaries=settings.abort_canaries,
+        canaries=canaries,
         expected_s=expected,
         window_s=expected - cal.base_s,
         lead_s=_LEAD * cal.base_s,
@@ -129,6 +138,11 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
         max_tries=max_tries,
         limited_by="; ".join(limited) or None,
     )
+
+
+def _canary_tokens(victim: int, page: int, canaries: int, limits: ProbeLimits) -> int:
+    """Each canary's length: the victim's split over the canaries, at least two pages."""
+    return min(max(page * 2, -(-victim // canaries)), limits.longest_accepted)
 
 
 def _van_der_corput(k: int) -> float:

@@ -43,12 +43,13 @@ CALIBRATION_FLOOR_TOKENS = 32_768
 #: The floor (budget_floor_s of measured prefill) never exceeds this many tokens: a fast deployment
 #: (or a slope measured low) must not turn a 1M context's budget from its share into the floor's.
 FLOOR_CAP_TOKENS = 65_536
-#: A timing probe's room for the tries it plans (latency: its pass and one more; abort: TRIES_PER_ATTEMPT
-#: tries per wanted cancel) may take its budget past FLOOR_CAP_TOKENS up to this many tokens: 16
-#: samples or tries of an 8k context, a quarter of one 1M-context prefill. It is spent only as tries miss.
-#: At a small context with a fast prefill the floor's 65,536 tokens held 8 full-context samples or 4 abort
-#: tries and no look again: a sim 0.5.23 at `sim up` defaults on a loaded CI machine once drew medians of
-#: 15.9 vs 37.1 ms over its 8 latency samples, not significant at alpha, and was inconclusive.
+#: Where a timing probe's length is already the longest accepted prompt (a small context, against the
+#: floor: the only way left to see more is more samples or tries), its room for what it plans (latency:
+#: one more pass; abort: TRIES_PER_ATTEMPT tries per wanted cancel) may take its budget past
+#: FLOOR_CAP_TOKENS up to this many tokens (32 prefills of an 8k context), spent only as tries miss.
+#: The floor's 65,536 tokens held 8 full-context samples or 4 abort tries and no look again: a sim
+#: 0.5.23 at `sim up` defaults on a loaded CI machine once drew medians of 15.9 vs 37.1 ms over its 8
+#: latency samples, not significant at alpha, and was inconclusive.
 ROOM_CAP_TOKENS = 262_144
 #: The floor is also at least this many noise units (jitter_s) of measured prefill: a latency plan needs
 #: 8-16 long samples each about 6 noise units clear of the one-page ones, and room for one pass with

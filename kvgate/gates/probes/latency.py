@@ -8,8 +8,9 @@ Sizing (`plan_latency`): from the calibration, the long length is the one whose 
 EFFECT_NOISE noise units (at least MIN_EFFECT_S), up to the longest accepted prompt; the sample count
 is the smallest that the KS test passes at `latency_alpha` with room to spare for that effect; both
 shrink to fit the budget (max(latency_budget x context, budget_floor_s of measured prefill, room for
-this pass and one more with samples ESCALATE x longer, or as long at the longest accepted prompt, up to
-ROOM_CAP_TOKENS)), and the plan says when they had to.
+this pass and one more with samples ESCALATE x longer, up to FLOOR_CAP_TOKENS)), and the plan says when
+they had to. Where the samples are already the longest accepted prompt, the budget keeps room past that
+cap, up to ROOM_CAP_TOKENS, for one more pass as long, spent only when the first pass missed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
-from kvgate.gates.probes.calibrate import MIN_EFFECT_S, ROOM_CAP_TOKENS, Calibration
+from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, MIN_EFFECT_S, ROOM_CAP_TOKENS, Calibration
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
@@ -111,13 +112,16 @@ def plan_latency(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings)
         if found is None:
             limited.append("the noise: no planned sample count shows this effect")
         n = found or MAX_SAMPLES
+
+    def room(length: int) -> int:
+        """Tokens of one more pass with samples ESCALATE x longer (or as long, at the longest accepted
+        prompt; run_latency): on a bursty machine a large effect can miss the KS test once (a real 0.5.20
+        pair under CI load: medians 39 vs 104 ms over 10 samples, p = 0.026) and must be looked at again."""
+        return MIN_SAMPLES * min(ESCALATE * length, limits.longest_accepted)
+
     if auto_long:
-        # Room for the first pass and one more with samples ESCALATE x longer (or as long, at the longest
-        # accepted prompt; run_latency), up to ROOM_CAP_TOKENS: on a bursty machine a large effect can
-        # miss the KS test once (a real 0.5.20 pair under CI load: medians 39 vs 104 ms over 10 samples,
-        # p = 0.026) and must be looked at again.
-        again = MIN_SAMPLES * min(ESCALATE * long_t, limits.longest_accepted)
-        budget = max(budget, min(n * long_t + again, ROOM_CAP_TOKENS))
+        # The first pass is sized within the floor's cap (with the next pass's room where it fits there) ...
+        budget = max(budget, min(n * long_t + room(long_t), FLOOR_CAP_TOKENS))
     wanted = n * long_t
     if wanted > budget and (auto_n or auto_long):
         if auto_n:
@@ -126,6 +130,10 @@ def plan_latency(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings)
             long_t = max(page + 1, budget // n)
         if n * long_t < wanted:
             limited.append(f"the budget ({budget:,} tokens)")
+    if auto_long and long_t >= limits.longest_accepted:
+        # ... and where the samples are already the longest accepted prompt (a small context, against the
+        # floor), one more pass may go past it, up to ROOM_CAP_TOKENS: spent only when the first missed.
+        budget = max(budget, min(n * long_t + room(long_t), ROOM_CAP_TOKENS))
     return LatencyPlan(page, long_t, n, budget, wanted, effect_of(long_t), "; ".join(limited) or None)
 
 

@@ -165,27 +165,33 @@ def test_token_space_canaries_pass_a_healthy_server_without_tokenizer(deployment
 
 def test_a_small_deployment_affords_the_first_latency_pass_and_one_more() -> None:
     """The budget holds the planned pass and, for a pass that misses the effect on a bursty machine,
-    one more with samples ESCALATE x longer, or as long at the longest accepted prompt (MIN_SAMPLES of
-    them), wherever ROOM_CAP_TOKENS does not bind: a real 0.5.20 pair on a loaded CI machine once
-    saw medians of 39 vs 104 ms over 10 samples (p = 0.026) with no budget left to look again, and a sim
-    0.5.23 at an 8k context 15.9 vs 37.1 ms over 8 full-context samples, both inconclusive."""
-    from kvgate.gates.probes.calibrate import ROOM_CAP_TOKENS
+    one more with samples ESCALATE x longer (up to FLOOR_CAP_TOKENS), or as long where they are the
+    longest accepted prompt already (MIN_SAMPLES of them, up to ROOM_CAP_TOKENS), wherever the cap does
+    not bind: a real 0.5.20 pair on a loaded CI machine once saw medians of 39 vs 104 ms over 10
+    samples (p = 0.026) with no budget left to look again, and a sim 0.5.23 at an 8k context 15.9 vs
+    37.1 ms over 8 full-context samples, both inconclusive."""
+    from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, ROOM_CAP_TOKENS
     from kvgate.gates.probes.latency import ESCALATE, MIN_SAMPLES
 
     settings = ProbeSettings()
     lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
-    checked = 0
+    checked = past_floor = 0
     for us_per_token in (0.5, 2, 40, 130, 480):
         for jitter_ms in (0.5, 1, 5, 11, 30, 100):
             plan = plan_latency(_cal(us_per_token * 1e-6, jitter_s=jitter_ms / 1000), lim, settings)
-            if plan.budget_tokens >= ROOM_CAP_TOKENS:
+            # past the floor's cap only where the samples are the longest accepted prompt already
+            cap = ROOM_CAP_TOKENS if plan.long_tokens >= lim.longest_accepted else FLOOR_CAP_TOKENS
+            if plan.budget_tokens >= cap:
                 continue  # the cap binds: that many tokens is what such a deployment gets
             again = MIN_SAMPLES * min(ESCALATE * plan.long_tokens, lim.longest_accepted)
             assert plan.samples * plan.long_tokens + again <= plan.budget_tokens, plan
-            # a fast prefill may want more than the context holds; the budget never limits
-            assert "budget" not in (plan.limited_by or ""), plan
+            # the first pass is sized within the floor's cap; only the pass after it goes past
+            assert plan.samples * plan.long_tokens <= FLOOR_CAP_TOKENS, plan
+            if plan.wanted_tokens <= FLOOR_CAP_TOKENS:
+                assert "budget" not in (plan.limited_by or ""), plan
             checked += 1
-    assert checked >= 20
+            past_floor += plan.budget_tokens > FLOOR_CAP_TOKENS
+    assert checked >= 15 and past_floor >= 4
 
 
 LATENCY_LIMITS = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
@@ -354,3 +360,22 @@ def test_a_fast_small_deployment_affords_every_abort_try() -> None:
     assert plan.max_tries == TRIES_PER_ATTEMPT and plan.limited_by is None, plan
     fixed = plan_abort(cal, lim, ProbeSettings(abort_tokens=8000))
     assert fixed.max_tries == FLOOR_CAP_TOKENS // fixed.per_try_tokens
+
+
+def test_a_1m_context_whose_calibration_saw_no_slope_keeps_each_first_try_within_the_budget() -> None:
+    """No length up to the calibration's budget stood clear of the noise (a fast prefill at 1M): the
+    timing probes aim at the longest accepted prompt, but one abort try and the first latency pass are
+    shrunk to what the budget affords. The abort's one try once cost two context-length prefills."""
+    from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS
+
+    cal = Calibration(64, 0.01, 0.0013, ((512, 0.0101), (2048, 0.0102), (8192, 0.0112)), None, False, 22, ())
+    big = ProbeLimits(context=1_048_576, max_req_input_len=1_048_570, page_size=64, pool=None)
+    settings = ProbeSettings()
+    base = cal.budget_tokens(settings.abort_budget, big.context, settings.budget_floor_s)
+    abort = plan_abort(cal, big, settings)
+    assert abort.per_try_tokens <= base < big.longest_accepted
+    assert abort.limited_by is not None and f"the budget ({base:,} tokens for one try)" in abort.limited_by
+    latency = plan_latency(cal, big, settings)
+    assert latency.samples * latency.long_tokens <= max(FLOOR_CAP_TOKENS, base)
+    # a profile's abort_tokens is run as given
+    assert plan_abort(cal, big, ProbeSettings(abort_tokens=200_000)).victim_tokens == 200_000
