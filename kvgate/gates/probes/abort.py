@@ -113,7 +113,8 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
     if settings.abort_tokens is None and victim + _canary_tokens(victim, page, canaries, limits) * canaries > budget:
         # One try must fit the budget: a shorter victim (a shorter window than the noise asks for), never a
         # try past it. A 1M context whose calibration saw no slope once sized the victim at the whole
-        # context, and its one try cost two context-length prefills.
+        # context, and its one try cost two context-length prefills. (Below the floor's cap this never
+        # shortens a victim: the floor, at least 100 noise units of prefill, holds 5 tries of a 10-unit one.)
         victim = max(16 * page, min(victim, (budget - canaries) // 2))
         limited.append(f"the budget ({budget:,} tokens for one try)")
     per = _canary_tokens(victim, page, canaries, limits)
