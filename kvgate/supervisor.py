@@ -9,6 +9,7 @@ after a grace period, so grandchildren (uvicorn workers, a router's helpers) do 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -61,8 +62,36 @@ def stop_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+#: Ports for services to listen on are drawn from here up to the kernel's ephemeral range, not from it:
+#: every outgoing connection on the machine takes its local port from that range, and one once took a
+#: port picked for a simulated worker in the seconds before the worker bound it (tests/sim under two
+#: xdist workers, 2026-12-04: "[Errno 98] address already in use").
+LISTEN_PORTS_FROM = 10_000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int | None:
+    """The first port of the kernel's ephemeral range (None where it cannot be read: not Linux)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS considers free right now (a race is possible; callers retry on bind errors)."""
+    """A TCP port free right now for a service to listen on: below the ephemeral range where there is
+    room, else one the OS picks (a race with another binder is possible; callers retry on bind errors)."""
+    low = _ephemeral_low()
+    if low is not None and low - LISTEN_PORTS_FROM >= 1024:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(LISTEN_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -7,6 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,3 +156,25 @@ def test_stop_on_sigterm_is_a_no_op_outside_the_main_thread() -> None:
     t.start()
     t.join(10)
     assert ran == [True] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_free_port_is_below_the_ephemeral_range_and_bindable(tmp_path: Path, monkeypatch: Any) -> None:
+    """A port picked for a service never comes from the range outgoing connections take their local ports
+    from (one took a simulated worker's port between pick and bind); where there is no room below that
+    range, or it cannot be read, the OS picks."""
+    import socket
+
+    from kvgate import supervisor
+
+    fake = tmp_path / "ip_local_port_range"
+    fake.write_text("12000\t60999\n")
+    monkeypatch.setattr(supervisor, "_EPHEMERAL_RANGE", fake)
+    for _ in range(20):
+        port = free_port()
+        assert supervisor.LISTEN_PORTS_FROM <= port < 12000
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+    fake.write_text("10500\t60999\n")  # less than 1,024 ports of room: the OS's pick
+    assert free_port() > 0
+    monkeypatch.setattr(supervisor, "_EPHEMERAL_RANGE", tmp_path / "absent")
+    assert free_port() > 0
