@@ -209,30 +209,6 @@ def _run_latency(client: Any, cal: Calibration) -> tuple[Any, Any]:
     return run_latency(sender, cal, LATENCY_LIMITS, ProbeSettings())
 
 
-class _LengthClient:
-    """A /generate stand-in whose answer time grows only past 4,000 tokens (a prefill the calibration
-    misjudged: it promised an effect at 2,048 tokens)."""
-
-    deadline_s = 5.0
-    http = None
-
-    def generate(self, name: str, ids: list[int], max_new_tokens: int, **kw: Any) -> Any:
-        from kvgate.gates.probes.client import ProbeResult
-
-        body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
-        elapsed = 0.01 + (0.05 if len(ids) > 4000 else 0.0)
-        return ProbeResult(name, len(ids), max_new_tokens, 200, elapsed, body, '{"text": "x"}')
-
-
-def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -> None:
-    cal = Calibration(16, 0.01, 0.001, ((2048, 0.03),), 0.02 / 2032, True, 13, ())
-    samples, plan = _run_latency(_LengthClient(), cal)
-    assert samples is not None and plan.long_tokens > 4000 and len(plan.passes) == 1
-    assert plan.passes[0].startswith("10 x 2,048 tokens: D+=0.000")
-    ks = samples.ks()
-    assert ks is not None and ks.significant(0.01)
-
-
 class _TimedClient:
     """A /generate stand-in that answers every prompt with 200 after `elapsed(prompt tokens)` seconds
     (reported, not slept); `calls` counts the requests so far, this one included."""
@@ -252,6 +228,23 @@ class _TimedClient:
         self.calls += 1
         body = {"text": "x", "meta_info": {"prompt_tokens": len(ids), "finish_reason": {"type": "length"}}}
         return ProbeResult(name, len(ids), max_new_tokens, 200, self.elapsed(len(ids)), body, '{"text": "x"}')
+
+
+class _LengthClient(_TimedClient):
+    """A /generate stand-in whose answer time grows only past 4,000 tokens (a prefill the calibration
+    misjudged: it promised an effect at 2,048 tokens)."""
+
+    def elapsed(self, tokens: int) -> float:
+        return 0.01 + (0.05 if tokens > 4000 else 0.0)
+
+
+def test_a_pass_that_does_not_show_the_effect_runs_again_with_longer_samples() -> None:
+    cal = Calibration(16, 0.01, 0.001, ((2048, 0.03),), 0.02 / 2032, True, 13, ())
+    samples, plan = _run_latency(_LengthClient(), cal)
+    assert samples is not None and plan.long_tokens > 4000 and len(plan.passes) == 1
+    assert plan.passes[0].startswith("10 x 2,048 tokens: D+=0.000")
+    ks = samples.ks()
+    assert ks is not None and ks.significant(0.01)
 
 
 class _BurstyOnceClient(_TimedClient):
