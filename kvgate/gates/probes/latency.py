@@ -129,7 +129,7 @@ def plan_latency(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings)
         if auto_long and n * long_t > budget:
             long_t = max(page + 1, budget // n)
         if n * long_t < wanted:
-            limited.append(f"the budget ({budget:,} tokens)")
+            limited.append(f"the budget ({budget:,} tokens for the first pass)")
     if auto_long and long_t >= limits.longest_accepted:
         # ... and where the samples are already the longest accepted prompt (a small context, against the
         # floor), one more pass may go past it, up to ROOM_CAP_TOKENS: spent only when the first missed.
