@@ -176,6 +176,9 @@ _KIND_WORDS = {
 #: the search reopens.
 GAP_OF_TAIL = 0.25
 MIN_GAP_S = 0.0002
+#: Tries, every one too early, after which the cancels (each later than the last, up to the answers) are
+#: taken to never reach the request.
+MIN_BISECTIONS = 3
 
 
 def classify(result: ProbeResult, at: float, tail: float) -> str:
@@ -470,8 +473,9 @@ def _no_cancel_remedy(
 ) -> str:
     """The action that gives the next run a cancel in flight, from what the tries showed (`classify`):
 
-    - no cancel ever found the request (every try EARLY, its answer normal): the /abort_request calls
-      reached decode workers that do not serve the router's requests;
+    - no cancel ever found the request (every try EARLY, its answer normal, over at least
+      MIN_BISECTIONS tries, the last ones close to the answers): the /abort_request calls reached decode
+      workers that do not serve the router's requests (or were refused);
     - the search bracketed the in-flight window (EARLY and LATE both seen) or found it before its
       earliest cancel (only LATE): the window is narrower than the noise, so a longer victim (a longer
       prefill window), or, at the longest accepted prompt, more tries;
@@ -480,10 +484,10 @@ def _no_cancel_remedy(
     cancel (probes.abort_attempts: one cancel in flight still passes, the cap grows with it).
     """
     seen = set(kinds)
-    if seen == {EARLY}:
+    if seen == {EARLY} and len(kinds) >= MIN_BISECTIONS:
         return (
-            "pass with --decode-url every decode worker the router sends requests to: each /abort_request was "
-            "acknowledged, but no victim was cancelled by it (each answered normally after its cancel)"
+            "pass with --decode-url every decode worker the router sends requests to (with a token allowed to "
+            "call /abort_request): no cancel reached a victim (each answered normally long after its cancel)"
         )
     if LATE in seen and seen <= {EARLY, HANDSHAKE, LATE} and plan.victim_tokens < limits.longest_accepted:
         longer = min(limits.longest_accepted, 4 * plan.victim_tokens)

@@ -242,7 +242,7 @@ def test_when_no_cancel_ever_reaches_the_request_the_remedy_names_the_decode_url
     assert f.outcome == Outcome.INCONCLUSIVE, f.summary
     ev = {e.field: e.value for e in f.evidence}
     assert set(ev["abort.try_outcomes"]) == {"early"}
-    assert f.remedy is not None and f.remedy.startswith("pass with --decode-url every decode worker")
+    assert f.remedy is not None and f.remedy.startswith("pass with --decode-url every decode worker"), f.remedy
     # the bisection went where the requests were: each next cancel later, up to the end of the answers
     points = ev["abort.cancel_points_s"]
     assert points == sorted(points) and points[-1] > 0.4, points
