@@ -186,7 +186,8 @@ def classify(result: ProbeResult, at: float, tail: float) -> str:
 
     - an error answer after the cancel naming the abort: "Decode transfer failed ... Aborted by AbortReq."
       (the transfer queue: CANCELLED), but "Decode handshake failed ... Aborted by AbortReq." is the
-      prealloc queue, before any page was handed to the prefill (HANDSHAKE: nothing was in flight);
+      prealloc queue, before any page was handed to the prefill (HANDSHAKE: nothing was in flight); an
+      abort answer earlier than the cancel is not ours (UNKNOWN);
     - HTTP 200 with finish_reason abort ("Abort in running batch", "Abort in waiting queue"): its KV had
       arrived (LATE);
     - a normal 200 within `tail` of the cancel: it was answering already (LATE); later than that: the
@@ -201,7 +202,9 @@ def classify(result: ProbeResult, at: float, tail: float) -> str:
         return LATE
     if result.served:
         return LATE if result.elapsed_s <= at + tail else EARLY
-    if result.status is not None and result.elapsed_s >= at and "abort" in result.raw.lower():
+    # The victim's clock starts when its thread sends, a little after the cancel's (more on a busy
+    # machine): an abort answer up to `tail` before `at` on its own clock still came after the cancel.
+    if result.status is not None and result.elapsed_s >= at - tail and "abort" in result.raw.lower():
         return HANDSHAKE if "handshake failed" in result.raw.lower() else CANCELLED
     return UNKNOWN
 

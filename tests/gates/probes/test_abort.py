@@ -262,6 +262,9 @@ def test_classify_reads_where_the_victim_was_from_its_own_answer() -> None:
     assert classify(_served("v", 1, 1, 0.8), at, tail) == EARLY  # the cancel found nothing to abort
     assert classify(ProbeResult("v", 1, 1, None, 5.0, timed_out=True), at, tail) == UNKNOWN
     assert classify(ProbeResult("v", 1, 1, 503, 0.2, None, "busy"), at, tail) == UNKNOWN
+    # an abort answer from before the cancel is not this cancel's; a few ms of the victim's clock skew are
+    assert classify(replace(_aborted("v", 1, 1), elapsed_s=0.05), at, tail) == UNKNOWN
+    assert classify(replace(_aborted("v", 1, 1), elapsed_s=0.095), at, tail) == CANCELLED
 
 
 class _Timeline:
