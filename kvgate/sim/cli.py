@@ -80,6 +80,11 @@ def up(
     prefill_tokens_per_s: float = typer.Option(2_000_000.0, help="Simulated prefill speed (0 = instant)."),
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
+    e2e_factor: float = typer.Option(
+        0.0,
+        help="A slow end-to-end deployment: answers of more than one token take this many times their time "
+        "to the KV (0 = off).",
+    ),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
     log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),
@@ -114,6 +119,7 @@ def up(
         prefill_tokens_per_s=prefill_tokens_per_s,
         decode_tokens_per_s=decode_tokens_per_s,
         transfer_tokens_per_s=transfer_tokens_per_s,
+        e2e_factor=e2e_factor,
         expose_env_vars=expose_env_vars,
         log_dir=log_dir,
     )

@@ -72,6 +72,9 @@ class WorkerConfig:
     sim_prefill_tokens_per_s: float = 2_000_000.0
     sim_decode_tokens_per_s: float = 0.0
     sim_transfer_tokens_per_s: float = 0.0
+    #: Emulates a deployment whose answers take this many times their time to the KV end to end (a slow
+    #: decode: a larger model, its first token from the prefill, every further one a step); 0 = off.
+    sim_e2e_factor: float = 0.0
     mem_fraction_static: float | None = None
     tp_size: int = 1
     #: Reported only (metadata-only fleet workers): one internal state per DP rank, each with the pool.

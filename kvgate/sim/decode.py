@@ -295,8 +295,15 @@ class DecodeEngine(BaseEngine):
         out: list[int] = []
         delay = 1.0 / self.cfg.sim_decode_tokens_per_s if self.cfg.sim_decode_tokens_per_s > 0 else 0.0
         t0 = time.time()
+        # --sim-e2e-factor: the steps after the first token (which came with the KV) share (factor - 1) x
+        # the time this request took to get its KV, so its answer takes about factor x that end to end.
+        slow = 0.0
+        if self.cfg.sim_e2e_factor > 1 and req.max_new_tokens > 1:
+            slow = (self.cfg.sim_e2e_factor - 1) * max(0.0, t0 - req.created) / (req.max_new_tokens - 1)
         finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
         for step in range(req.max_new_tokens):
+            if step and slow:
+                await asyncio.sleep(slow)
             if t.aborted.is_set():
                 finish = Abort("Abort in running batch.").finish_reason()
                 break

@@ -41,6 +41,9 @@ class SimDeployment:
       decode_tokens_per_s: decode speed (0 = as fast as possible).
       transfer_tokens_per_s: KV transfer bandwidth; a posted chunk write lands size/bandwidth later and
         is "in flight" meanwhile (0 = instant).
+      e2e_factor: a slow end-to-end deployment: an answer of more than one token takes this many times
+        its time to the KV (arrival to transfer complete); the steps after the first token share the rest,
+        so one-token requests (the calibration's) do not show it. 0 = off.
       expose_env_vars: SGLANG_EXPOSE_OWN_ENV_VARS=1.
       allow_auto_truncate: `--allow-auto-truncate` on every worker (each truncates to its OWN limit).
       skip_tokenizer_init: `--skip-tokenizer-init` on every worker (answers carry output_ids, no text).
@@ -68,6 +71,7 @@ class SimDeployment:
     prefill_tokens_per_s: float | Sequence[float] = 2_000_000.0
     decode_tokens_per_s: float = 0.0
     transfer_tokens_per_s: float = 0.0
+    e2e_factor: float = 0.0
     expose_env_vars: bool = False
     kv_checksum: bool = False
     allow_auto_truncate: bool = False
@@ -133,6 +137,8 @@ class SimDeployment:
             _num(self.decode_tokens_per_s),
             "--sim-transfer-tokens-per-s",
             _num(self.transfer_tokens_per_s),
+            "--sim-e2e-factor",
+            _num(self.e2e_factor),
         ]
         if self.kv_checksum:
             argv.append("--disaggregation-enable-kv-checksum")

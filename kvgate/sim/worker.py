@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV transfer bandwidth in tokens/s; a posted page write lands that much later "
         "(it is in flight meanwhile); 0 = instant",
     )
+    p.add_argument(
+        "--sim-e2e-factor",
+        type=float,
+        default=0.0,
+        help="a slow end-to-end deployment: an answer of more than one token takes this many times its "
+        "time to the KV (the steps after the first token share the rest); 0 = off",
+    )
     return p
 
 
@@ -142,6 +149,7 @@ def main(argv: list[str]) -> None:
         sim_prefill_tokens_per_s=args.sim_prefill_tokens_per_s,
         sim_decode_tokens_per_s=args.sim_decode_tokens_per_s,
         sim_transfer_tokens_per_s=args.sim_transfer_tokens_per_s,
+        sim_e2e_factor=args.sim_e2e_factor,
         mem_fraction_static=args.mem_fraction_static,
         tp_size=args.tp_size,
         launch_command="python -m kvgate.sim worker " + shlex.join(argv),

@@ -12,8 +12,11 @@ falls back to the client's disconnect, which a router may or may not propagate.
 Sizing and timing (`plan_abort`, `CancelPoints`): the victim is long enough that its prefill (the
 window in which the decode waits for its KV) lasts WINDOW_NOISE calibrated noise units, up to the
 longest accepted prompt. The first cancel aims at the middle of the window the calibration predicts;
-each try that missed teaches the window (a victim answered before or soon after the cancel: the cancel
-came late; long after it: early), and the next cancel aims inside what is left. Tries go on until
+each try that missed says from the victim's own answer where it was (`classify`: too early, the decode
+did not hold it yet or was still in its handshake; too late, its KV had arrived), and the next cancel
+bisects what is left of the time the victim really spent before its answer. The calibration's requests
+ask for one token, so a deployment whose victims take far longer end to end (a slow decode of
+`max_new_tokens`, a different model) is searched where its requests actually are. Tries go on until
 `abort_attempts` acknowledged cancels in flight were observed or the budget (max(abort_budget x
 context, budget_floor_s of measured prefill; where the victim is the longest accepted prompt, room for
 TRIES_PER_ATTEMPT tries per wanted cancel up to ROOM_CAP_TOKENS) is spent; the finding says how many
@@ -156,42 +159,122 @@ def _van_der_corput(k: int) -> float:
     return x
 
 
+#: What one try showed about where the victim was when the cancel came (`classify`).
+CANCELLED = "cancelled"  # aborted while the decode waited for its KV: the try counts
+EARLY = "early"  # the cancel found no request to abort: the decode did not hold it yet
+HANDSHAKE = "handshake"  # aborted in the decode's prealloc queue: no page was handed to the prefill yet
+LATE = "late"  # its KV had arrived (the running batch took the abort, or it answered before the cancel)
+UNKNOWN = "unknown"  # no answer that says (a timeout, a transport failure, an unrelated error)
+_KIND_WORDS = {
+    CANCELLED: "aborted in flight",
+    EARLY: "too early: the decode did not hold it yet",
+    HANDSHAKE: "too early: aborted in the handshake, before its transfer",
+    LATE: "too late: its KV had arrived",
+    UNKNOWN: "no answer that says where it was",
+}
+#: Below this share of the tail (or MIN_GAP_S) the bracket around the in-flight window is noise, and
+#: the search reopens.
+GAP_OF_TAIL = 0.25
+MIN_GAP_S = 0.0002
+#: Tries, every one too early, after which the cancels (each later than the last, up to the answers) are
+#: taken to never reach the request.
+MIN_BISECTIONS = 3
+
+
+def classify(result: ProbeResult, at: float, tail: float) -> str:
+    """Where the victim was when it was cancelled at `at`, from its own answer (SGLang 0.5.19-0.5.23):
+
+    - an error answer after the cancel naming the abort: "Decode transfer failed ... Aborted by AbortReq."
+      (the transfer queue: CANCELLED), but "Decode handshake failed ... Aborted by AbortReq." is the
+      prealloc queue, before any page was handed to the prefill (HANDSHAKE: nothing was in flight); an
+      abort answer earlier than the cancel is not ours (UNKNOWN);
+    - HTTP 200 with finish_reason abort ("Abort in running batch", "Abort in waiting queue"): its KV had
+      arrived (LATE);
+    - a normal 200 within `tail` of the cancel: it was answering already (LATE); later than that: the
+      cancel found no request to abort, so the decode did not hold it yet (EARLY);
+    - the client's own disconnect (no decode URL) counts as CANCELLED, unacknowledged.
+    """
+    if result.transport_error is not None or result.timed_out:
+        return UNKNOWN
+    if result.cancelled:
+        return CANCELLED
+    if result.status == 200 and result.finish_abort is not None:
+        return LATE
+    if result.served:
+        return LATE if result.elapsed_s <= at + tail else EARLY
+    # The victim's clock starts when its thread sends, a little after the cancel's (more on a busy
+    # machine): an abort answer up to `tail` before `at` on its own clock still came after the cancel.
+    if result.status is not None and result.elapsed_s >= at - tail and "abort" in result.raw.lower():
+        return HANDSHAKE if "handshake failed" in result.raw.lower() else CANCELLED
+    return UNKNOWN
+
+
 @dataclass
 class CancelPoints:
-    """Where to cancel next: the window where the decode waits for the victim's KV, narrowed by what
-    each missed try showed (see the module docstring)."""
+    """Where to cancel next: a bisection over the time the victim really spends in flight, from what
+    each try observed (see the module docstring). The first cancel is the calibrated guess; after it,
+    the bracket is (latest EARLY cancel, earliest LATE cancel or answer), and each next cancel splits it.
+    An answer bounds the window from above however long the deployment takes end to end (its decode, a
+    slow transfer, a model the calibration's one-token requests do not show), so the search covers the
+    time the request actually spent in flight, not only the calibrated prefill window. Where noise makes
+    the bracket contradict itself, the search reopens across everything observed."""
 
-    lo: float
-    hi: float
-    lead: float
-    tries: int = 0
-    served: list[float] = field(default_factory=list)
+    first: float
+    floor: float
+    tail: float
+    early: list[float] = field(default_factory=list)
+    late: list[float] = field(default_factory=list)
+    answered: list[float] = field(default_factory=list)  # end-to-end seconds of answers: KV arrived before
+    hits: list[float] = field(default_factory=list)
+    reopened: int = 0
 
     @classmethod
     def from_plan(cls, plan: AbortPlan) -> CancelPoints:
-        lo = max(0.001, plan.lead_s)
-        return cls(lo, max(lo + 0.001, plan.expected_s - plan.lead_s), plan.lead_s)
+        """The first cancel: the middle of the calibrated prefill window, which starts about `lead_s` in
+        (the rest of a one-page request's time comes after its KV arrived). Aimed at the middle of
+        [lead, expected - lead] instead, the first cancel came after the KV in 4 of 5 runs of a loaded
+        sim 0.5.23 and of a 1M sim 0.5.22 (a running-batch abort, which no longer counts)."""
+        floor = max(0.001, 0.5 * plan.lead_s)
+        first = max(0.001, plan.lead_s) + max(0.0005, plan.window_s / 2)
+        return cls(first=first, floor=floor, tail=plan.lead_s)
+
+    def bracket(self) -> tuple[float, float]:
+        """(lo, hi): the cancel is best placed after lo (an EARLY cancel) and before hi (a LATE one, or an
+        answer less its tail)."""
+        lo = max([self.floor, *self.early])
+        ends = [*self.late, *(a - self.tail for a in self.answered)]
+        hi = min(ends) if ends else max(2 * lo, 2 * self.first)
+        return lo, hi
 
     def next(self) -> float:
-        at = self.lo + _van_der_corput(self.tries) * (self.hi - self.lo)
-        self.tries += 1
+        if self.hits:
+            return self.hits[-1]  # a cancel there was in flight: cancel there again
+        if not (self.early or self.late or self.answered):
+            return round(self.first, 4)
+        lo, hi = self.bracket()
+        if hi - lo >= max(MIN_GAP_S, GAP_OF_TAIL * self.tail):
+            return round((lo + hi) / 2, 4)
+        # The bracket closed on noise (an EARLY cancel after a LATE one, or answers sooner than the tail):
+        # forget the bracket and draw the next points across the whole time observed (up to the latest
+        # answer), each splitting the largest gap left.
+        self.early.clear()
+        self.late.clear()
+        span = max(self.answered) if self.answered else 2 * self.first
+        span = max(span, self.floor + max(MIN_GAP_S, GAP_OF_TAIL * self.tail))
+        at = self.floor + _van_der_corput(self.reopened) * (span - self.floor)
+        self.reopened += 1
         return round(at, 4)
 
-    def learn(self, at: float, victim: ProbeResult) -> None:
-        """A try missed and the victim was served after `elapsed_s`: its KV arrived about `lead` before
-        the answer. A cancel after that came late; one well before it came before the decode knew it."""
-        if not victim.served:
-            return
-        self.served.append(victim.elapsed_s)
-        arrived = victim.elapsed_s - self.lead
-        if at >= arrived:
-            self.hi = min(self.hi, at, arrived)
-        else:
-            self.lo = max(self.lo, at)
-            self.hi = min(self.hi, arrived)
-        if self.hi - self.lo < 0.001:  # the window closed on noise: reopen it around what was observed
-            self.lo = max(0.001, 0.5 * self.lead)
-            self.hi = max(self.lo + 0.001, min(self.served) - self.lead)
+    def learn(self, at: float, kind: str, victim: ProbeResult | None) -> None:
+        """Record what the try cancelled at `at` showed (`classify`)."""
+        if victim is not None and victim.served:
+            self.answered.append(victim.elapsed_s)
+        if kind == CANCELLED:
+            self.hits.append(at)
+        elif kind in (EARLY, HANDSHAKE):
+            self.early.append(at)
+        elif kind == LATE:
+            self.late.append(min(at, victim.elapsed_s) if victim is not None else at)
 
 
 def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) -> tuple[list[str], bool]:
@@ -208,17 +291,6 @@ def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) 
             notes.append(f"{url}: {type(exc).__name__}")
             acked = False
     return notes, acked
-
-
-def _aborted_in_flight(result: ProbeResult, at: float) -> bool:
-    """The victim's own answer shows the abort: the client's disconnect, or an error answer after the cancel
-    point that names the abort (SGLang: "... KVTransferError(...): Aborted by AbortReq."). A timeout, a
-    transport failure or an unrelated error (a 503 "busy") is no abort."""
-    if result.transport_error is not None or result.timed_out:
-        return False
-    if result.cancelled:
-        return True
-    return result.status is not None and not result.served and result.elapsed_s >= at and "abort" in result.raw.lower()
 
 
 def run_abort(
@@ -255,7 +327,7 @@ def run_abort(
     n = settings.abort_attempts
     tries = 0
     first_hit: int | None = None
-    answered_first = 0  # tries whose victim was served before the cancel took
+    kinds: list[str] = []  # what each try showed (`classify`)
     points: list[float] = []
     schedule = CancelPoints.from_plan(plan)
     with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {la:,} tokens", total=n) as handle:
@@ -294,16 +366,14 @@ def run_abort(
             # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
             # With decode URLs the cancel counts only if every decode acknowledged it and the victim's
             # answer shows it; a disconnect alone is counted, as unacknowledged.
-            hit = (
-                victim
-                if (victim is not None and _aborted_in_flight(victim.result, at) and (acked or not decode_urls))
-                else None
-            )
+            kind = classify(victim.result, at, schedule.tail) if victim is not None else UNKNOWN
+            kinds.append(kind)
+            hit = victim if (victim is not None and kind == CANCELLED and (acked or not decode_urls)) else None
+            schedule.learn(at, kind, victim.result if victim is not None else None)
             if victim is not None:
                 sender.observer.log(
-                    f"abort try {tries}: cancel at {at:.3f} s of ~{plan.expected_s:.3f} s expected; victim "
-                    f"{'aborted in flight' if hit is not None else 'answered first'} "
-                    f"(HTTP {victim.result.status}, {victim.result.elapsed_s:.3f} s)"
+                    f"abort try {tries}: cancel at {at:.3f} s ({_KIND_WORDS[kind]}; HTTP {victim.result.status}, "
+                    f"answered after {victim.result.elapsed_s:.3f} s)"
                 )
             canaries += batch
             sightings += sender.sightings(batch)
@@ -323,16 +393,15 @@ def run_abort(
                         f"timed_out={victim.result.timed_out}, transport_error={victim.result.transport_error}"
                     )
                 )
-                notes.append(f"try {tries}: no acknowledged abort in flight at {at:.3f} s ({what})")
-                if victim is not None:
-                    answered_first += victim.result.served
-                    schedule.learn(at, victim.result)
+                notes.append(f"try {tries}: no acknowledged abort in flight at {at:.3f} s: {kind} ({what})")
     if len(cancelled) < n and tries >= plan.max_tries and not sightings:
         notes.append(f"stopped after {tries} tries: the budget allows {plan.max_tries}")
     ev = [
         Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
         Evidence(node, "abort.canaries", len(canaries)),
         Evidence(node, "abort.cancel_points_s", points),
+        Evidence(node, "abort.try_outcomes", kinds),
+        Evidence(node, "abort.answered_after_s", [round(a, 4) for a in schedule.answered]),
         Evidence(node, "abort.tries", tries),
         Evidence(node, "abort.first_cancel_at_try", first_hit),
         Evidence(node, "abort.plan", plan.as_evidence()),
@@ -362,7 +431,7 @@ def run_abort(
             "an acknowledged abort in flight): nothing observed; see abort.notes",
             *ev,
             Evidence(node, "abort.notes", notes[:8]),
-            remedy=_no_cancel_remedy(plan, limits, tries, answered_first),
+            remedy=_no_cancel_remedy(plan, limits, settings, tries, kinds),
         )
     if not acknowledged:
         how = (
@@ -402,11 +471,35 @@ def run_abort(
     )
 
 
-def _no_cancel_remedy(plan: AbortPlan, limits: ProbeLimits, tries: int, answered_first: int) -> str:
-    """The one profile key that gives the next run a chance to cancel in flight: a longer victim when
-    every victim answered before its cancel (the window was too short to hit), else more tries."""
-    if answered_first == tries and plan.victim_tokens < limits.longest_accepted:
+def _no_cancel_remedy(
+    plan: AbortPlan, limits: ProbeLimits, settings: ProbeSettings, tries: int, kinds: Sequence[str]
+) -> str:
+    """The action that gives the next run a cancel in flight, from what the tries showed (`classify`):
+
+    - no cancel ever found the request (every try EARLY, its answer normal, over at least
+      MIN_BISECTIONS tries, the last ones close to the answers): the /abort_request calls reached decode
+      workers that do not serve the router's requests (or were refused);
+    - the search bracketed the in-flight window (EARLY and LATE both seen) or found it before its
+      earliest cancel (only LATE): the window is narrower than the noise, so a longer victim (a longer
+      prefill window), or, at the longest accepted prompt, more tries;
+    - anything else (no answer said where the victim was): more tries.
+    More tries are the budget's (probes.abort_budget) where it bounded them, else the cap per wanted
+    cancel (probes.abort_attempts: one cancel in flight still passes, the cap grows with it).
+    """
+    seen = set(kinds)
+    if seen == {EARLY} and len(kinds) >= MIN_BISECTIONS:
+        return (
+            "pass with --decode-url every decode worker the router sends requests to (with a token allowed to "
+            "call /abort_request): no cancel reached a victim (each answered normally long after its cancel)"
+        )
+    if LATE in seen and seen <= {EARLY, HANDSHAKE, LATE} and plan.victim_tokens < limits.longest_accepted:
         longer = min(limits.longest_accepted, 4 * plan.victim_tokens)
         return f"set the profile key probes.abort_tokens: {longer} (a longer prefill window to cancel in)"
-    share = min(10.0, math.ceil(100 * 2 * max(tries, 1) * plan.per_try_tokens / limits.context) / 100)
-    return f"set the profile key probes.abort_budget: {share:g} (room for up to {2 * max(tries, 1)} tries)"
+    want = 2 * max(tries, 1)
+    share = min(10.0, math.ceil(100 * want * plan.per_try_tokens / limits.context) / 100)
+    if plan.max_tries >= TRIES_PER_ATTEMPT * settings.abort_attempts:
+        return (
+            f"set the profile keys probes.abort_attempts: {2 * settings.abort_attempts} and probes.abort_budget: "
+            f"{max(share, settings.abort_budget):g} (room for up to {want} tries)"
+        )
+    return f"set the profile key probes.abort_budget: {share:g} (room for up to {want} tries)"

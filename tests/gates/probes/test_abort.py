@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from kvgate.cli import app
+from kvgate.exitcodes import ExitStatus
 from kvgate.findings import Outcome
-from kvgate.gates.probes.abort import CancelPoints, plan_abort, run_abort
+from kvgate.gates.probes.abort import (
+    CANCELLED,
+    EARLY,
+    HANDSHAKE,
+    LATE,
+    UNKNOWN,
+    CancelPoints,
+    classify,
+    plan_abort,
+    run_abort,
+)
 from kvgate.gates.probes.calibrate import Calibration
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import ProbeResult
@@ -60,7 +77,7 @@ class _Client:
         return ProbeResult(name, len(ids), max_new_tokens, 200, 0.001, body, '{"text": "ok"}')
 
 
-def _run(victim: Any, decode_urls: tuple[str, ...] = (), attempts: int = 2) -> Any:
+def _run(victim: Any, decode_urls: tuple[str, ...] = (), attempts: int = 2, cal: Calibration = CAL) -> Any:
     client: Any = _Client(victim)
     codec: Any = ByteCodec()
     sender = Sender(client, codec, CostMeter(context=LIMITS.context), NullObserver())
@@ -68,7 +85,7 @@ def _run(victim: Any, decode_urls: tuple[str, ...] = (), attempts: int = 2) -> A
         abort_tokens=256, abort_attempts=attempts, abort_canaries=2, abort_budget=4, deadline_s=5.0
     )
     try:
-        return run_abort(sender, list(decode_urls), LIMITS, settings, plan_abort(CAL, LIMITS, settings), "test")
+        return run_abort(sender, list(decode_urls), LIMITS, settings, plan_abort(cal, LIMITS, settings), "test")
     finally:
         client.http.close()
 
@@ -79,12 +96,14 @@ class _AbortEndpoint:
     def __init__(self, status: int) -> None:
         owner = self
         self.rids: list[bytes] = []
+        self.times: list[float] = []  # time.monotonic() of each /abort_request
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: Any) -> None:
                 pass
 
             def do_POST(self) -> None:  # noqa: N802
+                owner.times.append(time.monotonic())
                 owner.rids.append(self.rfile.read(int(self.headers.get("Content-Length", 0))))
                 self.send_response(status if self.path == "/abort_request" else 404)
                 self.send_header("Content-Length", "0")
@@ -180,15 +199,14 @@ def test_issue_route_3_a_timeout_or_unrelated_5xx_is_not_an_abort(abort_endpoint
 
 
 def test_retries_at_learned_points_until_an_acknowledged_cancel_and_says_after_how_many(abort_endpoint: Any) -> None:
-    """The first three victims answer before their cancel takes (200 in 2 ms); the fourth is aborted."""
+    """The first three victims answer before their cancel takes (200 in 0.1 ms); the fourth is aborted."""
     decode = abort_endpoint(200)
     calls: list[int] = []
 
     def victim(n: str, k: int, m: int) -> ProbeResult:
         calls.append(k)
         if len(calls) <= 3:
-            body = {"text": "x", "meta_info": {"prompt_tokens": k, "finish_reason": {"type": "length"}}}
-            return ProbeResult(n, k, m, 200, 0.002, body, '{"text": "x"}')
+            return _served(n, k, m, 0.0001)
         return _aborted(n, k, m)
 
     f = _run(victim, (decode.url,), attempts=1)
@@ -196,23 +214,110 @@ def test_retries_at_learned_points_until_an_acknowledged_cancel_and_says_after_h
     ev = {e.field: e.value for e in f.evidence}
     assert ev["abort.tries"] == 4 and ev["abort.first_cancel_at_try"] == 4
     assert "first at try 4 of 4" in f.summary
-    # after victims served in 2 ms, the later cancels aim before that answer
+    # after victims answered within their cancel's tail, the later cancels stay in the first ms or two
     assert all(p < 0.002 for p in ev["abort.cancel_points_s"][1:]), ev["abort.cancel_points_s"]
+
+
+def _served(n: str, k: int, m: int, elapsed: float, finish: dict[str, Any] | None = None) -> ProbeResult:
+    body = {"text": "x", "meta_info": {"prompt_tokens": k, "finish_reason": finish or {"type": "length"}}}
+    return ProbeResult(n, k, m, 200, elapsed, body, json.dumps(body))
 
 
 def test_without_a_cancel_in_flight_the_remedy_is_a_computed_profile_key(abort_endpoint: Any) -> None:
     decode = abort_endpoint(200)
-
-    def late(n: str, k: int, m: int) -> ProbeResult:
-        body = {"text": "x", "meta_info": {"prompt_tokens": k, "finish_reason": {"type": "length"}}}
-        return ProbeResult(n, k, m, 200, 0.002, body, '{"text": "x"}')
-
-    f = _run(late, (decode.url,), attempts=1)
+    f = _run(lambda n, k, m: _served(n, k, m, 0.0001), (decode.url,), attempts=1)
     assert f.outcome == Outcome.INCONCLUSIVE, f.summary
     ev = {e.field: e.value for e in f.evidence}
     assert ev["abort.tries"] == ev["abort.plan"]["max_tries"] > 1
-    # every victim answered first: a longer victim (4 x 256, within the longest accepted prompt)
+    # every victim answered before its cancel could reach it (too late): a longer victim (4 x 256)
+    assert set(ev["abort.try_outcomes"]) == {"late"}
     assert f.remedy == "set the profile key probes.abort_tokens: 1024 (a longer prefill window to cancel in)"
+
+
+def test_when_no_cancel_ever_reaches_the_request_the_remedy_names_the_decode_urls(abort_endpoint: Any) -> None:
+    """Every /abort_request is acknowledged, yet every victim answers normally long after its cancel: the
+    URLs given are not the decode workers serving the router (a longer victim or more tries would not help)."""
+    decode = abort_endpoint(200)
+    f = _run(lambda n, k, m: _served(n, k, m, 0.5), (decode.url,), attempts=1)
+    assert f.outcome == Outcome.INCONCLUSIVE, f.summary
+    ev = {e.field: e.value for e in f.evidence}
+    assert set(ev["abort.try_outcomes"]) == {"early"}
+    assert f.remedy is not None and f.remedy.startswith("pass with --decode-url every decode worker"), f.remedy
+    # the bisection went where the requests were: each next cancel later, up to the end of the answers
+    points = ev["abort.cancel_points_s"]
+    assert points == sorted(points) and points[-1] > 0.4, points
+
+
+def test_classify_reads_where_the_victim_was_from_its_own_answer() -> None:
+    at, tail = 0.1, 0.01
+    handshake = (
+        '{"object":"error","message":"Decode handshake failed for request rank=0 ... with exception '
+        'KVTransferError(bootstrap_room=1): Aborted by AbortReq.","code":500}'
+    )
+    assert classify(_aborted("v", 1, 1), at, tail) == CANCELLED
+    assert classify(ProbeResult("v", 1, 1, 500, 0.2, None, handshake), at, tail) == HANDSHAKE
+    running = {"type": "abort", "message": "Abort in running batch."}
+    assert classify(_served("v", 1, 1, 0.3, running), at, tail) == LATE
+    assert classify(_served("v", 1, 1, 0.105), at, tail) == LATE  # answering already when cancelled
+    assert classify(_served("v", 1, 1, 0.8), at, tail) == EARLY  # the cancel found nothing to abort
+    assert classify(ProbeResult("v", 1, 1, None, 5.0, timed_out=True), at, tail) == UNKNOWN
+    assert classify(ProbeResult("v", 1, 1, 503, 0.2, None, "busy"), at, tail) == UNKNOWN
+    # an abort answer from before the cancel is not this cancel's; a few ms of the victim's clock skew are
+    assert classify(replace(_aborted("v", 1, 1), elapsed_s=0.05), at, tail) == UNKNOWN
+    assert classify(replace(_aborted("v", 1, 1), elapsed_s=0.095), at, tail) == CANCELLED
+
+
+class _Timeline:
+    """A victim whose decode holds it for KV only in [start, end) of its own clock, answering after
+    `total` end to end, as a deployment whose answer takes ten times its prefill window: a cancel
+    (seen by the real loopback /abort_request endpoint) before `start` finds nothing (the victim answers
+    normally at `total`), one inside aborts it in flight (SGLang's 500), one after it reaches the
+    running batch (HTTP 200, finish_reason abort)."""
+
+    def __init__(self, endpoint: Any, start: float, end: float, total: float) -> None:
+        self.endpoint, self.start, self.end, self.total = endpoint, start, end, total
+
+    def __call__(self, n: str, k: int, m: int) -> ProbeResult:
+        t0 = time.monotonic()
+        seen = len(self.endpoint.rids)
+        while time.monotonic() - t0 < self.total:
+            if len(self.endpoint.rids) > seen:
+                at = self.endpoint.times[-1] - t0
+                if at < self.start:
+                    seen = len(self.endpoint.rids)  # nothing to abort yet: the request goes on
+                    continue
+                if at < self.end:
+                    return replace(_aborted(n, k, m), elapsed_s=time.monotonic() - t0)
+                return _served(n, k, m, time.monotonic() - t0, {"type": "abort", "message": "Abort in running batch."})
+            time.sleep(0.002)
+        return _served(n, k, m, time.monotonic() - t0)
+
+
+# The held-out pair's calibration: 40 ms per one-page request, 80 ms at the victim's length.
+HELD_OUT_CAL = Calibration(
+    one_page_tokens=16,
+    base_s=0.04,
+    jitter_s=0.003,
+    lengths=((256, 0.08),),
+    s_per_token=0.04 / 240,
+    observable=True,
+    requests=0,
+    failures=(),
+)
+
+
+def test_a_victim_in_flight_far_past_the_calibrated_window_is_found_by_bisection(abort_endpoint: Any) -> None:
+    """Issue 32: a held-out real pair kept its cancels in the calibrated prefill window (39-70 ms) while its
+    victims answered 200 after ten times as long: no cancel found the request there. Here the decode holds
+    the victim for its KV in [0.25, 0.45) s of a 0.8 s answer; the search follows what each try observed
+    (the earlier search, capped at the calibrated window until it closed, spent its 8 tries below 0.07 s).
+    The window is wide and the tries repeat, so a busy machine shifts the try it takes, not the outcome."""
+    decode = abort_endpoint(200)
+    f = _run(_Timeline(decode, 0.25, 0.45, 0.8), (decode.url,), attempts=1, cal=HELD_OUT_CAL)
+    ev = {e.field: e.value for e in f.evidence}
+    assert f.outcome == Outcome.PASSED, (f.summary, ev["abort.cancel_points_s"], ev["abort.try_outcomes"])
+    assert ev["abort.try_outcomes"][0] == "early" and ev["abort.try_outcomes"][-1] == "cancelled"
+    assert ev["abort.cancel_points_s"][0] < 0.08 and 0.25 <= ev["abort.cancel_points_s"][-1]
 
 
 def test_cancel_points_narrow_to_before_an_observed_answer() -> None:
@@ -220,6 +325,60 @@ def test_cancel_points_narrow_to_before_an_observed_answer() -> None:
     points = CancelPoints.from_plan(plan)
     first = points.next()
     assert plan.lead_s <= first <= plan.expected_s
-    served = ProbeResult("abort_victim", 1, 1, 200, first / 2, {"text": "x", "meta_info": {}}, "")
-    points.learn(first, served)  # answered before the cancel: late, so every next point is earlier
-    assert all(points.next() < first for _ in range(5))
+    served = _served("abort_victim", 1, 1, first / 2)
+    points.learn(first, LATE, served)  # answered before the cancel: late, so every next point is earlier
+    for _ in range(5):
+        at = points.next()
+        assert at < first
+        points.learn(at, LATE, None)
+
+
+def test_cancel_points_bisect_the_observed_time_in_flight_and_reopen_on_noise() -> None:
+    plan = plan_abort(CAL, LIMITS, ProbeSettings())
+    points = CancelPoints.from_plan(plan)
+    first = points.next()
+    points.learn(first, EARLY, _served("abort_victim", 1, 1, 1.0))  # found nothing; answered after 1 s
+    second = points.next()
+    assert second == pytest.approx((first + 1.0 - points.tail) / 2, abs=1e-3)
+    points.learn(second, LATE, None)
+    third = points.next()
+    assert first < third < second
+    # noise: an EARLY cancel after a LATE one closes the bracket; the search reopens across the answers
+    points.learn(second + 0.1, EARLY, None)
+    fourth = points.next()
+    assert points.floor <= fourth <= 1.0 and not points.early and not points.late
+    points.learn(fourth, CANCELLED, None)
+    assert points.next() == fourth  # a cancel there was in flight: again there
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulate", ["0.5.22", "0.5.23"])
+def test_a_healthy_sim_ten_times_slower_end_to_end_passes_the_abort_probe_at_the_defaults(
+    deployment: Any, tmp_path: Path, emulate: str
+) -> None:
+    """`sim up` defaults (healthy pool, defenses observable) with --e2e-factor 10: every answer of more
+    than one token takes ten times its time to the KV, as the held-out real pair's victims did."""
+    dep = deployment(
+        emulate=emulate,
+        prefill_pool=10240,
+        expose_env_vars=True,
+        deferred_release=True,
+        e2e_factor=10.0,
+        context_length=8192,
+        decode_pool=65536,
+        page_size=16,
+        chunked_prefill_size=8192,
+    )
+    out = tmp_path / "report.json"
+    args = ["check", "--quiet", "--router-url", dep.router_url, "--trust-version", "-f", "json", "-o", str(out)]
+    for u in dep.prefill_urls:
+        args += ["--prefill-url", u]
+    for u in dep.decode_urls:
+        args += ["--decode-url", u]
+    res = CliRunner().invoke(app, args)
+    doc = json.loads(out.read_text())
+    bad = [f"{f['id']}: {f['summary']}" for f in doc["findings"] if f["outcome"] not in ("passed", "info")]
+    assert res.exit_code == ExitStatus.PASSED, bad
+    abort = next(f for f in doc["findings"] if f["id"] == "probes.abort.mid_transfer")
+    ev = {e["field"]: e["value"] for e in abort["evidence"]}
+    assert ev["abort.try_outcomes"][-1] == "cancelled" and ev["abort.acknowledged"] == 1
