@@ -9,7 +9,10 @@ run once.
 A scan vouches for a node only if it is that node's code (`vouch`, the one rule):
 - a scan that stands for one node only (a template that names the node, a URL entry, a role entry or
   a plain command when that node is the only one using it) counts, unless the version the node
-  reports differs from the version the scanned package declares: then it is some other package;
+  reports differs from the version the scanned package declares. Then the operator has said this is
+  the node's code, and the node says it is another release: the finding says so plainly, names what
+  the scanned code lacks (`code_scan`), tells how to check that the scan reached the server's own
+  interpreter, and blocks whatever the strictness (`mismatch`);
 - a scan that stands for several nodes (one plain `--python` or `--site-packages` for a whole fleet)
   counts for a node only when both versions are known and equal. Otherwise it is set aside for that
   node and named (`code_doubt`), and the node is judged on its version string, which never passes
@@ -157,6 +160,23 @@ def vouch(reported: str | None, scanned: str | None, source: str, shared_by: int
     return None
 
 
+#: How to tell whether a --python command reached the interpreter the server runs in.
+CHECK_THE_SCAN = (
+    "check that the command reaches the server's own interpreter: run it with "
+    "-c 'import sglang, sys; print(sglang.__version__, sglang.__file__, sys.executable)' and compare with "
+    "the server process (its /proc/<pid>/exe and the sglang path in its tracebacks or logs); a sidecar, "
+    "an init container or a second virtualenv answers with other code"
+)
+
+
+def mismatch(reported: str, scanned: str, source: str) -> str:
+    """The plain statement for a node whose own scan declares another release than it reports."""
+    return (
+        f"this node reports sglang {reported} but runs {scanned}: its own code, read through {source}, "
+        f"declares {scanned}"
+    )
+
+
 def read_code(
     readings: Sequence[NodeReading], sources: Mapping[str, CodeSource], observer: Observer
 ) -> list[DefenseInputs]:
@@ -190,7 +210,14 @@ def read_code(
                 n = replace(n, code_error=got)
             else:
                 doubt = vouch(n.version, got.version, s.describe(), users[s])
-                if doubt is not None:
+                if doubt is not None and users[s] == 1 and n.version and got.version:
+                    # The operator named this scan this node's code: say what it is, and what it lacks.
+                    n = replace(
+                        n,
+                        code_doubt=mismatch(n.version, got.version, s.describe()),
+                        code_scan=assess_code(got, backend=backend_of(n)),
+                    )
+                elif doubt is not None:
                     n = replace(n, code_doubt=doubt)
                 else:
                     n = replace(n, fixes=assess_code(got, backend=backend_of(n)), code_shared_by=users[s])
