@@ -179,6 +179,33 @@ def _identity_doubt(node: str, summary: str, *ev: Evidence, remedy: str) -> Find
     return replace(inconclusive(GATE, "router-identity", node, summary, *ev, remedy=remedy), blocking=True)
 
 
+def _one_server_under_two_names(readings: Sequence[NodeReading], where: str) -> list[Finding]:
+    """Workers listed under spellings no normalisation joins (`localhost` and `127.0.0.1`, a name and
+    its address) answer with one server's self-description: the same `port` and `startup_time` (the
+    float SGLang stamps at launch). Two servers that share both are one server read twice."""
+    seen: dict[tuple[int, float], list[NodeReading]] = {}
+    for r in readings:
+        port, started = r.server_info.get("port"), r.server_info.get("startup_time")
+        if isinstance(port, int) and not isinstance(port, bool) and isinstance(started, (int, float)):
+            if not isinstance(started, bool):
+                seen.setdefault((port, float(started)), []).append(r)
+    out = []
+    for (port, started), same in seen.items():
+        urls = sorted({normalize_url(r.spec.url) for r in same})
+        if len(urls) > 1:
+            out.append(
+                _identity_doubt(
+                    same[0].node,
+                    f"the router lists one worker under {len(urls)} URLs ({', '.join(urls)}): each answers as "
+                    f"the server on port {port} started at {started}; one worker counted as several",
+                    Evidence(same[0].node, where, urls, "one entry per worker"),
+                    Evidence(same[0].node, "server_info port / startup_time", f"{port} / {started}", "distinct"),
+                    remedy="deregister the duplicate entries from the router, and re-run",
+                )
+            )
+    return out
+
+
 def router_identity(listing: RouterListing, readings: Sequence[NodeReading], labels: dict[str, str]) -> list[Finding]:
     """Each entry names one worker and rank; each is listed once; the ranks routed are the ranks read."""
     out: list[Finding] = []
@@ -209,6 +236,7 @@ def router_identity(listing: RouterListing, readings: Sequence[NodeReading], lab
                 remedy="deregister the duplicate entries from the router, and re-run",
             )
         )
+    out += _one_server_under_two_names(readings, where)
     listed = listing.by_base_url()
     for r in readings:
         entries = listed.get(normalize_url(r.spec.url), [])

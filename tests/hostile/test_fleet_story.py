@@ -96,6 +96,35 @@ def test_case_1_a_worker_listed_twice_under_two_spellings_blocks(payload_server:
     assert "2 times" in dup["summary"] and dup["blocking"]
 
 
+def test_case_1_one_worker_under_a_name_and_an_address_blocks(payload_server: Callable[..., PayloadServer]) -> None:
+    """No spelling rule joins `localhost` and `127.0.0.1`; the worker's own answer does: one port, one
+    launch time. Two workers that each say who they are pass."""
+
+    def own(mode: str, port: int, started: float) -> dict[str, Route]:
+        info = P.server_info("0.5.22", mode=mode, pool=BIG)
+        info.update(port=port, startup_time=started)
+        return routes(mode, info=info)
+
+    p = payload_server(own("prefill", 30000, 1_790_000_000.25))
+    d = payload_server(own("decode", 30000, 1_790_000_003.5))
+    alias = d.url.replace("127.0.0.1", "localhost")
+    r = router(
+        payload_server,
+        R.smg_entry(p.url, "prefill", bootstrap_port=8998),
+        R.smg_entry(d.url, "decode"),
+        R.smg_entry(alias, "decode"),
+    )
+    code, doc = check("--router-url", r.url)
+    assert code == ExitStatus.INCONCLUSIVE
+    [dup] = [f for f in of(doc, "fleet.router-identity") if f["outcome"] != "passed"]
+    assert dup["blocking"] and "under 2 URLs" in dup["summary"] and alias in dup["summary"]
+    r.routes["/workers"] = Route(
+        R.smg_workers(R.smg_entry(p.url, "prefill", bootstrap_port=8998), R.smg_entry(d.url, "decode"))
+    )
+    code, doc = check("--router-url", r.url)
+    assert code == ExitStatus.PASSED, [f["summary"] for f in doc["findings"] if f["outcome"] != "passed"]
+
+
 @pytest.mark.parametrize(
     "routed, reported, why",
     [
