@@ -8,6 +8,11 @@ worker: in PD mode it proxies the first prefill only.
 
 An unreachable router, or one that answers something that is not a worker list, raises
 TransportError (exit 4): a fleet that cannot be listed cannot be gated.
+
+Identity: an entry names exactly one worker, the one its `url` routes to (`@rank` split off). Where
+its other fields say otherwise (a `dp_base_url` that is another worker, a `dp_rank` that is not the
+URL's rank, a rank at or past `dp_size`, a number that is not a sane JSON integer) the entry keeps
+the routed URL and carries the disagreement in `problems`; the fleet gate reports it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvgate.errors import TransportError
-from kvgate.target import NODE_DEADLINE_REQUESTS, TargetClient
+from kvgate.target import NODE_DEADLINE_REQUESTS, SANE_PORT, SANE_RANKS, TargetClient
 
 #: smg's worker states (`crates/protocols/src/worker.rs`); only "ready" takes traffic normally.
 READY = "ready"
@@ -37,6 +42,10 @@ class RouterWorker:
     bootstrap_port: int | None = None
     dp_rank: int | None = None
     dp_size: int | None = None
+    # `dp_base_url` as the router sent it (None: absent); the URL gated is `base_url`, from `url`.
+    dp_base_url: str | None = None
+    # Where the entry's own fields disagree about which worker or rank it names (see the module doc).
+    problems: tuple[str, ...] = ()
 
     @property
     def ready(self) -> bool | None:
@@ -75,6 +84,14 @@ class RouterListing:
             out.setdefault(normalize_url(w.base_url), []).append(w)
         return out
 
+    def duplicates(self) -> list[tuple[str, int | None, list[str]]]:
+        """(worker, rank, the URLs as listed) for every worker and rank listed more than once,
+        under the same spelling or several."""
+        seen: dict[tuple[str, int | None], list[str]] = {}
+        for w in self.workers:
+            seen.setdefault((normalize_url(w.base_url), w.dp_rank), []).append(w.url)
+        return [(url, rank, urls) for (url, rank), urls in seen.items() if len(urls) > 1]
+
 
 def normalize_url(url: str) -> str:
     """Scheme and host lowercased, default port and trailing slash dropped: one spelling per worker."""
@@ -95,9 +112,18 @@ def _split_rank(url: str) -> tuple[str, int | None]:
     return url, None
 
 
-def _opt_int(entry: dict[str, Any], key: str) -> int | None:
+def _opt_int(entry: dict[str, Any], key: str, lo: int, hi: int, problems: list[str]) -> int | None:
+    """A sane JSON integer, or None: absent or null says nothing; anything else is noted in `problems`."""
     value = entry.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        problems.append(f"{key} is {value!r}, not a JSON integer")
+        return None
+    if not lo <= value <= hi:
+        problems.append(f"{key} is {value}, outside {lo}..{hi}")
+        return None
+    return value
 
 
 def parse_workers(router: str, doc: Any) -> RouterListing:
@@ -111,21 +137,36 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
         url = entry.get("url") if isinstance(entry, dict) else None
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise TransportError(where, f"workers[{i}]: no http(s) url in {_shape(entry)}")
-        base, rank = _split_rank(url)
+        problems: list[str] = []
+        base, url_rank = _split_rank(url)
         dp_base = entry.get("dp_base_url")
+        if dp_base is not None and not isinstance(dp_base, str):
+            problems.append(f"dp_base_url is {dp_base!r}, not a URL")
+            dp_base = None
+        if isinstance(dp_base, str) and normalize_url(dp_base) != normalize_url(base):
+            problems.append(f"url {url} routes to {base}, but dp_base_url names {dp_base}")
+        dp_rank = _opt_int(entry, "dp_rank", 0, SANE_RANKS, problems)
+        dp_size = _opt_int(entry, "dp_size", 1, SANE_RANKS, problems)
+        if dp_rank is not None and url_rank is not None and dp_rank != url_rank:
+            problems.append(f"url {url} routes to rank {url_rank}, but dp_rank is {dp_rank}")
+        rank = url_rank if url_rank is not None else dp_rank
+        if rank is not None and dp_size is not None and rank >= dp_size:
+            problems.append(f"rank {rank} is not one of dp_size {dp_size} ranks")
         role = entry.get("worker_type")
         status = entry.get("status")
         healthy = entry.get("is_healthy")
         out.append(
             RouterWorker(
                 url=url,
-                base_url=dp_base if isinstance(dp_base, str) else base,
+                base_url=base,
                 role=role if isinstance(role, str) else None,
                 status=status if isinstance(status, str) else None,
                 healthy=healthy if isinstance(healthy, bool) else None,
-                bootstrap_port=_opt_int(entry, "bootstrap_port"),
-                dp_rank=_opt_int(entry, "dp_rank") if _opt_int(entry, "dp_rank") is not None else rank,
-                dp_size=_opt_int(entry, "dp_size"),
+                bootstrap_port=_opt_int(entry, "bootstrap_port", 1, SANE_PORT, problems),
+                dp_rank=rank,
+                dp_size=dp_size,
+                dp_base_url=entry.get("dp_base_url") if isinstance(entry.get("dp_base_url"), str) else None,
+                problems=tuple(problems),
             )
         )
     total = doc.get("total") if isinstance(doc, dict) else None

@@ -76,12 +76,23 @@ class NodeSpec:
         return f"{self.role}[{self.index}] {self.url}"
 
 
+#: The largest count kvgate takes from a worker (tokens, lengths, sizes): 2**32 tokens of KV is
+#: terabytes per rank, past any pool SGLang sizes; a larger value is a broken or hostile server.
+SANE_MAX = 2**32
+#: Ranks and parallel sizes: a worker with more DP/TP ranks than this is not one SGLang server.
+SANE_RANKS = 2**16
+SANE_PORT = 65_535
+
+
 @dataclass(frozen=True)
 class FieldProblem:
     """A field that was missing or malformed where kvgate needed it."""
 
     field: str
     problem: str
+    # True when the value was there but is not a sane JSON integer (a float such as 1e308, a bool,
+    # a string, a negative or an absurd number): `pool-context.number` names each as an error.
+    number: bool = False
 
 
 @dataclass(frozen=True)
@@ -356,19 +367,27 @@ class _Reader:
         return value
 
     def int_field(
-        self, obj: Mapping[str, Any], key: str, name: str, *, required: bool, nullable: bool = False, minimum: int = 0
+        self,
+        obj: Mapping[str, Any],
+        key: str,
+        name: str,
+        *,
+        required: bool,
+        nullable: bool = False,
+        minimum: int = 0,
+        maximum: int = SANE_MAX,
     ) -> int | None:
+        """A JSON integer in [minimum, maximum]. Never coerced: a float (even 8192.0, or 1e308, which
+        `float.is_integer` calls whole), a bool or a string is malformed, as is a value out of range."""
         value = self._value(obj, key, name, required=required, nullable=nullable)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer():
-                value = int(value)
-            else:
-                self.note(name, f"malformed: {value!r} is not an integer")
-                return None
-        if value < minimum:
-            self.note(name, f"malformed: {value} < {minimum}")
+            self.problems.append(FieldProblem(name, f"malformed: {value!r} is not a JSON integer", number=True))
+            return None
+        if not minimum <= value <= maximum:
+            bound = f"< {minimum}" if value < minimum else f"> {maximum:,} (absurd)"
+            self.problems.append(FieldProblem(name, f"malformed: {value} {bound}", number=True))
             return None
         return value
 
@@ -477,12 +496,17 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
             info, "disaggregation_transfer_backend", "disaggregation_transfer_backend", required=False
         ),
         bootstrap_port=r.int_field(
-            info, "disaggregation_bootstrap_port", "disaggregation_bootstrap_port", required=False, nullable=True
+            info,
+            "disaggregation_bootstrap_port",
+            "disaggregation_bootstrap_port",
+            required=False,
+            nullable=True,
+            maximum=SANE_PORT,
         ),
         kv_checksum=r.bool_field(info, "disaggregation_enable_kv_checksum", "disaggregation_enable_kv_checksum"),
         kv_canary=r.str_field(info, "kv_canary", "kv_canary", required=False),
-        tp_size=r.int_field(info, "tp_size", "tp_size", required=False, minimum=1),
-        dp_size=r.int_field(info, "dp_size", "dp_size", required=False, minimum=1),
+        tp_size=r.int_field(info, "tp_size", "tp_size", required=False, minimum=1, maximum=SANE_RANKS),
+        dp_size=r.int_field(info, "dp_size", "dp_size", required=False, minimum=1, maximum=SANE_RANKS),
         allow_auto_truncate=r.bool_field(info, "allow_auto_truncate", "allow_auto_truncate"),
         model_path=r.str_field(info, "model_path", "model_path", required=False),
         architectures=architectures,

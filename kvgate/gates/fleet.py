@@ -6,6 +6,11 @@
   was not told about fails (traffic reaches an ungated worker); a given worker the router does not
   list is inconclusive (gated, but takes no traffic through this router).
 - router-role: the router's role for a worker must be the role the worker reports.
+- router-identity: a router entry names exactly one worker and rank (its `url`, the one it routes
+  to, is the one gated), each worker and rank is listed once, and the DP ranks the router routes to
+  are the ranks the worker reports and kvgate read. Any disagreement is inconclusive naming both
+  views, and blocks whatever the strictness: the gate cannot say which view is the deployment.
+- pair-consistency (kvgate.gates.pair): what makes KV transferable between prefill and decode.
 - context-consistency / page-size-consistency: every PD worker must agree on the effective context
   and the page size (decode errors on a page-size mismatch, sglang PR #14474); the workers off the
   most common value are named.
@@ -18,10 +23,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from kvgate.discovery import RouterListing, RouterWorker, normalize_url
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
+from kvgate.gates.pair import pair_consistency
 from kvgate.target import DECODE, PREFILL, NodeReading
 
 GATE = "fleet"
@@ -168,6 +175,119 @@ def router_roles(listing: RouterListing | None, readings: Sequence[NodeReading])
     return out
 
 
+def _identity_doubt(node: str, summary: str, *ev: Evidence, remedy: str) -> Finding:
+    return replace(inconclusive(GATE, "router-identity", node, summary, *ev, remedy=remedy), blocking=True)
+
+
+def _one_server_under_two_names(readings: Sequence[NodeReading], where: str) -> list[Finding]:
+    """Workers listed under spellings no normalisation joins (`localhost` and `127.0.0.1`, a name and
+    its address) answer with one server's self-description: the same `port` and `startup_time` (the
+    float SGLang stamps at launch). Two servers that share both are one server read twice."""
+    seen: dict[tuple[int, float], list[NodeReading]] = {}
+    for r in readings:
+        port, started = r.server_info.get("port"), r.server_info.get("startup_time")
+        if isinstance(port, int) and not isinstance(port, bool) and isinstance(started, (int, float)):
+            if not isinstance(started, bool):
+                seen.setdefault((port, float(started)), []).append(r)
+    out = []
+    for (port, started), same in seen.items():
+        urls = sorted({normalize_url(r.spec.url) for r in same})
+        if len(urls) > 1:
+            out.append(
+                _identity_doubt(
+                    same[0].node,
+                    f"the router lists one worker under {len(urls)} URLs ({', '.join(urls)}): each answers as "
+                    f"the server on port {port} started at {started}; one worker counted as several",
+                    Evidence(same[0].node, where, urls, "one entry per worker"),
+                    Evidence(same[0].node, "server_info port / startup_time", f"{port} / {started}", "distinct"),
+                    remedy="deregister the duplicate entries from the router, and re-run",
+                )
+            )
+    return out
+
+
+def router_identity(listing: RouterListing, readings: Sequence[NodeReading], labels: dict[str, str]) -> list[Finding]:
+    """Each entry names one worker and rank; each is listed once; the ranks routed are the ranks read."""
+    out: list[Finding] = []
+    where = f"router {listing.endpoint}"
+    for w in listing.workers:
+        if w.problems:
+            node = labels.get(normalize_url(w.base_url), f"worker {w.base_url}")
+            out.append(
+                _identity_doubt(
+                    node,
+                    f"the router's entry {w.url} does not name one worker: {'; '.join(w.problems)}; "
+                    f"gated: {w.base_url} (the URL it routes to)",
+                    Evidence(node, f"{where} url", w.url, "the URL gated"),
+                    Evidence(node, f"{where} dp_base_url", w.dp_base_url, f"{w.base_url} (the url's worker)"),
+                    Evidence(node, f"{where} dp_rank / dp_size", f"{w.dp_rank} / {w.dp_size}", "the url's rank"),
+                    remedy="fix the router's registration of this worker (one URL per entry: url, dp_base_url and "
+                    "dp_rank must name the same worker and rank), and re-run",
+                )
+            )
+    for url, rank, urls in listing.duplicates():
+        node = labels.get(url, f"worker {url}")
+        at = "" if rank is None else f" rank {rank}"
+        out.append(
+            _identity_doubt(
+                node,
+                f"the router lists {url}{at} {len(urls)} times ({', '.join(urls)}): one worker counted as several",
+                Evidence(node, where, urls, "one entry per worker and rank"),
+                remedy="deregister the duplicate entries from the router, and re-run",
+            )
+        )
+    out += _one_server_under_two_names(readings, where)
+    listed = listing.by_base_url()
+    for r in readings:
+        entries = listed.get(normalize_url(r.spec.url), [])
+        routed = {e.dp_rank for e in entries if e.dp_rank is not None}
+        if not routed:
+            continue  # not DP-aware: the worker spreads requests over its own ranks (dp-ranks checks each)
+        sizes = sorted({e.dp_size for e in entries if e.dp_size is not None})
+        reported = set(range(r.dp_size)) if r.dp_size is not None else None
+        read = {rk.dp_rank for rk in r.ranks if rk.token_capacity is not None}
+        ev = [
+            Evidence(r.node, f"{where} ranks", sorted(routed), "the ranks the worker reports"),
+            Evidence(r.node, f"{where} dp_size", sizes or None, f"== {r.dp_size}"),
+            Evidence(r.node, "dp_size", r.dp_size, "reported by the worker"),
+            Evidence(r.node, "internal_states ranks read", sorted(read), "every routed rank"),
+        ]
+        why = []
+        if reported is None:
+            why.append("the worker reports no dp_size to match the router's ranks with")
+        else:
+            if routed - reported:
+                why.append(f"the router routes to rank(s) {sorted(routed - reported)} the worker does not report")
+            if reported - routed:
+                why.append(f"the worker reports rank(s) {sorted(reported - routed)} the router does not list")
+        if any(s != r.dp_size for s in sizes):
+            why.append(f"the router says dp_size {'/'.join(map(str, sizes))}, the worker {r.dp_size}")
+        unread = sorted(routed - read)
+        if unread:
+            why.append(f"routed rank(s) {unread} could not be read (no well-formed internal_states entry)")
+        if why:
+            out.append(
+                _identity_doubt(
+                    r.node,
+                    "the router's ranks and the worker's do not agree: " + "; ".join(why),
+                    *ev,
+                    remedy="re-run once the router lists exactly the worker's DP ranks and every rank answers "
+                    "/server_info (restart the router's registration of this worker if it is stale)",
+                )
+            )
+    if not out:
+        out.append(
+            passed(
+                GATE,
+                "router-identity",
+                DEPLOYMENT,
+                f"{len(listing.workers)} router entries name {len(listed)} worker(s), each worker and rank once; "
+                "the ranks routed are the ranks read",
+            )
+        )
+    return out
+
+
 def _consistency(
     check: str, what: str, readings: Sequence[NodeReading], value: Callable[[NodeReading], int | None], remedy: str
 ) -> list[Finding]:
@@ -262,6 +382,7 @@ class FleetGate:
             given = list(ctx.options.prefill_urls) + list(ctx.options.decode_urls)
             if given:
                 out += router_membership(ctx.listing, given, labels)
+            out += router_identity(ctx.listing, readings, labels)
         out += router_roles(ctx.listing, readings)
         pd = [r for r in readings if r.spec.role in PD_ROLES]
         out += _consistency(
@@ -275,4 +396,5 @@ class FleetGate:
             "give every prefill and decode the same --page-size",
         )
         out += prefill_admission([r for r in pd if r.spec.role == PREFILL])
+        out += pair_consistency(pd)
         return out

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.admission import AdmissionLimits, max_req_input_len
-from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.target import NodeReading
 
@@ -122,6 +122,18 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
                 )
             )
 
+    for p in reading.problems:
+        if p.number:
+            out.append(
+                error(
+                    GATE,
+                    "number",
+                    node,
+                    f"{p.field}: {p.problem}: a count, length, rank or size must be a sane JSON integer",
+                    Evidence(node, p.field, p.problem, "a JSON integer in range"),
+                )
+            )
+
     out.append(_rank_count(reading))
 
     if context is None:
@@ -155,6 +167,7 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
         return out  # the missing-field failures above already block
 
     required = math.ceil(context * headroom)
+    out += context_sources(reading, [p for _, _, p in pools], headroom)
     for check_name, field_name, pool in pools:
         limits = AdmissionLimits.of(context, pool, reading.max_req_input_len)
         evidence = [
@@ -237,6 +250,56 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
                     *ev,
                 )
             )
+    return out
+
+
+def context_sources(reading: NodeReading, pools: list[int], headroom: float) -> list[Finding]:
+    """The context read twice (or three times) must agree.
+
+    The effective one is /v1/models' `max_model_len` (the engine's `model_config.context_len`, the
+    limit the tokenizer rejects at). The `context_length` flag in server_info, when set, is the value
+    that one was made from (SGLang takes it as is, or refuses to start), so any difference means the
+    documents are not one server's: inconclusive. The scheduler's `max_req_input_len` = min(context
+    - 1, pool - 1) - 5 implies the context it was built with wherever the pool does not bind; it may
+    legitimately sit lower (a pool it counts smaller than the one reported), so it only counts where
+    the headroom verdict under it differs. A verdict that differs between two answers blocks whatever
+    the strictness.
+    """
+    node = reading.node
+    context = reading.context_length if reading.context_length is not None else reading.context_length_flag
+    if context is None or not pools:
+        return []
+    source = "/v1/models max_model_len" if reading.context_length is not None else "server_info context_length"
+
+    def verdict(c: int) -> bool:
+        return all(p >= math.ceil(c * headroom) for p in pools)
+
+    views: list[tuple[str, int, bool]] = []  # (what, value, any difference counts)
+    if reading.context_length is not None and reading.context_length_flag is not None:
+        views.append(("server_info context_length (the --context-length flag)", reading.context_length_flag, True))
+    mril, pool0 = reading.max_req_input_len, reading.max_total_num_tokens
+    if mril is not None and pool0 is not None and mril + 6 < pool0:
+        views.append(("max_req_input_len + 6 (the scheduler's context: min(context-1, pool-1)-5)", mril + 6, False))
+    ev = [Evidence(node, "effective context", context, source)]
+    ev += [Evidence(node, what, value, f"== {context:,}") for what, value, _ in views]
+    out: list[Finding] = []
+    for what, value, strict in views:
+        changes = verdict(value) != verdict(context)
+        if value == context or not (strict or changes):
+            continue
+        f = inconclusive(
+            GATE,
+            "context-sources",
+            node,
+            f"two answers for the context: {source} says {context:,}, {what} says {value:,}"
+            + ("; the headroom verdict differs between them" if changes else ""),
+            *ev,
+            remedy="find which answer is the server's (a proxy or a stale document in front of it, or a build "
+            "that reports one value and runs another), and re-run once they agree",
+        )
+        out.append(replace(f, blocking=True) if changes else f)
+    if not out and views:
+        out.append(passed(GATE, "context-sources", node, f"the context is {context:,} wherever it is read", *ev))
     return out
 
 

@@ -123,19 +123,48 @@ def test_per_node_templates_read_each_nodes_own_code(payload_server: Callable[..
     assert f"{pods}/decode-0" in rows(rel["decode[0]"])["code"]
 
 
-def test_a_nodes_own_scan_of_another_version_is_inconclusive_naming_both(
-    payload_server: Callable[..., PayloadServer], pods: Path
+@pytest.mark.parametrize("strict", [[], ["--no-strict"]], ids=["strict", "no-strict"])
+def test_a_nodes_own_scan_of_another_release_says_so_plainly(
+    payload_server: Callable[..., PayloadServer], tmp_path: Path, strict: list[str]
 ) -> None:
-    """decode-0's pod holds 0.5.19 code while the decode reports 0.5.22: which code runs is unknown."""
+    """Issue 29: a per-node template reads 0.5.20 code on a decode that reports 0.5.22. The operator
+    said which code is that node's: the finding says the node reports one release and runs another,
+    names what that code lacks, tells how to check the scan reached the server, and blocks."""
+    (tmp_path / "prefill-0").symlink_to(wheel("0.5.22"))
+    (tmp_path / "decode-0").symlink_to(wheel("0.5.20"))
     p = worker(payload_server, "0.5.22", "prefill")
     d = worker(payload_server, "0.5.22", "decode")
-    template = remote(f"{pods}/{{role}}-{{index}}")
+    template = remote(f"{tmp_path}/{{role}}-{{index}}")
+    code, doc = check(
+        "--prefill-url", p.url, "--decode-url", d.url, "--python", template, "--deferred-release-env", *strict
+    )
+    assert code == ExitStatus.GATE_FAILED
+    f = releases(doc)["decode[0]"]
+    assert f["outcome"] == "failed" and f["blocking"]
+    assert "this node reports sglang 0.5.22 but runs 0.5.20" in f["summary"]
+    assert "that code lacks" in f["summary"] and "#38935" in f["summary"]
+    assert "sys.executable" in f["summary"] and "sys.executable" in f["remedy"]
+    assert "which code this node runs is unknown" not in f["summary"]
+    assert rows(f)["pr-38935"].startswith("absent")  # what the scanned code shows, by source
+    assert releases(doc)["prefill[0]"]["outcome"] == "passed"
+
+
+def test_a_nodes_own_scan_of_another_release_with_every_fix_still_blocks(
+    payload_server: Callable[..., PayloadServer], tmp_path: Path
+) -> None:
+    """The scanned code (0.5.22) carries every correctness fix, but the node reports 0.5.21: which
+    label is wrong is unknown, so it is inconclusive and blocks with --no-strict too."""
+    (tmp_path / "decode-0").symlink_to(wheel("0.5.22"))
+    (tmp_path / "prefill-0").symlink_to(wheel("0.5.22"))
+    p = worker(payload_server, "0.5.22", "prefill")
+    d = worker(payload_server, "0.5.21", "decode")
+    template = remote(f"{tmp_path}/{{role}}-{{index}}")
     code, doc = check("--prefill-url", p.url, "--decode-url", d.url, "--python", template, "--no-strict")
     assert code == ExitStatus.INCONCLUSIVE  # never a pass, --no-strict included
     f = releases(doc)["decode[0]"]
     assert f["outcome"] == "inconclusive" and f["blocking"]
-    assert "declares sglang 0.5.19, but this node reports 0.5.22" in f["summary"]
-    assert rows(f)["code_not_counted"].startswith("the code read through --python")
+    assert "this node reports sglang 0.5.21 but runs 0.5.22" in f["summary"]
+    assert "carries every correctness fix" in f["summary"] and "sys.executable" in f["summary"]
 
 
 def test_port_placeholder_and_profile_url_entries(payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:

@@ -9,7 +9,12 @@ run once.
 A scan vouches for a node only if it is that node's code (`vouch`, the one rule):
 - a scan that stands for one node only (a template that names the node, a URL entry, a role entry or
   a plain command when that node is the only one using it) counts, unless the version the node
-  reports differs from the version the scanned package declares: then it is some other package;
+  reports differs from the version the scanned package declares. Where the source names the node
+  itself (a template with `{url}`, `{index}`, `{host}` or `{port}`, or a profile entry for its URL),
+  the operator has said this is the node's code, and the node says it is another release: the
+  finding says so plainly, names what the scanned code lacks (`code_scan`), tells how to check that
+  the scan reached the server's own interpreter, and blocks whatever the strictness (`mismatch`).
+  Otherwise it is some other package;
 - a scan that stands for several nodes (one plain `--python` or `--site-packages` for a whole fleet)
   counts for a node only when both versions are known and equal. Otherwise it is set aside for that
   node and named (`code_doubt`), and the node is judged on its version string, which never passes
@@ -157,6 +162,34 @@ def vouch(reported: str | None, scanned: str | None, source: str, shared_by: int
     return None
 
 
+#: How to tell whether a --python command reached the interpreter the server runs in.
+CHECK_THE_SCAN = (
+    "check that the command reaches the server's own interpreter: run it with "
+    "-c 'import sglang, sys; print(sglang.__version__, sglang.__file__, sys.executable)' and compare with "
+    "the server process (its /proc/<pid>/exe and the sglang path in its tracebacks or logs); a sidecar, "
+    "an init container or a second virtualenv answers with other code"
+)
+
+
+def mismatch(reported: str, scanned: str, source: str) -> str:
+    """The plain statement for a node whose own scan declares another release than it reports."""
+    return (
+        f"this node reports sglang {reported} but runs {scanned}: its own code, read through {source}, "
+        f"declares {scanned}"
+    )
+
+
+def names_node(sources: Mapping[str, CodeSource], spec: NodeSpec) -> bool:
+    """Whether the node's source was named for this node alone: a template with a per-node placeholder,
+    or a profile entry for its URL (the flags' `*` wins over both, as in `source_for`)."""
+    src = source_for(sources, spec.url, spec.role)
+    if src is None:
+        return False
+    if any(p in _PER_NODE for p in src.placeholders):
+        return True
+    return "*" not in sources and sources.get(spec.url.rstrip("/")) is src
+
+
 def read_code(
     readings: Sequence[NodeReading], sources: Mapping[str, CodeSource], observer: Observer
 ) -> list[DefenseInputs]:
@@ -190,7 +223,14 @@ def read_code(
                 n = replace(n, code_error=got)
             else:
                 doubt = vouch(n.version, got.version, s.describe(), users[s])
-                if doubt is not None:
+                if doubt is not None and users[s] == 1 and n.version and got.version and names_node(sources, r.spec):
+                    # The operator named this scan this node's code: say what it is, and what it lacks.
+                    n = replace(
+                        n,
+                        code_doubt=mismatch(n.version, got.version, s.describe()),
+                        code_scan=assess_code(got, backend=backend_of(n)),
+                    )
+                elif doubt is not None:
                     n = replace(n, code_doubt=doubt)
                 else:
                     n = replace(n, fixes=assess_code(got, backend=backend_of(n)), code_shared_by=users[s])

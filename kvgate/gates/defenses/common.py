@@ -48,6 +48,10 @@ class DefenseInputs:
     # How many nodes the scan behind `fixes` was read for (more than one: it vouches for this node
     # because the versions agree; see kvgate.gates.defenses.code).
     code_shared_by: int = 1
+    # The assessment of a scan read for this node alone (a per-node template, a URL or role entry)
+    # that declares another version than the node reports: the operator named it this node's code,
+    # so what it lacks is said plainly (kvgate.gates.defenses.release), yet it is not counted as proof.
+    code_scan: Assessment | None = None
 
 
 def inputs_from_reading(reading: NodeReading) -> DefenseInputs:

@@ -18,6 +18,7 @@ from kvgate.catalogue import Presence, assess_version, describe, load_catalogue
 from kvgate.catalogue.assess import READ_THE_CODE, Assessment, correctness_verdict, remedy_for_missing
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
+from kvgate.gates.defenses.code import CHECK_THE_SCAN
 from kvgate.gates.defenses.common import GATE, DefenseInputs, backend_of
 
 CHECK = "release"
@@ -75,6 +76,8 @@ def check_release(n: DefenseInputs, trust_version: bool = False) -> Finding:
         )
     how = f"version string {n.version} only, code not read" if n.version else "no version reported, code not read"
     ev = [Evidence(n.node, "code", how, "code read by " + PROVE)]
+    if n.code_scan is not None:
+        return _mismatched(n, n.code_scan, ev)
     if n.code_doubt:
         return _doubted(n, a, how, ev)
     return _judge(n, a, how, ev, require_code=not trust_version)
@@ -126,6 +129,27 @@ def _judge(n: DefenseInputs, a: Assessment, how: str, ev: list[Evidence], requir
         f"({len(a.correctness())} for backend {backend_of(n) or 'unknown'}; decided by {decided})",
         *ev,
     )
+
+
+def _mismatched(n: DefenseInputs, scan: Assessment, ev: list[Evidence]) -> Finding:
+    """The node's own scan declares another release than the node reports: said plainly, with what
+    that code lacks and how to check the scan reached the server. Failed when the code lacks a
+    correctness fix, blocking inconclusive otherwise (which label is wrong is unknown): never a pass."""
+    v = correctness_verdict(scan, require_code=True)
+    lacks = [s.fix.label for s in v.missing] + [s.fix.id for s in v.tampered]
+    unsure = [s.fix.label for s in v.unknown + v.weak]
+    said = (
+        f"that code lacks {', '.join(lacks)}"
+        if lacks
+        else "that code carries every correctness fix" + (f" (unknown: {', '.join(unsure)})" if unsure else "")
+    )
+    summary = f"{n.code_doubt}; {said}; {CHECK_THE_SCAN}"
+    ev = [*ev, Evidence(n.node, "code_not_counted", n.code_doubt, "the release the node reports")]
+    ev += _fix_rows(n, scan)
+    remedy = f"{CHECK_THE_SCAN}; then redeploy the node with the release it should run"
+    if lacks:
+        return _blocking(failed(GATE, CHECK, n.node, summary, *ev, remedy=remedy))
+    return _blocking(inconclusive(GATE, CHECK, n.node, summary, *ev, remedy=remedy))
 
 
 def _doubted(n: DefenseInputs, a: Assessment, how: str, ev: list[Evidence]) -> Finding:
