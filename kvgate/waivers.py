@@ -6,7 +6,8 @@ again and the report says why). Every waiver needs a reason and an expiry date n
 MAX_HORIZON_DAYS ahead, and must name its gate: a pattern that could waive every gate is a profile
 error. Pool/context, correctness-fix and leak-probe checks (PROTECTED) can only be waived by their exact
 id, never by a wildcard; checks that mean a worker went ungated (UNWAIVABLE) cannot be waived at all, so
-a pattern that reaches one (`fleet.*`, `fleet.router-membership`) is a profile error.
+a pattern that reaches one (`fleet.*`, `fleet.router-membership`, `fleet.router-identity`) is a profile
+error.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ MAX_HORIZON_DAYS = 90
 PROTECTED = ("pool-context", "fixes", "defenses.release", "probes")
 # Checks that mean a worker went ungated (the router routes to a worker the gate did not read, or its
 # list may be partial, or a worker could not be read): no waiver reaches them, not even by exact id.
-UNWAIVABLE = ("fleet.router-membership", "fleet.router-list", "target.reachable")
+UNWAIVABLE = ("fleet.router-membership", "fleet.router-list", "fleet.router-identity", "target.reachable")
 _GLOB = set("*?[")
 
 

@@ -128,7 +128,15 @@ def test_a_listing_is_whole_only_when_its_total_counts_what_it_lists(ranks: list
 
 @pytest.mark.parametrize(
     "pattern",
-    ["fleet.*", "fleet.router-*", "fleet.router-membership", "fleet.router-list", "target.reachable", "target.*"],
+    [
+        "fleet.*",
+        "fleet.router-*",
+        "fleet.router-membership",
+        "fleet.router-list",
+        "fleet.router-identity",
+        "target.reachable",
+        "target.*",
+    ],
 )
 def test_no_waiver_reaches_a_worker_that_went_ungated(pattern: str) -> None:
     with pytest.raises(ProfileError) as exc:
