@@ -223,3 +223,22 @@ class ReportingCommand(TyperCommand):
                 finish(report, _requested_pairs(raw), hint=f"Try '{prog} --help' for help.")
             except typer.Exit as done:
                 raise typer.Exit(done.exit_code) from None
+
+
+SARIF_ANCHOR_HELP = (
+    "A file in the repository (e.g. the deployment's manifest) where SARIF anchors its results when no "
+    "profile or baseline file there can be (else .kvgate/deployment)."
+)
+
+
+# `--sarif-anchor PATH`, the same on every command that writes SARIF.
+SARIF_ANCHOR_OPTION: Any = typer.Option(None, "--sarif-anchor", metavar="PATH", help=SARIF_ANCHOR_HELP)
+
+
+def with_anchors(report: Report, **files: str | Path | None) -> Report:
+    """The report with the files a SARIF reader may anchor results at (profile_file, baseline_file,
+    sarif_anchor): only those that exist as files; the formatter picks the first inside the repository."""
+    named = {k: str(v) for k, v in files.items() if v is not None and Path(v).is_file()}
+    if not named or not isinstance(report.target, dict):
+        return report
+    return replace(report, target={**report.target, **named})

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
+from kvgate.commands._common import (
+    SARIF_ANCHOR_OPTION,
+    STRICT_HELP,
+    VERBOSE_HELP,
+    fatal_report,
+    finish,
+    handle_errors,
+    resolve_strict,
+    with_anchors,
+)
 from kvgate.defaults import (
     DEFAULT_CONCURRENCY,
     DEFAULT_READ_DEADLINE,
@@ -126,6 +135,7 @@ def check(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
     ),
+    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""
@@ -163,10 +173,9 @@ def check(
         )
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
-        if profile is not None and Path(profile).is_file():
-            # The file in the repository that declares this deployment's gate: where a code-scanning
-            # reader (SARIF) can anchor findings that have no source file of their own.
-            report = replace(report, target={**report.target, "profile_file": profile})
+        # The files in the repository that declare this deployment's gate: where a code-scanning
+        # reader (SARIF) can anchor findings that have no source file of their own.
+        report = with_anchors(report, profile_file=profile, baseline_file=baseline, sarif_anchor=sarif_anchor)
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)

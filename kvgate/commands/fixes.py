@@ -11,12 +11,14 @@ import typer
 
 from kvgate.commands._common import (
     QUIET_HELP,
+    SARIF_ANCHOR_OPTION,
     STRICT_HELP,
     VERBOSE_HELP,
     fatal_report,
     finish,
     handle_errors,
     resolve_strict,
+    with_anchors,
 )
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
@@ -114,6 +116,7 @@ def fixes(
     probe_timeout: float = typer.Option(
         300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."
     ),
+    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
@@ -229,4 +232,4 @@ def fixes(
         )
     except KvgateError as exc:
         report = fatal_report("fixes", exc)
-    finish(report, pairs, verbose)
+    finish(with_anchors(report, sarif_anchor=sarif_anchor), pairs, verbose)

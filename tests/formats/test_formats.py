@@ -32,6 +32,10 @@ def _report() -> Report:
 def test_every_format_renders_every_outcome(fmt: ReportFormat) -> None:
     text = fmt.formatter().render(_report())
     for o in Outcome:
+        if fmt is ReportFormat.SARIF and o is Outcome.PASSED:
+            # code scanning reads every result as an alert: a pass is counted, not listed
+            assert f"check-{o.value}" not in text and '"passed": 1' in text
+            continue
         assert f"check-{o.value}" in text
     assert "681280" in text or "681,280" in text
 
