@@ -53,8 +53,9 @@ def test_junit_maps_outcomes() -> None:
     cases = {c.get("name"): c for c in root.iter("testcase")}
     assert cases["check-failed [prefill[0] http://x]"].find("failure") is not None
     assert cases["check-error [prefill[0] http://x]"].find("error") is not None
-    assert cases["check-inconclusive [prefill[0] http://x]"].find("skipped") is not None
-    assert root.get("failures") == "1" and root.get("errors") == "1" and root.get("skipped") == "1"
+    # strict (the default): the inconclusive blocks, so it is a failure a dashboard shows red
+    assert cases["check-inconclusive [prefill[0] http://x]"].find("failure").get("type") == "inconclusive"
+    assert root.get("failures") == "2" and root.get("errors") == "1" and root.get("skipped") is None
 
 
 def test_junit_of_empty_report_is_valid() -> None:
