@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvgate.commands._common import (
+    CONTEXT_LENGTH_HELP,
     SARIF_ANCHOR_OPTION,
     STRICT_HELP,
     VERBOSE_HELP,
+    deprecated_alias,
     fatal_report,
     finish,
     handle_errors,
@@ -45,9 +47,8 @@ def check(
         help="Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates.",
     ),
     profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
-    context_len: int | None = typer.Option(
-        None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
-    ),
+    context_len: int | None = typer.Option(None, "--context-length", min=1, metavar="N", help=CONTEXT_LENGTH_HELP),
+    context_len_old: int | None = typer.Option(None, "--context-len", min=1, hidden=True),
     headroom: float | None = typer.Option(
         None,
         "--headroom",
@@ -146,6 +147,7 @@ def check(
 
     pairs = pair_outputs(list(fmt), list(output))
     try:
+        context_len = deprecated_alias("--context-length", "--context-len", context_len, context_len_old)
         options = check_options(
             prefill_url,
             decode_url,
