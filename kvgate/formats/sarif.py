@@ -48,8 +48,9 @@ PSEUDO_ARTIFACT = ".kvgate/deployment"
 BASE_ID = "SGLANG"
 SRCROOT = "%SRCROOT%"
 FINGERPRINT = "kvgateFinding/v1"
-# Where a rule's page is published (helpUri); KVGATE_DOCS_URL points a fork or a mirror at its own copy.
-DOCS_URL = "https://github.com/kvgate/kvgate/blob/main/docs/checks.md"
+# Where a rule's page is published (helpUri): KVGATE_DOCS_URL names where your copy of docs/checks.md lives;
+# the default is the same placeholder repository as action.yml's `your-org/kvgate`.
+DOCS_URL = "https://github.com/your-org/kvgate/blob/main/docs/checks.md"
 
 # outcome -> (SARIF kind, SARIF level); passed has none: it is no result.
 _KIND_LEVEL = {
