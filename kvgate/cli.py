@@ -7,9 +7,11 @@ import sys
 import typer
 
 from kvgate import __version__
+from kvgate.commands._common import KvgateGroup
 
 app = typer.Typer(
     name="kvgate",
+    cls=KvgateGroup,
     help="Deploy gate and backport toolkit against cross-request KV exposure in SGLang PD disaggregation.",
     no_args_is_help=True,
     add_completion=False,

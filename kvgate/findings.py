@@ -174,7 +174,9 @@ class Report:
             for f in self.findings
             if f.outcome is Outcome.INCONCLUSIVE and f.counts_toward_exit and not f.blocking
         ]
-        return f"strictness opted out ({self.strict_source}): {len(what)} inconclusive check(s) did not block" + (
+        # A command whose own default is not strict (fixes) opted nothing out: say what the default is.
+        label = "not strict" if self.strict_source.startswith("default") else "strictness opted out"
+        return f"{label} ({self.strict_source}): {len(what)} inconclusive check(s) did not block" + (
             ": " + "; ".join(what) if what else ""
         )
 

@@ -241,3 +241,20 @@ def test_kubernetes_manifests_validate_against_the_kubernetes_schema() -> None:
     with pytest.raises(kv.ValidationError):  # the validator does reject a mistyped field
         bad = next(d for _, d in _k8s_objects() if d["kind"] == "Job")
         kv.validate({**bad, "spec": {**bad["spec"], "backofLimit": 1}}, K8S_VERSION, strict=True)
+
+
+def test_third_party_actions_are_pinned_by_commit_sha() -> None:
+    """A tag can be moved under a workflow: every action not kvgate's own is a full commit SHA, its
+    release in a comment on the same line."""
+    uses = re.compile(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$")
+    seen = 0
+    for path in [*EXAMPLES.rglob("*.yml"), *EXAMPLES.rglob("*.yaml"), ROOT / "action.yml"]:
+        for line in path.read_text().splitlines():
+            m = uses.match(line)
+            if not m or m.group(1).startswith(("./", "your-org/kvgate@")):
+                continue
+            seen += 1
+            ref, rest = m.group(1), m.group(2)
+            assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{path.name}: {ref} is not pinned by SHA"
+            assert re.search(r"#\s*v\d+(\.\d+)*", rest), f"{path.name}: {ref} has no '# vX.Y.Z' comment"
+    assert seen >= 4

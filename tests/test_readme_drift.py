@@ -127,6 +127,7 @@ RUNS: dict[str, Expect] = {
         (0, 3), "with `--gate` gates them and exits with the gate's status", slow=True
     ),
     "--version": Expect((0,), "RUN kvgate --version"),
+    "watch --help": Expect((0,), "kvgate watch --help"),
 }
 
 

@@ -75,6 +75,11 @@ OVERLAY_EXTRAS: dict[str, tuple[str, ...]] = {
     "0.5.22": ("xgrammar==0.2.7", "sentencepiece==0.2.1", "transformers==5.19.0", "tokenizers==0.23.2"),
     "0.5.23": ("xgrammar==0.2.7", "sentencepiece==0.2.1", "transformers==5.19.0", "tokenizers==0.23.2"),
 }
+# What the page-lifetime probes import over the admission code (sglang's Mooncake connection module reaches
+# prometheus_client through its metrics; msgpack through its wire format). Installed into the base under
+# the same pins with a marker of its own: kept out of _RECIPE_ID, so adding to it completes an existing
+# base instead of rebuilding every CPU environment.
+PROBE_PACKAGES: tuple[str, ...] = ("prometheus_client", "msgpack")
 _RECIPE_ID = hashlib.sha256(repr((BASE_PINS, BASE_PACKAGES, OVERLAY_EXTRAS)).encode()).hexdigest()[:12]
 
 
@@ -140,6 +145,7 @@ def base_python() -> Path:
     marker = base / ".kvgate-complete"
     with locked(root() / "base.lock"):
         if marker.is_file():
+            _probe_packages(base)
             return base / "bin" / "python"
         if base.exists():
             shutil.rmtree(base)
@@ -151,7 +157,18 @@ def base_python() -> Path:
         run_step([py, "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], env, "pip install torch (CPU)")
         run_step([py, "-m", "pip", "install", "-q", *BASE_PACKAGES], env, "pip install sglang's import-time deps")
         write_atomic(marker, _RECIPE_ID)
+        _probe_packages(base)
         return Path(py)
+
+
+def _probe_packages(base: Path) -> None:
+    """Install PROBE_PACKAGES into the base once per list (the caller holds base.lock)."""
+    marker = base / ".kvgate-probe-packages"
+    if marker.is_file() and marker.read_text() == repr(PROBE_PACKAGES):
+        return
+    py = str(base / "bin" / "python")
+    run_step([py, "-m", "pip", "install", "-q", *PROBE_PACKAGES], pip_env(pins_file()), "pip install the probes' deps")
+    write_atomic(marker, repr(PROBE_PACKAGES))
 
 
 def overlay_dir(version: str) -> Path:

@@ -207,13 +207,21 @@ def assess_checkout(path: Path, rev: str = "HEAD", *, backend: str | None = None
     return assess(dets, target=f"{path}@{rev}", release=co.version, backend=backend, notes=notes, catalogue=cat)
 
 
+def _backport_command() -> str:
+    """The backport command line: `--to` takes the release whose series applies (one of those shipped)."""
+    from kvgate.catalogue.series import available
+
+    releases = ", ".join("v" + r for r in available())
+    return f"kvgate backport --to RELEASE --site-packages PATH (or --repo PATH); RELEASE: {releases}"
+
+
 def remedy_for(cat: Catalogue, status: FixStatus) -> str:
     """How to get a missing fix: upgrade, or the kvgate backport that stands in for it."""
     upgrade = f"upgrade sglang to {cat.recommended_minimum} or later"
     bps = cat.backport_for(status.fix.id)
     if bps:
         ids = " ".join(b.id for b in bps)
-        return f"{upgrade}, or apply kvgate's backport: kvgate backport --to <sglang tree> ({ids})"
+        return f"{upgrade}, or apply kvgate's backport ({ids}): {_backport_command()}"
     return f"{upgrade} (no kvgate backport covers {status.fix.label})"
 
 
@@ -228,7 +236,7 @@ def remedy_for_missing(cat: Catalogue, statuses: Iterable[FixStatus]) -> str:
             uncovered.append(s.fix.label)
     text = f"upgrade sglang to {cat.recommended_minimum} or later"
     if covered:
-        text += f"; kvgate backports cover {', '.join(covered)}: kvgate backport --to <sglang tree>"
+        text += f"; kvgate backports cover {', '.join(covered)}: {_backport_command()}"
     if uncovered and covered:
         text += f"; no kvgate backport covers {', '.join(uncovered)}"
     return text

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from kvgate.errors import InternalError, Interrupted, KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
@@ -223,3 +223,56 @@ class ReportingCommand(TyperCommand):
                 finish(report, _requested_pairs(raw), hint=f"Try '{prog} --help' for help.")
             except typer.Exit as done:
                 raise typer.Exit(done.exit_code) from None
+
+
+SARIF_ANCHOR_HELP = (
+    "A file in the repository (e.g. the deployment's manifest) where SARIF anchors its results when no "
+    "profile or baseline file there can be (else .kvgate/deployment)."
+)
+
+
+# `--sarif-anchor PATH`, the same on every command that writes SARIF.
+SARIF_ANCHOR_OPTION: Any = typer.Option(None, "--sarif-anchor", metavar="PATH", help=SARIF_ANCHOR_HELP)
+
+
+def with_anchors(report: Report, **files: str | Path | None) -> Report:
+    """The report with the files a SARIF reader may anchor results at (profile_file, baseline_file,
+    sarif_anchor): only those that exist as files; the formatter picks the first inside the repository."""
+    named = {k: str(v) for k, v in files.items() if v is not None and Path(v).is_file()}
+    if not named or not isinstance(report.target, dict):
+        return report
+    return replace(report, target={**report.target, **named})
+
+
+CONTEXT_LENGTH_HELP = "Advertised context length the pool must hold (default: the engine's)."
+
+
+def deprecated_alias(new: str, old: str, value: Any, old_value: Any) -> Any:
+    """The value of `new`, or of its hidden deprecated spelling `old` (said once on stderr); both is a usage error."""
+    if old_value is None:
+        return value
+    if value is not None:
+        raise UsageError(f"{old} is the deprecated spelling of {new}: give {new} only")
+    typer.echo(f"kvgate: warning: {old} is deprecated; use {new}", err=True)
+    return old_value
+
+
+class _KvgateUsage(_CLICK_USAGE_ERROR):  # type: ignore[misc,valid-type]
+    """A parser error said kvgate's way: `kvgate: error: ...` and where to look, exit 2."""
+
+    def show(self, file: Any = None) -> None:
+        prog = self.ctx.command_path if self.ctx is not None else "kvgate"
+        typer.echo(f"kvgate: error: {redact_output(self.message)}", err=True)
+        typer.echo(f"Try '{prog} --help' for help.", err=True)
+
+
+class KvgateGroup(TyperGroup):
+    """The command groups: an unknown command or a missing argument answers as every kvgate error does."""
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _KvgateUsage:
+            raise
+        except _CLICK_USAGE_ERROR as exc:
+            raise _KvgateUsage(exc.format_message(), getattr(exc, "ctx", None)) from None  # type: ignore[attr-defined]

@@ -8,7 +8,18 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
+from kvgate.commands._common import (
+    CONTEXT_LENGTH_HELP,
+    SARIF_ANCHOR_OPTION,
+    STRICT_HELP,
+    VERBOSE_HELP,
+    deprecated_alias,
+    fatal_report,
+    finish,
+    handle_errors,
+    resolve_strict,
+    with_anchors,
+)
 from kvgate.defaults import (
     DEFAULT_CONCURRENCY,
     DEFAULT_READ_DEADLINE,
@@ -36,9 +47,8 @@ def check(
         help="Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates.",
     ),
     profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
-    context_len: int | None = typer.Option(
-        None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
-    ),
+    context_len: int | None = typer.Option(None, "--context-length", min=1, metavar="N", help=CONTEXT_LENGTH_HELP),
+    context_len_old: int | None = typer.Option(None, "--context-len", min=1, hidden=True),
     headroom: float | None = typer.Option(
         None,
         "--headroom",
@@ -126,6 +136,7 @@ def check(
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
     ),
+    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""
@@ -136,6 +147,7 @@ def check(
 
     pairs = pair_outputs(list(fmt), list(output))
     try:
+        context_len = deprecated_alias("--context-length", "--context-len", context_len, context_len_old)
         options = check_options(
             prefill_url,
             decode_url,
@@ -163,10 +175,9 @@ def check(
         )
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
-        if profile is not None and Path(profile).is_file():
-            # The file in the repository that declares this deployment's gate: where a code-scanning
-            # reader (SARIF) can anchor findings that have no source file of their own.
-            report = replace(report, target={**report.target, "profile_file": profile})
+        # The files in the repository that declare this deployment's gate: where a code-scanning
+        # reader (SARIF) can anchor findings that have no source file of their own.
+        report = with_anchors(report, profile_file=profile, baseline_file=baseline, sarif_anchor=sarif_anchor)
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)

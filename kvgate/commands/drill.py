@@ -16,7 +16,16 @@ from typing import Any
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
+from kvgate.commands._common import (
+    SARIF_ANCHOR_OPTION,
+    STRICT_HELP,
+    VERBOSE_HELP,
+    fatal_report,
+    finish,
+    handle_errors,
+    resolve_strict,
+    with_anchors,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -115,6 +124,7 @@ def drill(
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Run the full gate against a PD deployment it starts: the simulator, or the real server on CPU."""
     from kvgate.check import run_check
@@ -196,4 +206,4 @@ def drill(
         report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"))
     except KvgateError as exc:
         report = fatal_report("drill", exc)
-    finish(report, pairs, verbose)
+    finish(with_anchors(report, sarif_anchor=sarif_anchor), pairs, verbose)

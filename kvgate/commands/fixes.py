@@ -11,12 +11,13 @@ import typer
 
 from kvgate.commands._common import (
     QUIET_HELP,
-    STRICT_HELP,
+    SARIF_ANCHOR_OPTION,
     VERBOSE_HELP,
     fatal_report,
     finish,
     handle_errors,
     resolve_strict,
+    with_anchors,
 )
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
@@ -39,6 +40,12 @@ def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple
     version = info.get("version") if isinstance(info.get("version"), str) else None
     backend = info.get("disaggregation_transfer_backend")
     return version, backend if isinstance(backend, str) else None, path
+
+
+FIXES_STRICT_HELP = (
+    "--strict: every entry whose presence is unknown blocks (exit 3). Default: a correctness fix unknown or "
+    "only weakly evidenced blocks, informational entries do not (with --url: strict, as check is)."
+)
 
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
@@ -102,7 +109,7 @@ def fixes(
     outputs: list[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
     token_env: str | None = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
     timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
+    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=FIXES_STRICT_HELP),
     scan_timeout: float = typer.Option(
         SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."
     ),
@@ -114,6 +121,7 @@ def fixes(
     probe_timeout: float = typer.Option(
         300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."
     ),
+    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 
@@ -198,17 +206,26 @@ def fixes(
         # here strictness is about informational entries only, and --strict adds them.
         verdict = correctness_verdict(a)
         unproven = a.unproven_correctness()
-        is_strict, strict_source = (
-            resolve_strict(strict)
-            if strict is not None
-            else (False, "default: correctness fixes block, informational entries do not")
-        )
+        # --url gates one running worker as `check` does: its version string alone proves no fix (the
+        # code is not read), so a correctness fix known only by version is inconclusive and blocks at the
+        # default, as check's does on the same node (exit 3 there and here).
+        gates_worker = url is not None
+        if strict is not None:
+            is_strict, strict_source = resolve_strict(strict)
+        elif gates_worker:
+            is_strict, strict_source = True, "default"
+        else:
+            is_strict, strict_source = False, "default for fixes: correctness fixes block, informational entries do not"
         if verdict.blocking and not is_strict:
             strict_source += "; a correctness fix is unproven, which blocks whatever the setting"
         report = Report(
             command="fixes",
             findings=tuple(
-                _with_missing_files(to_findings(a, node=f"sglang {a.release}" if a.release else a.target), a, scan)
+                _with_missing_files(
+                    to_findings(a, node=f"sglang {a.release}" if a.release else a.target, require_code=gates_worker),
+                    a,
+                    scan,
+                )
             ),
             strict=is_strict,
             strict_source=strict_source,
@@ -229,4 +246,4 @@ def fixes(
         )
     except KvgateError as exc:
         report = fatal_report("fixes", exc)
-    finish(report, pairs, verbose)
+    finish(with_anchors(report, sarif_anchor=sarif_anchor), pairs, verbose)

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from kvgate.commands._common import QUIET_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import QUIET_HELP, SARIF_ANCHOR_OPTION, fatal_report, finish, handle_errors, with_anchors
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 from kvgate.reporting import pair_outputs
@@ -58,6 +58,7 @@ def plan(
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " plan prints none; accepted everywhere."),
+    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Predict the KV pool SGLang sizes for a deployment; exit 1 when it cannot hold context x headroom."""
     pairs = pair_outputs(list(fmt), list(output))
@@ -87,7 +88,7 @@ def plan(
         report = plan_report(plans)
     except KvgateError as exc:
         report = fatal_report("plan", exc, strict=False)
-    finish(report, pairs)
+    finish(with_anchors(report, profile_file=profile, sarif_anchor=sarif_anchor), pairs)
 
 
 def role_inputs(flags: dict[str, Any], profile_ref: str | None) -> dict[str, Any]:

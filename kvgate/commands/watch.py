@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, handle_errors
+from kvgate.commands._common import CONTEXT_LENGTH_HELP, STRICT_HELP, deprecated_alias, handle_errors
 from kvgate.defaults import DEFAULT_CONCURRENCY
 from kvgate.errors import UsageError
 
@@ -43,11 +43,13 @@ def watch(
     prefill_tokens_per_min: int | None = typer.Option(
         None, "--prefill-tokens-per-min", min=0, help="Probe budget: prompt tokens in any minute (default 32768)."
     ),
-    intervals: int | None = typer.Option(None, "--intervals", min=1, help="Stop after this many intervals."),
-    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
-    context_len: int | None = typer.Option(
-        None, "--context-len", min=1, help="Advertised context length the pool must hold (default: the engine's)."
+    intervals: int | None = typer.Option(
+        None, "--stop-after", min=1, metavar="N", help="Stop after N intervals (default: run until stopped)."
     ),
+    intervals_old: int | None = typer.Option(None, "--intervals", min=1, hidden=True),
+    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
+    context_len: int | None = typer.Option(None, "--context-length", min=1, metavar="N", help=CONTEXT_LENGTH_HELP),
+    context_len_old: int | None = typer.Option(None, "--context-len", min=1, hidden=True),
     headroom: float | None = typer.Option(None, "--headroom", min=1.0, help="Required pool / context ratio."),
     timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="Seconds per metadata request."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
@@ -98,6 +100,8 @@ def watch(
     from kvgate.watch.settings import WatchSettings
 
     host, port = parse_listen(listen)
+    context_len = deprecated_alias("--context-length", "--context-len", context_len, context_len_old)
+    intervals = deprecated_alias("--stop-after", "--intervals", intervals, intervals_old)
     options = check_options(
         [],
         [],

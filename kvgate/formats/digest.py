@@ -33,7 +33,11 @@ MAX_LIST_ITEMS = 4
 def verdict_line(report: Report) -> str:
     """`kvgate check: GATE FAILED: do not promote (exit 1)`."""
     status = report.exit_status
-    return f"kvgate {report.command}: {_VERDICT[status]}{_opted_out(report)} (exit {int(status)})"
+    said = _VERDICT[status]
+    if status is ExitStatus.INCONCLUSIVE and not report.strict:
+        # strictness was off: what blocked is a check that blocks whatever the setting
+        said = "INCONCLUSIVE: a check that blocks whatever the strictness could not be observed"
+    return f"kvgate {report.command}: {said}{_opted_out(report)} (exit {int(status)})"
 
 
 def _opted_out(report: Report) -> str:
@@ -46,7 +50,7 @@ def counts_line(report: Report) -> str:
     c = report.counts()
     parts = [
         f"{c['failed']} failed",
-        f"{c['error']} errors",
+        f"{c['error']} error" + ("" if c["error"] == 1 else "s"),
         f"{c['inconclusive']} inconclusive",
         f"{c['passed']} passed",
     ] + ([f"{c['info']} info"] if c["info"] else [])

@@ -1,18 +1,28 @@
-"""SARIF 2.1.0 (GitHub code scanning and other SARIF readers): one result per finding that did not pass.
+"""SARIF 2.1.0 for GitHub code scanning: one result per finding that did not pass, each one an alert
+GitHub accepts (a file, a line) and can track from run to run.
 
-Each result's `ruleId` is the finding's check ID; its rule carries the check's page from docs/checks.md
-(title as the short description, the page as help text, the page's reference as a property). Results
-are located logically at the node they were observed on; where the evidence names the files a fix's
-signature is missing from (`kvgate fixes --site-packages` / `--python`), physically at those files,
-relative to the scanned sglang package (`uriBaseId` SGLANG, resolved in `originalUriBaseIds`). A
-`check` run with `--profile FILE` anchors its other results at that file, the deployment's declared
-gate in the repository (code scanning shows only results with a file).
-Passed checks are results too, of kind `pass` and level `none` (SARIF's own way to say "checked, fine").
+Every result is anchored at one file of the repository, line 1 (code scanning refuses a whole file
+whose results lack a physical location): the first of the gate profile file, the baseline file, the
+file named with `--sarif-anchor` (e.g. the deployment's manifest) that lies inside the repository,
+else the pseudo-artifact `.kvgate/deployment` (a stable name, no file needed). The repository is
+`$GITHUB_WORKSPACE` when set, else the current directory; URIs are relative to it (`uriBaseId`
+`%SRCROOT%`). Where the evidence names the sglang files a fix's signature is missing from (`kvgate
+fixes --site-packages` / `--python`), they are related locations relative to the scanned package
+(`uriBaseId` SGLANG), never read as repository paths.
+
+Alerts are tracked by `partialFingerprints` (the check ID and the node, by URL; a node kvgate started
+itself, in `drill`, by role and index, since its port changes every run) and kept apart per gated
+deployment by `automationDetails.id`, so two deployments never close each other's alerts. Passed
+checks are no results (GitHub ignores `kind`: a pass would be an alert); the counts say how many.
+Rules carry their page of docs/checks.md: `fullDescription`, `help` and `helpUri`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,30 +38,94 @@ SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schem
 # Where a fix's code signature is missing (relative to the sglang package), and the package scanned.
 MISSING_IN = "missing_in"
 PACKAGE_DIR = "package_dir"
+# report.target keys naming candidate anchor files, in the order they are tried.
 PROFILE_FILE = "profile_file"
+BASELINE_FILE = "baseline_file"
+SARIF_ANCHOR = "sarif_anchor"
+ANCHOR_KEYS = (PROFILE_FILE, BASELINE_FILE, SARIF_ANCHOR)
+# The anchor when no named file is in the repository: stable, so alerts still track across runs.
+PSEUDO_ARTIFACT = ".kvgate/deployment"
 BASE_ID = "SGLANG"
+SRCROOT = "%SRCROOT%"
+FINGERPRINT = "kvgateFinding/v1"
+# Where a rule's page is published (helpUri): KVGATE_DOCS_URL names where your copy of docs/checks.md lives;
+# the default is the same placeholder repository as action.yml's `your-org/kvgate`.
+DOCS_URL = "https://github.com/your-org/kvgate/blob/main/docs/checks.md"
 
-# outcome -> (SARIF kind, SARIF level)
+# outcome -> (SARIF kind, SARIF level); passed has none: it is no result.
 _KIND_LEVEL = {
     Outcome.FAILED: ("fail", "error"),
     Outcome.ERROR: ("fail", "error"),
     Outcome.INCONCLUSIVE: ("review", "warning"),
     Outcome.INFO: ("informational", "note"),
-    Outcome.PASSED: ("pass", "none"),
 }
 # A verdict was reached (even a failing one): the tool ran successfully.
 _RAN = {ExitStatus.PASSED, ExitStatus.GATE_FAILED, ExitStatus.INCONCLUSIVE}
+_INDEX = re.compile(r"^(\w+)\[\d+\]")
+
+
+def repository_root() -> Path:
+    """The checkout code scanning reads URIs against: $GITHUB_WORKSPACE, else the current directory."""
+    return Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd()).resolve()
+
+
+def _in_repo(path: str, root: Path) -> str | None:
+    """`path` relative to the repository root, POSIX-style, when it is a file inside it; else None."""
+    p = Path(path)
+    full = (p if p.is_absolute() else Path.cwd() / p).resolve()
+    if not full.is_file():
+        return None
+    try:
+        return full.relative_to(root).as_posix()
+    except ValueError:
+        return None
+
+
+def anchor(target: dict[str, Any], root: Path) -> tuple[str, str | None]:
+    """The repository-relative file every result is anchored at, and a note when a named one was passed over."""
+    skipped = []
+    for key in ANCHOR_KEYS:
+        named = target.get(key)
+        if not named:
+            continue
+        rel = _in_repo(str(named), root)
+        if rel is not None:
+            return rel, None
+        skipped.append(str(named))
+    note = None
+    if skipped:
+        where = f"is not a file inside the repository ({root})"
+        note = f"SARIF: {', '.join(skipped)} {where}: results anchored at {PSEUDO_ARTIFACT}"
+    return PSEUDO_ARTIFACT, note
+
+
+def _docs_url() -> str:
+    return os.environ.get("KVGATE_DOCS_URL") or DOCS_URL
+
+
+def _first_paragraph(page: str) -> str:
+    """The page's first paragraph below its heading, as plain text (fullDescription)."""
+    paras = [p.strip() for p in page.split("\n\n")[1:] if p.strip() and not p.lstrip().startswith(("#", "<"))]
+    return " ".join(paras[0].split()) if paras else ""
 
 
 def _rule(check_id: str) -> dict[str, Any]:
     doc = doc_for(check_id)
-    rule: dict[str, Any] = {"id": check_id, "name": check_id}
-    if doc is None:
-        rule["shortDescription"] = {"text": check_id}
+    # name: readable and distinct from the opaque id (SARIF1001), e.g. PoolContextHeadroom.
+    rule: dict[str, Any] = {
+        "id": check_id,
+        "name": "".join(w[:1].upper() + w[1:] for w in re.split(r"[^A-Za-z0-9]+", check_id)),
+    }
+    if doc is None:  # tests/conftest.py keeps an undocumented ID from shipping; stay valid anyway
+        text = f"kvgate check {check_id}."
+        rule.update(shortDescription={"text": text}, fullDescription={"text": text}, help={"text": text})
+        rule["helpUri"] = _docs_url()
         return rule
     page = page_text(doc.anchor)
     rule["shortDescription"] = {"text": doc.title}
+    rule["fullDescription"] = {"text": _first_paragraph(page) or doc.title}
     rule["help"] = {"text": page, "markdown": page}
+    rule["helpUri"] = f"{_docs_url()}#{doc.anchor}"
     rule["properties"] = {"doc": doc.ref}
     return rule
 
@@ -64,29 +138,53 @@ def _message(f: Finding) -> str:
     return "\n".join(lines)
 
 
-def _locations(f: Finding, package_dir: str | None, profile_file: str | None) -> list[dict[str, Any]]:
-    logical = {"logicalLocations": [{"name": f.node, "kind": "resource"}]}
+def node_identity(node: str, started_by_kvgate: bool) -> str:
+    """What names a node from run to run: its whole label, or its role and index where kvgate started it."""
+    if started_by_kvgate:
+        m = _INDEX.match(node)
+        if m:
+            return m.group(0)
+    return node
+
+
+def fingerprint(check_id: str, identity: str) -> str:
+    return hashlib.sha256(f"{check_id}\0{identity}".encode()).hexdigest()[:32]
+
+
+def _missing_files(f: Finding) -> list[str]:
     files: list[str] = []
     for e in f.evidence:
         if e.field == MISSING_IN and isinstance(e.value, (list, tuple)):
             files += [str(v) for v in e.value]
-    if not files or package_dir is None:
-        if profile_file:
-            path = Path(profile_file)
-            uri = path.as_uri() if path.is_absolute() else path.as_posix()  # relative: to the checkout
-            return [{"physicalLocation": {"artifactLocation": {"uri": uri}}, **logical}]
-        return [logical]
-    return [
-        {"physicalLocation": {"artifactLocation": {"uri": rel, "uriBaseId": BASE_ID}}, **logical}
-        for rel in dict.fromkeys(files)
-    ]
+    return list(dict.fromkeys(files))
+
+
+def deployment_key(report: Report) -> str:
+    """One gated deployment, the same from run to run: its profile, router or workers (no port kvgate picked)."""
+    t = report.target if isinstance(report.target, dict) else {}
+    if report.command == "drill":
+        parts: list[Any] = [t.get("profile")]
+    elif report.command == "fixes":
+        parts = [t.get("target")]
+    else:
+        nodes = t.get("nodes")
+        nodes = nodes if isinstance(nodes, list) else []
+        urls = sorted(str(n.get("url")) for n in nodes if isinstance(n, dict))
+        parts = [t.get("profile"), t.get("router"), *urls]
+    named = [str(p) for p in parts if p]
+    if not named:
+        return "default"
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "-", named[0]).strip("-")[:40] or "deployment"
+    return f"{readable}-{hashlib.sha256(chr(0).join(named).encode()).hexdigest()[:12]}"
 
 
 class SarifFormatter(Formatter):
     def render(self, report: Report) -> str:
         target = report.target if isinstance(report.target, dict) else {}
         package_dir = target.get(PACKAGE_DIR)
-        profile_file = target.get(PROFILE_FILE)
+        root = repository_root()
+        uri, anchor_note = anchor(target, root)
+        started_by_kvgate = report.command == "drill"
         listed = [f for f in report.findings if f.outcome in _KIND_LEVEL]
         rule_ids = list(dict.fromkeys(f.test_id for f in listed))
         index = {rid: i for i, rid in enumerate(rule_ids)}
@@ -99,21 +197,45 @@ class SarifFormatter(Formatter):
                 "kind": kind,
                 "level": level,
                 "message": {"text": _message(f)},
-                "locations": _locations(f, package_dir, profile_file),
+                "locations": [
+                    {
+                        "physicalLocation": {
+                            "artifactLocation": {"uri": uri, "uriBaseId": SRCROOT},
+                            "region": {"startLine": 1},
+                        },
+                        "logicalLocations": [{"name": f.node, "kind": "resource"}],
+                    }
+                ],
+                "partialFingerprints": {FINGERPRINT: fingerprint(f.test_id, node_identity(f.node, started_by_kvgate))},
                 "properties": {"outcome": f.outcome.value, "node": f.node, "blocking": f.blocking},
             }
+            files = _missing_files(f)
+            if files and package_dir is not None:
+                result["relatedLocations"] = [
+                    {
+                        "id": i,
+                        "physicalLocation": {"artifactLocation": {"uri": rel, "uriBaseId": BASE_ID}},
+                        "message": {"text": "the fix's code signature is missing here"},
+                    }
+                    for i, rel in enumerate(files)
+                ]
             if f.waived:
                 result["suppressions"] = [{"kind": "external", "justification": f.waived}]
             results.append(result)
         status = report.exit_status
+        notes = list(report.notes) + ([anchor_note] if anchor_note else [])
         run: dict[str, Any] = {
             "tool": {
                 "driver": {
                     "name": "kvgate",
                     "version": __version__,
+                    "semanticVersion": __version__,
+                    "informationUri": _docs_url(),
                     "rules": [_rule(rid) for rid in rule_ids],
                 }
             },
+            "automationDetails": {"id": f"kvgate/{report.command}/{deployment_key(report)}/"},
+            "originalUriBaseIds": {SRCROOT: {"uri": root.as_uri() + "/"}},
             "invocations": [
                 {
                     "executionSuccessful": status in _RAN,
@@ -121,7 +243,7 @@ class SarifFormatter(Formatter):
                     "commandLine": f"kvgate {report.command}",
                     "startTimeUtc": report.started_at,
                     "endTimeUtc": report.finished_at,
-                    "toolExecutionNotifications": [{"message": {"text": n}, "level": "note"} for n in report.notes],
+                    "toolExecutionNotifications": [{"message": {"text": n}, "level": "note"} for n in notes],
                 }
             ],
             "results": results,
@@ -131,7 +253,7 @@ class SarifFormatter(Formatter):
                 "strict": report.strict,
             },
         }
-        if package_dir is not None and any("physicalLocation" in loc for r in results for loc in r["locations"]):
-            run["originalUriBaseIds"] = {BASE_ID: {"uri": Path(str(package_dir)).resolve().as_uri() + "/"}}
+        if package_dir is not None and any("relatedLocations" in r for r in results):
+            run["originalUriBaseIds"][BASE_ID] = {"uri": Path(str(package_dir)).resolve().as_uri() + "/"}
         doc = {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": [run]}
         return json.dumps(doc, indent=2, default=str) + "\n"

@@ -44,7 +44,7 @@ def effective_context(reading: NodeReading, advertised: int | None) -> tuple[int
     else:
         src = reading.context_source or ""
     if advertised is not None and (engine is None or advertised > engine):
-        return advertised, "--context-len / profile context_length"
+        return advertised, "--context-length / profile context_length"
     return engine, src
 
 
@@ -143,9 +143,9 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
                 "headroom",
                 node,
                 "effective context length unknown (no /v1/models max_model_len, no "
-                "context_length flag, no --context-len); cannot prove pool >= context",
+                "context_length flag, no --context-length); cannot prove pool >= context",
                 Evidence(node, "context", None, "known"),
-                remedy="pass --context-len or expose /v1/models",
+                remedy="pass --context-length or expose /v1/models",
             )
         )
         return out

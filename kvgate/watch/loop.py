@@ -293,15 +293,15 @@ class Watcher:
             if not out.sent:
                 self.metrics.skipped.labels(reason=out.problem or "?").inc()
                 continue
-            self.metrics.requests.labels(bucket=out.bucket).inc()
+            self.metrics.requests.labels(out.bucket).inc()
             self.metrics.prefill_tokens.inc(out.length)
             self.metrics.peak_requests.set(self.budget.peak_requests)
             self.metrics.peak_tokens.set(self.budget.peak_tokens)
             if out.seconds is not None:
                 self.latency.record(out.bucket, out.seconds)
-                self.metrics.durations.labels(bucket=out.bucket).observe(out.seconds)
+                self.metrics.durations.labels(out.bucket).observe(out.seconds)
             else:
-                self.metrics.failures.labels(bucket=out.bucket).inc()
+                self.metrics.failures.labels(out.bucket).inc()
             if out.leaks:
                 self.metrics.leaks.inc(len(out.leaks))
                 self.log(f"LEAK: a scheduled probe's answer carries foreign sentinels: {list(out.leaks)[:3]}")

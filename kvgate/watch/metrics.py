@@ -12,11 +12,17 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvgate.findings import Finding, Outcome, Report
+from kvgate.watch.budget import WINDOW_S
 
-#: the outcome code of kvgate_check_outcome: the exit-status semantics of one finding
-OUTCOME_CODE = {Outcome.PASSED: 0, Outcome.INFO: 0, Outcome.FAILED: 1, Outcome.INCONCLUSIVE: 3, Outcome.ERROR: 4}
+#: the outcome code of kvgate_check_outcome: the exit-status semantics of one finding, and 2 for info
+#: (reported, not required: neither a pass nor a failure, never 0)
+OUTCOME_CODE = {Outcome.PASSED: 0, Outcome.INFO: 2, Outcome.FAILED: 1, Outcome.INCONCLUSIVE: 3, Outcome.ERROR: 4}
 #: which outcome of one (check, node) the series shows when several findings share it (a failure wins)
-_RANK = {0: 0, 3: 1, 4: 2, 1: 3}
+_RANK = {0: 0, 2: 1, 3: 2, 4: 3, 1: 4}
+#: the label of the probes' prompt-length class (`one_page`, `long`); never `bucket`, which reads as a
+#: histogram's own `le` bucket
+LENGTH_LABEL = "prompt_length"
+
 #: latency buckets' histogram boundaries (seconds)
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -38,10 +44,11 @@ METRIC_NAMES = (
     "kvgate_latency_too_good",
     "kvgate_latency_long_p5_seconds",
     "kvgate_latency_one_page_median_seconds",
-    "kvgate_budget_requests_per_minute",
-    "kvgate_budget_prefill_tokens_per_minute",
-    "kvgate_budget_peak_requests_per_minute",
-    "kvgate_budget_peak_prefill_tokens_per_minute",
+    "kvgate_budget_window_seconds",
+    "kvgate_budget_window_requests",
+    "kvgate_budget_window_prefill_tokens",
+    "kvgate_budget_peak_window_requests",
+    "kvgate_budget_peak_window_prefill_tokens",
 )
 
 
@@ -71,7 +78,8 @@ class WatchMetrics:
         )
         self.outcome = Gauge(
             "kvgate_check_outcome",
-            "Outcome of each check of the last full gate: 0 passed, 1 failed, 3 inconclusive, 4 error",
+            "Outcome of each check of the last full gate: 0 passed, 1 failed, 2 info (reported, not required), "
+            "3 inconclusive, 4 error",
             ["check", "node"],
             registry=r,
         )
@@ -79,17 +87,17 @@ class WatchMetrics:
         self.pass_seconds = Gauge("kvgate_metadata_pass_seconds", "Wall time of the last metadata pass", registry=r)
         self.changes = Counter("kvgate_changes", "Changes seen by the metadata pass", ["fact"], registry=r)
         self.full_gates = Counter("kvgate_full_gates", "Full gate runs, by what triggered them", ["reason"], registry=r)
-        self.requests = Counter("kvgate_probe_requests", "Scheduled probes sent", ["bucket"], registry=r)
+        self.requests = Counter("kvgate_probe_requests", "Scheduled probes sent", [LENGTH_LABEL], registry=r)
         self.prefill_tokens = Counter(
             "kvgate_probe_prefill_tokens", "Prompt tokens of the scheduled probes sent", registry=r
         )
         self.skipped = Counter("kvgate_probe_skipped", "Scheduled probes not sent", ["reason"], registry=r)
-        self.failures = Counter("kvgate_probe_failures", "Scheduled probes not served", ["bucket"], registry=r)
+        self.failures = Counter("kvgate_probe_failures", "Scheduled probes not served", [LENGTH_LABEL], registry=r)
         self.leaks = Counter("kvgate_probe_leaks", "Foreign sentinels seen in scheduled probes' answers", registry=r)
         self.durations = Histogram(
             "kvgate_probe_prefill_seconds",
-            "Duration of served scheduled probes (time to a short answer), by prompt-length bucket",
-            ["bucket"],
+            "Duration of served scheduled probes (time to a short answer), by prompt length",
+            [LENGTH_LABEL],
             buckets=DURATION_BUCKETS,
             registry=r,
         )
@@ -103,18 +111,20 @@ class WatchMetrics:
         self.short_median = Gauge(
             "kvgate_latency_one_page_median_seconds", "Median of the one-page bucket's durations", registry=r
         )
+        window = Gauge("kvgate_budget_window_seconds", "Length of the probe budget's sliding window", registry=r)
+        window.set(WINDOW_S)  # the budget gauges count what fits in (or was sent in) one window
         self.budget_requests = Gauge(
-            "kvgate_budget_requests_per_minute", "Probe budget: requests in any minute", registry=r
+            "kvgate_budget_window_requests", "Probe budget: requests allowed in any one window", registry=r
         )
         self.budget_tokens = Gauge(
-            "kvgate_budget_prefill_tokens_per_minute", "Probe budget: prompt tokens in any minute", registry=r
+            "kvgate_budget_window_prefill_tokens", "Probe budget: prompt tokens allowed in any one window", registry=r
         )
         self.peak_requests = Gauge(
-            "kvgate_budget_peak_requests_per_minute", "Most probe requests sent in any minute so far", registry=r
+            "kvgate_budget_peak_window_requests", "Most probe requests sent in any one window so far", registry=r
         )
         self.peak_tokens = Gauge(
-            "kvgate_budget_peak_prefill_tokens_per_minute",
-            "Most probe prompt tokens in any minute",
+            "kvgate_budget_peak_window_prefill_tokens",
+            "Most probe prompt tokens sent in any one window so far",
             registry=r,
         )
 

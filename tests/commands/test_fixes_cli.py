@@ -205,7 +205,11 @@ def test_repo_and_rev(tmp_path: Path) -> None:
 def test_url_reads_version_from_server_info(payload_server) -> None:  # type: ignore[no-untyped-def]
     srv = payload_server({"/server_info": Route({"version": "0.5.22", "disaggregation_transfer_backend": "mooncake"})})
     rc, doc = _json("--url", srv.url)
-    assert rc == 0 and doc["target"]["release"] == "0.5.22" and doc["target"]["backend"] == "mooncake"
+    # a version string proves no fix: strict at the default, as `check` is on the same worker (exit 3)
+    assert rc == 3 and doc["target"]["release"] == "0.5.22" and doc["target"]["backend"] == "mooncake"
+    assert doc["strict"] is True and any(f["outcome"] == "inconclusive" for f in doc["findings"])
+    rc, doc = _json("--url", srv.url, "--no-strict")
+    assert rc == 0 and any("strictness opted out (--no-strict)" in n for n in doc["notes"])
     srv20 = payload_server({"/server_info": Route({"version": "0.5.20"})})
     rc, doc = _json("--url", srv20.url)
     assert rc == 1 and _presence(doc)["pr-38935"] == "absent"
@@ -219,7 +223,8 @@ def test_url_falls_back_to_get_server_info(payload_server) -> None:  # type: ign
 
 def test_url_with_token(payload_server) -> None:  # type: ignore[no-untyped-def]
     srv = payload_server({"/server_info": Route({"version": "0.5.23"})})
-    res = _run("--url", srv.url, "--token-env", "KVGATE_TEST_TOKEN", env={"KVGATE_TEST_TOKEN": "s3cret-tok"})
+    args = ["--url", srv.url, "--token-env", "KVGATE_TEST_TOKEN", "--no-strict"]
+    res = _run(*args, env={"KVGATE_TEST_TOKEN": "s3cret-tok"})
     assert res.exit_code == 0
     assert srv.seen_headers[-1].get("Authorization") == "Bearer s3cret-tok"
     assert "s3cret-tok" not in res.stdout
@@ -299,3 +304,11 @@ def test_python_command_that_hangs_or_answers_garbage_exits_4(command: str, mess
 def test_probe_needs_a_local_interpreter() -> None:
     res = _run("--python", "kubectl exec -i pod -- python3", "--probe")
     assert res.exit_code == 2 and "local interpreter" in res.stderr
+
+
+def test_the_backport_remedy_is_a_command_that_parses() -> None:
+    """`--to` takes a release (not a tree): the fix text names one that has a series, and the target flag."""
+    rc, doc = _json("--version", "0.5.20")
+    remedies = {f["remedy"] for f in doc["findings"] if f["remedy"] and "kvgate backport" in f["remedy"]}
+    assert remedies and all("<sglang tree>" not in r for r in remedies)
+    assert all("kvgate backport --to RELEASE --site-packages PATH" in r and "v0.5.20" in r for r in remedies)

@@ -32,6 +32,10 @@ def _report() -> Report:
 def test_every_format_renders_every_outcome(fmt: ReportFormat) -> None:
     text = fmt.formatter().render(_report())
     for o in Outcome:
+        if fmt is ReportFormat.SARIF and o is Outcome.PASSED:
+            # code scanning reads every result as an alert: a pass is counted, not listed
+            assert f"check-{o.value}" not in text and '"passed": 1' in text
+            continue
         assert f"check-{o.value}" in text
     assert "681280" in text or "681,280" in text
 
@@ -49,8 +53,9 @@ def test_junit_maps_outcomes() -> None:
     cases = {c.get("name"): c for c in root.iter("testcase")}
     assert cases["check-failed [prefill[0] http://x]"].find("failure") is not None
     assert cases["check-error [prefill[0] http://x]"].find("error") is not None
-    assert cases["check-inconclusive [prefill[0] http://x]"].find("skipped") is not None
-    assert root.get("failures") == "1" and root.get("errors") == "1" and root.get("skipped") == "1"
+    # strict (the default): the inconclusive blocks, so it is a failure a dashboard shows red
+    assert cases["check-inconclusive [prefill[0] http://x]"].find("failure").get("type") == "inconclusive"
+    assert root.get("failures") == "2" and root.get("errors") == "1" and root.get("skipped") is None
 
 
 def test_junit_of_empty_report_is_valid() -> None:
@@ -147,3 +152,25 @@ def test_passed_list_names_the_node_of_an_id_that_fails_elsewhere() -> None:
     assert passed_digest(report) == "pool-context.headroom on decode[0] http://d, target.reachable x2"
     table = ReportFormat.TABLE.formatter().render(report)
     assert "passed: pool-context.headroom on decode[0] http://d, target.reachable x2" in table
+
+
+def test_words_say_what_the_run_did() -> None:
+    """The verdict line of a --no-strict run that still blocked does not claim --strict; one error is one
+    error; a command whose own default is not strict does not claim an opt-out."""
+    from dataclasses import replace
+
+    from kvgate.findings import inconclusive
+    from kvgate.formats.digest import counts_line, verdict_line
+
+    blocked = replace(inconclusive("g", "c", "n", "not seen"), blocking=True)
+    r = Report(command="check", findings=(blocked,), strict=False, strict_source="--no-strict")
+    assert r.exit_status is ExitStatus.INCONCLUSIVE
+    assert "--strict" not in verdict_line(r) and "whatever the strictness" in verdict_line(r)
+    strict = Report(command="check", findings=(blocked,))
+    assert "INCONCLUSIVE under --strict" in verdict_line(strict)
+    one = Report(command="check", findings=(Finding("g", "c", "n", Outcome.ERROR, "down"),))
+    assert "1 error," in counts_line(one) and "1 errors" not in counts_line(one)
+    fixes = Report(command="fixes", findings=(), strict=False, strict_source="default for fixes: ...")
+    assert (fixes.strictness_note() or "").startswith("not strict (default for fixes")
+    opted = Report(command="fixes", findings=(), strict=False, strict_source="--no-strict")
+    assert (opted.strictness_note() or "").startswith("strictness opted out (--no-strict)")

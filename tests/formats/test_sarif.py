@@ -54,11 +54,13 @@ def test_sarif_validates_and_maps_every_finding() -> None:
     validate(doc)
     run = doc["runs"][0]
     results = run["results"]
-    assert [r["ruleId"] for r in results] == [f.test_id for f in _report().findings]
+    # a passed check is no result (GitHub ignores `kind`: it would be an alert)
+    assert [r["ruleId"] for r in results] == [f.test_id for f in _report().findings if f.outcome is not Outcome.PASSED]
     by_id = {r["ruleId"]: r for r in results}
     assert (by_id["pool-context.headroom"]["level"], by_id["pool-context.headroom"]["kind"]) == ("error", "fail")
     assert by_id["probes.contract.pool_limit"]["level"] == "warning"
-    assert by_id["defenses.kv-canary"]["level"] == "note" and by_id["target.reachable"]["kind"] == "pass"
+    assert by_id["defenses.kv-canary"]["level"] == "note" and "target.reachable" not in by_id
+    assert run["properties"]["counts"]["passed"] == 1
     assert by_id["defenses.kv-checksum"]["suppressions"][0]["justification"].startswith("tracked in OPS-1")
     assert "fix: raise the pool" in by_id["pool-context.headroom"]["message"]["text"]
     rules = run["tool"]["driver"]["rules"]
@@ -68,6 +70,8 @@ def test_sarif_validates_and_maps_every_finding() -> None:
         doc_page = doc_for(r["ruleId"])
         assert doc_page is not None, r["ruleId"]
         assert rule["properties"]["doc"] == doc_page.ref and doc_page.title in rule["help"]["text"]
+        assert rule["helpUri"].endswith("#" + doc_page.anchor) and rule["fullDescription"]["text"]
+        assert rule["name"] != rule["id"]
         assert "What" in rule["help"]["text"] or "what" in rule["help"]["text"]
     loc = by_id["pool-context.headroom"]["locations"][0]["logicalLocations"][0]
     assert loc["name"] == "prefill[0] http://10.0.0.1:30000"
@@ -98,14 +102,17 @@ def test_fixes_site_packages_results_point_at_the_files(tmp_path: Path) -> None:
     run = doc["runs"][0]
     door = next(r for r in run["results"] if r["ruleId"] == "fixes.pr-38935")
     assert door["level"] == "error"
-    uris = [loc["physicalLocation"]["artifactLocation"]["uri"] for loc in door["locations"]]
+    uris = [loc["physicalLocation"]["artifactLocation"]["uri"] for loc in door["relatedLocations"]]
     assert "srt/disaggregation/prefill.py" in uris
+    assert {loc["physicalLocation"]["artifactLocation"]["uriBaseId"] for loc in door["relatedLocations"]} == {
+        "SGLANG"
+    }  # never read as a repository path: the alert itself sits at the anchor
+    assert door["locations"][0]["physicalLocation"]["artifactLocation"]["uriBaseId"] == "%SRCROOT%"
     base = run["originalUriBaseIds"]["SGLANG"]["uri"]
     assert base == pkg.resolve().as_uri() + "/"
     for rel in uris:  # every location is a real file of the scanned tree that lacks the signature
         assert (pkg / rel).is_file(), rel
-    present = [r for r in run["results"] if r["kind"] == "pass"]
-    assert present and all("physicalLocation" not in loc for r in present for loc in r["locations"])
+    assert all(r["kind"] != "pass" for r in run["results"])
 
 
 def test_check_results_are_anchored_at_the_profile_file(

@@ -106,9 +106,9 @@ def test_healthy_release_passes_and_a_smaller_pool_flips_it(tmp_path: Path) -> N
             assert w.metric("kvgate_verdict") == 0 and res.json()["passed"] is True
             # Scheduled probes ran and stayed within the budget, measured.
             w.wait(lambda: (w.metric("kvgate_probe_prefill_tokens_total") or 0) > 0, 60, "a scheduled probe")
-            peak = w.metric("kvgate_budget_peak_requests_per_minute")
+            peak = w.metric("kvgate_budget_peak_window_requests")
             assert peak is not None and 0 < peak <= 30
-            peak_tokens = w.metric("kvgate_budget_peak_prefill_tokens_per_minute")
+            peak_tokens = w.metric("kvgate_budget_peak_window_prefill_tokens")
             assert peak_tokens is not None and 0 < peak_tokens <= 20000
 
             prefill = dep.prefill_urls[0]
