@@ -12,6 +12,7 @@ TransportError (exit 4): a fleet that cannot be listed cannot be gated.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,7 @@ class RouterListing:
         return out
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a fleet's listing is grouped several times per run
 def normalize_url(url: str) -> str:
     """Scheme and host lowercased, default port and trailing slash dropped: one spelling per worker."""
     parts = urlsplit(url.strip().rstrip("/"))
