@@ -12,7 +12,6 @@ on schedule.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import re
@@ -67,7 +66,7 @@ def view_of(listing: RouterListing | None, results: Mapping[str, NodeReading | s
     entries = listing.by_base_url()
     workers: dict[str, WorkerView] = {}
     for url, got in results.items():
-        router = tuple(sorted((dataclasses.astuple(e) for e in entries.get(url, ())), key=repr))
+        router = tuple(sorted((tuple(vars(e).values()) for e in entries.get(url, ())), key=repr))
         if isinstance(got, NodeReading):
             workers[url] = WorkerView(router, judged_facts(got), None)
         else:
