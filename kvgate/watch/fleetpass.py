@@ -140,7 +140,7 @@ def changes(judged: FleetView | None, new: FleetView) -> list[Change]:
             out.append(Change(url, "router entry", list(was.router), list(now.router)))
         if (was.error is None) != (now.error is None):
             out.append(Change(url, "reachable", was.error or "yes", now.error or "yes"))
-        if was.facts is None or now.facts is None:
+        if was.facts is None or now.facts is None or now.error is not None:
             continue
         flags = 0
         for key in [*now.facts, *(k for k in was.facts if k not in now.facts)]:

@@ -57,11 +57,20 @@ class _ReadingsTap:
         self.attempted = tuple(s.url for s in ctx.attempted)
         return []
 
-    def view(self) -> FleetView:
-        """The fleet as the gate judged it (a worker it could not read is unreadable in it)."""
+    def view(self, before: FleetView | None) -> FleetView:
+        """The fleet as the gate judged it. A worker it could not read keeps the facts an earlier gate
+        judged for it, so the pass that reads it again logs what a restart changed (pool 8192 -> 2048)."""
         got: dict[str, NodeReading | str] = dict.fromkeys(self.attempted, "not read by the full gate")
         got.update({r.spec.url: r for r in self.readings})
-        return view_of(self.listing, got)
+        view = view_of(self.listing, got)
+        if before is None:
+            return view
+        workers = dict(view.workers)
+        for url, w in workers.items():
+            old = before.workers.get(url)
+            if w.facts is None and old is not None and old.facts is not None:
+                workers[url] = replace(w, facts=old.facts)
+        return replace(view, workers=workers)
 
 
 class Watcher:
@@ -260,7 +269,7 @@ class Watcher:
         for f in report.findings:
             if f.outcome in _BLOCKING and f.counts_toward_exit:
                 self.log(f"  {f.outcome.value}: {f.test_id} {f.node}: {f.summary}")
-        self.judged = tap.view()
+        self.judged = tap.view(self.judged)
         self._set_ratios()
         self._plan_probes(tap.readings)
         release_heap()
