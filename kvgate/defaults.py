@@ -3,8 +3,10 @@
 SCAN_TIMEOUT_S = 60.0
 """Seconds a `--python` code scan (kvgate's scan program on a worker's interpreter) may take."""
 
-DEFAULT_CONCURRENCY = 64
-"""Workers whose metadata is read at once, by default (`--concurrency`)."""
+DEFAULT_CONCURRENCY = 1024
+"""Workers whose metadata is read at once, by default (`--concurrency`; the watch's pass reads as many):
+every GET of theirs in flight together on one thread (kvgate/fleetread.py), so a fleet of 1,024 costs
+about one slow answer."""
 
 NODE_DEADLINE_REQUESTS = 3
 """A worker's whole read (up to five GETs) must finish within this many times the per-request timeout."""

@@ -17,6 +17,7 @@ the routed URL and carries the disagreement in `problems`; the fleet gate report
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +94,7 @@ class RouterListing:
         return [(url, rank, urls) for (url, rank), urls in seen.items() if len(urls) > 1]
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a fleet's listing is grouped several times per run
 def normalize_url(url: str) -> str:
     """Scheme and host lowercased, default port and trailing slash dropped: one spelling per worker."""
     parts = urlsplit(url.strip().rstrip("/"))

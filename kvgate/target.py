@@ -10,10 +10,8 @@ from __future__ import annotations
 import functools
 import json
 import ssl
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,12 +53,38 @@ def validate_url(flag: str, url: str) -> str:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object whose keys repeat is ambiguous (which value does the engine mean?): refuse it."""
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
+    out = dict(pairs)  # built in C: a fleet's documents are thousands of objects
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return out
+
+
+def decode_answer(url: str, status: int, body: bytes, location: str | None, *, missing_ok: bool) -> Any | None:
+    """The JSON document of one metadata answer, judged the same way whichever reader fetched it:
+    404 is None when `missing_ok`; a refusal, an error status, a redirect (never followed: kvgate reads
+    the worker it was pointed at) or malformed JSON (a repeated key included) is a TransportError."""
+    if status == 404 and missing_ok:
+        return None
+
+    def text(n: int) -> str:
+        return clip(body.decode("utf-8", "replace"), n)
+
+    if status in (401, 403):
+        raise TransportError(url, f"HTTP {status}: authentication refused (check --token-env)")
+    if status >= 400:
+        raise TransportError(url, f"HTTP {status}: {text(200)!r}")
+    if not 200 <= status < 300:
+        raise TransportError(
+            url, f"HTTP {status} (redirect to {location or '?'!r}, not followed): point kvgate at the worker itself"
+        )
+    try:
+        return json.loads(body, object_pairs_hook=_unique_keys)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise TransportError(url, f"malformed JSON ({exc}): {text(120)!r}") from None
 
 
 @dataclass(frozen=True)
@@ -190,27 +214,16 @@ class TargetClient:
         self.concurrency = concurrency
         self.metadata_cap = metadata_cap
         self.probe_cap = probe_cap
+        self._token = token
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssl = _ssl_context()  # every client below shares it
         self._http = self._new_http()
-        # Fleet reads: one small client per reading thread. A single pool shared by hundreds of
-        # threads costs time quadratic in its connections (httpcore scans them all per request):
-        # 512 workers read at once took 60 s instead of 1.
-        self._local = threading.local()
-        self._thread_clients: list[httpx.Client] = []
-        self._lock = threading.Lock()
 
     def _new_http(self) -> httpx.Client:
         return bounded_client(timeout=self.timeout, body_cap=self.probe_cap, verify=self._ssl, headers=self._headers)
 
-    def _session(self) -> httpx.Client:
-        """The calling reader thread's own client inside read_nodes, else the shared one."""
-        return getattr(self._local, "http", None) or self._http
-
     def close(self) -> None:
         self._http.close()
-        for c in self._thread_clients:
-            c.close()
 
     def __enter__(self) -> TargetClient:
         return self
@@ -240,29 +253,14 @@ class TargetClient:
             if left < timeout:
                 timeout, why = left, "the node's read deadline"
         try:
-            resp = self._session().get(url, timeout=timeout, extensions={BODY_CAP: self.metadata_cap})
+            resp = self._http.get(url, timeout=timeout, extensions={BODY_CAP: self.metadata_cap})
         except httpx.TimeoutException:
             raise TransportError(url, f"no whole answer within {timeout:g}s ({why})") from None
         except OverCap as exc:
             raise TransportError(url, f"{exc} (metadata cap)") from None
         except httpx.HTTPError as exc:
             raise TransportError(url, f"unreachable: {type(exc).__name__}: {exc}") from None
-        if resp.status_code == 404 and missing_ok:
-            return None
-        if resp.status_code in (401, 403):
-            raise TransportError(url, f"HTTP {resp.status_code}: authentication refused (check --token-env)")
-        if resp.status_code >= 400:
-            raise TransportError(url, f"HTTP {resp.status_code}: {clip(resp.text, 200)!r}")
-        if not 200 <= resp.status_code < 300:
-            # A redirect is not the document: kvgate reads the worker it was pointed at, never another.
-            where = resp.headers.get("location", "?")
-            raise TransportError(
-                url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): point kvgate at the worker itself"
-            )
-        try:
-            return json.loads(resp.content, object_pairs_hook=_unique_keys)
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise TransportError(url, f"malformed JSON ({exc}): {clip(resp.text, 120)!r}") from None
+        return decode_answer(url, resp.status_code, resp.content, resp.headers.get("location"), missing_ok=missing_ok)
 
     def server_info(self, base: str, deadline: float | None = None) -> tuple[str, dict[str, Any]]:
         """(path, document) of a worker's /server_info, else its older /get_server_info.
@@ -299,49 +297,30 @@ class TargetClient:
         read_deadline_s: float | None = None,
         on_done: Callable[[], None] | None = None,
     ) -> list[NodeReading | TransportError]:
-        """Read every node at once, `concurrency` at a time; each slot holds its reading or its error.
+        """Read every node, `concurrency` at a time, through the fleet reader (kvgate/fleetread.py, which
+        `kvgate watch` reads with too); each slot holds its reading or its error.
 
-        Deadlines: each node's read ends within NODE_DEADLINE_REQUESTS x timeout of its start, and
-        every node's within `read_deadline_s` of this call (a node whose turn comes later is not read).
-        `on_done` is called (from a worker thread) as each node finishes.
+        Every answer ends within the timeout, and every node's read within `read_deadline_s` of this call
+        (a node whose turn comes later is not read). `on_done` is called as each node finishes.
         """
-        if not specs:
-            return []
-        end = time.monotonic() + read_deadline_s if read_deadline_s is not None else None
+        from kvgate.fleetread import read_workers  # the fleet reader builds on this module
 
-        def one(spec: NodeSpec) -> NodeReading | TransportError:
-            if getattr(self._local, "http", None) is None:
-                self._local.http = self._new_http()
-                with self._lock:
-                    self._thread_clients.append(self._local.http)
-            start = time.monotonic()
-            deadline = start + NODE_DEADLINE_REQUESTS * self.timeout
-            try:
-                if end is not None:
-                    if start >= end:
-                        raise TransportError(
-                            spec.url,
-                            f"not read: the whole read's deadline ({read_deadline_s:g}s) "
-                            "passed before its turn (raise --read-deadline or --concurrency)",
-                        )
-                    deadline = min(deadline, end)
-                return self.read_node(spec, deadline=deadline)
-            except TransportError as exc:
-                return exc
-            finally:
-                if on_done is not None:
-                    on_done()
-
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(specs)))
-        try:
-            readings = list(pool.map(one, specs))
-        except BaseException:
-            # Ctrl-C / SIGTERM: do not wait for reads in flight (each ends at its own timeout) before
-            # the caller writes its report.
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
-        return readings
+        deadline = time.monotonic() + read_deadline_s if read_deadline_s is not None else None
+        return read_workers(
+            specs,
+            timeout=self.timeout,
+            token=self._token,
+            width=self.concurrency,
+            deadline=deadline,
+            ssl_context=self._ssl,
+            body_cap=self.metadata_cap,
+            on_done=on_done,
+            deadline_name=(
+                f"the whole read's deadline ({read_deadline_s:g}s; raise --read-deadline or --concurrency)"
+                if read_deadline_s is not None
+                else "the whole read's deadline"
+            ),
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -116,9 +116,11 @@ class _FleetServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            request_queue_size = 1024  # the listen backlog: every worker's GETs arrive at once
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        self.server.request_queue_size = 256
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
@@ -143,9 +145,12 @@ def test_reads_run_at_once_up_to_the_bound(concurrency: int, workers: int) -> No
         srv.stop()
     assert all(not isinstance(r, Exception) for r in results)
     assert len(done) == workers  # progress: one tick per worker
-    # The bound holds, and reads really overlap beyond the old fixed 16 when allowed.
-    assert srv.max_in_flight <= concurrency
-    assert srv.max_in_flight > (concurrency // 2 if concurrency < 16 else 16)
+    # The bound holds (`concurrency` workers, each with its GETs in flight together: fleetread.READS),
+    # and reads really overlap beyond the old fixed 16 when allowed.
+    from kvgate.fleetread import READS
+
+    assert srv.max_in_flight <= concurrency * len(READS)
+    assert srv.max_in_flight > (concurrency if concurrency < 16 else 16)
 
 
 def test_a_node_that_needs_too_long_hits_its_own_deadline() -> None:
@@ -175,5 +180,7 @@ def test_the_whole_read_has_one_deadline() -> None:
             results = client.read_nodes(srv.specs(3), read_deadline_s=0.5)
     finally:
         srv.stop()
-    assert all(isinstance(r, TransportError) for r in results)
-    assert "whole read's deadline" in results[-1].problem  # its turn came after the deadline
+    # The first worker's GETs go out together (whether they end within the deadline is a race on a busy
+    # machine); the others' turn comes after it.
+    assert all(isinstance(r, TransportError) for r in results[1:])
+    assert "whole read's deadline" in results[-1].problem

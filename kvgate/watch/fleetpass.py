@@ -1,55 +1,82 @@
-"""The per-interval metadata pass: who the router lists, and what every worker says about itself.
+"""The per-interval metadata pass: the fleet read as `kvgate check` reads it, compared with what the
+last full gate judged.
 
-One GET of each worker's server_info (the fields a capacity change moves: pool, context, version,
-role, flags), all at once up to `concurrency` in flight on one thread (wideread.py): a fleet of 1,024
-workers costs about one slow answer, not 1,024/width of them (bench/fleet_read.py measures it). The full
-gate (kvgate.check) reads everything again, strictly; this pass only decides when it must run.
+The pass reads what the gate reads, with the same reader (kvgate/fleetread.py: the router's listing,
+every worker's server_info with every DP rank's `internal_states`, `/v1/models`, `/model_info`), all at
+once on one thread: a fleet of 1,024 workers costs about one slow answer (bench/fleet_read.py measures
+it). Every fact the gate judged (`fleetread.judged_facts`, the router's entries for each worker, the
+listing itself) is compared with the value the gate judged; any difference is a change, logged old ->
+new, and re-runs the gate. Load, clocks and live counters are not facts, so a busy fleet re-gates only
+on schedule.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from kvgate.defaults import METADATA_BODY_CAP
+from kvgate.check import discovered_specs
 from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError
-from kvgate.target import POOL_KEYS, TargetClient
-from kvgate.watch.wideread import Answer, Failure, get_many
+from kvgate.fleetread import judged_facts, read_workers
+from kvgate.target import NodeReading, NodeSpec, TargetClient
 
-#: server_info keys that move without any change of configuration (load, clocks, live state).
-VOLATILE_KEYS = frozenset(
-    {"internal_states", "startup_time", "status", "last_gen_throughput", "load", "uptime", "num_running_reqs"}
-)
-#: the facts whose change re-runs the gate, in the order changes are logged
-FACTS = ("role", "version", "pool", "context", "max_req_input_len", "page_size", "flags")
+#: flag changes logged per worker (a restart with other flags can move dozens; the first few say enough)
+MAX_FLAG_LINES = 8
 
 
 @dataclass(frozen=True)
-class WorkerFacts:
-    """What one worker's server_info says, reduced to what a capacity change moves."""
+class WorkerView:
+    """One listed worker as one read saw it: the router's entries for it, and its judged facts or why
+    it could not be read."""
 
-    url: str
-    role: str | None
-    version: str | None
-    pool: int | None
-    context: int | None
-    max_req_input_len: int | None
-    page_size: int | None
-    settings: Mapping[str, Any] = field(repr=False)  # every non-volatile key: the "flags" fact
+    router: tuple[tuple[object, ...], ...]
+    facts: Mapping[str, object] | None
+    error: str | None
 
-    def value(self, fact: str) -> object:
-        return getattr(self, fact)
+
+@dataclass(frozen=True)
+class FleetView:
+    """The fleet as one read saw it (a pass, or the full gate): the listing's state ("ok", "unlisted":
+    none could be had or it lists no worker, "partial: why"), its own facts, and every listed worker."""
+
+    listing_state: str
+    listing: Mapping[str, object]
+    workers: Mapping[str, WorkerView]
+
+
+def listing_state(listing: RouterListing | None) -> str:
+    """What the gate makes of a listing: none (or an empty one) gates nothing, a partial one is doubt."""
+    if listing is None or not listing.workers:
+        return "unlisted"
+    problem = listing.total_problem()
+    return "ok" if problem is None else f"partial: {problem}"
+
+
+def view_of(listing: RouterListing | None, results: Mapping[str, NodeReading | str]) -> FleetView:
+    """The view of one read: `results` maps each listed worker's URL to its reading or its error."""
+    state = listing_state(listing)
+    if listing is None:
+        return FleetView(state, {}, {})
+    entries = listing.by_base_url()
+    workers: dict[str, WorkerView] = {}
+    for url, got in results.items():
+        router = tuple(sorted((tuple(vars(e).values()) for e in entries.get(url, ())), key=repr))
+        if isinstance(got, NodeReading):
+            workers[url] = WorkerView(router, judged_facts(got), None)
+        else:
+            workers[url] = WorkerView(router, None, got)
+    return FleetView(state, {"endpoint": listing.endpoint, "total": listing.total}, workers)
 
 
 @dataclass(frozen=True)
 class Change:
-    """One logged change: which worker, which fact, the old and the new value."""
+    """One logged change: which worker, which fact, the value the gate judged and the value read now."""
 
     worker: str
     fact: str
@@ -59,39 +86,26 @@ class Change:
     def line(self) -> str:
         return f"{self.worker}: {self.fact} {self.old} -> {self.new}"
 
+    @property
+    def kind(self) -> str:
+        """The fact's kind, for a metric label (one per kind, not per rank or flag)."""
+        return "rank" if re.match(r"dp\d+ ", self.fact) else self.fact.split(" ")[0]
+
 
 @dataclass(frozen=True)
 class FleetSnapshot:
-    """One pass: the listing's roles, every worker's facts or its error, and what the pass cost."""
+    """One pass: what it saw, the readings behind it, the specs it read (the next pass's expected
+    workers), why the listing could not be had (None: it was) and what it cost."""
 
-    roles: Mapping[str, str | None]
-    facts: Mapping[str, WorkerFacts]
-    errors: Mapping[str, str]
+    view: FleetView
+    readings: Mapping[str, NodeReading]
+    specs: tuple[NodeSpec, ...]
     listing_error: str | None
     elapsed_s: float
 
-
-def _int(info: Mapping[str, Any], key: str) -> int | None:
-    v = info.get(key)
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def facts_from(url: str, info: Mapping[str, Any]) -> WorkerFacts:
-    """The facts of one server_info document (missing fields are None; the full gate judges them)."""
-    pool = next((_int(info, k) for k in POOL_KEYS if k in info), None)
-    settings = {str(k): v for k, v in info.items() if k not in VOLATILE_KEYS}
-    role = info.get("disaggregation_mode")
-    version = info.get("version")
-    return WorkerFacts(
-        url=url,
-        role=role if isinstance(role, str) else None,
-        version=version if isinstance(version, str) else None,
-        pool=pool,
-        context=_int(info, "context_length"),
-        max_req_input_len=_int(info, "max_req_input_len"),
-        page_size=_int(info, "page_size"),
-        settings=settings,
-    )
+    @property
+    def errors(self) -> dict[str, str]:
+        return {u: w.error for u, w in self.view.workers.items() if w.error is not None}
 
 
 def _same(a: object, b: object) -> bool:
@@ -103,107 +117,54 @@ def _same(a: object, b: object) -> bool:
     return bool(canon(a) == canon(b))
 
 
-def changes(old: FleetSnapshot | None, new: FleetSnapshot, known: Mapping[str, WorkerFacts]) -> list[Change]:
-    """What moved since the last pass: workers added or gone, reachable or not, and every fact that
-    differs from the worker's last known facts (so a restart shows its old and new pool)."""
+def changes(judged: FleetView | None, new: FleetView) -> list[Change]:
+    """Every difference between what the last full gate judged and what this pass read: the listing,
+    workers listed or gone, the router's entries for a worker, a worker readable or not, and each of
+    its judged facts. Nothing before the first gate."""
     out: list[Change] = []
-    if old is None:
+    if judged is None:
         return out
-    if old.listing_error != new.listing_error:
-        out.append(Change("router", "listing", old.listing_error or "ok", new.listing_error or "ok"))
-    for url in sorted(set(old.roles) - set(new.roles)):
+    if judged.listing_state != new.listing_state:
+        out.append(Change("router", "listing", judged.listing_state, new.listing_state))
+    for key in sorted(set(judged.listing) | set(new.listing)):
+        a, b = judged.listing.get(key), new.listing.get(key)
+        if not _same(a, b):
+            out.append(Change("router", f"listing {key}", a, b))
+    for url in sorted(set(judged.workers) - set(new.workers)):
         out.append(Change(url, "worker", "listed", "gone"))
-    for url in sorted(set(new.roles) - set(old.roles)):
+    for url in sorted(set(new.workers) - set(judged.workers)):
         out.append(Change(url, "worker", "absent", "listed"))
-    for url in sorted(new.roles):
-        if url in new.errors and url not in old.errors:
-            out.append(Change(url, "reachable", "yes", new.errors[url]))
-        elif url in old.errors and url in new.facts and url in old.roles:
-            out.append(Change(url, "reachable", old.errors[url], "yes"))
-        prev, cur = known.get(url), new.facts.get(url)
-        if prev is None or cur is None:
+    for url in sorted(set(new.workers) & set(judged.workers)):
+        was, now = judged.workers[url], new.workers[url]
+        if not _same(was.router, now.router):
+            out.append(Change(url, "router entry", list(was.router), list(now.router)))
+        if (was.error is None) != (now.error is None):
+            out.append(Change(url, "reachable", was.error or "yes", now.error or "yes"))
+        if was.facts is None or now.facts is None or now.error is not None:
             continue
-        for fact in FACTS:
-            if fact == "flags" and not _same(prev.settings, cur.settings):
-                a, b = prev.settings, cur.settings
-                keys = sorted(k for k in set(a) | set(b) if not _same(a.get(k), b.get(k)))
-                for k in keys[:8]:
-                    out.append(Change(url, f"flag {k}", a.get(k, "(absent)"), b.get(k, "(absent)")))
-            elif fact != "flags" and prev.value(fact) != cur.value(fact):
-                out.append(Change(url, fact, prev.value(fact), cur.value(fact)))
+        flags = 0
+        for key in [*now.facts, *(k for k in was.facts if k not in now.facts)]:
+            a, b = was.facts.get(key, "(absent)"), now.facts.get(key, "(absent)")
+            if _same(a, b):
+                continue
+            if key.startswith("flag "):
+                flags += 1
+                if flags > MAX_FLAG_LINES:
+                    continue
+            out.append(Change(url, key, a, b))
     return out
 
 
-def _read_workers(
-    urls: list[str],
-    *,
-    timeout: float,
-    token: str | None,
-    width: int,
-    deadline: float,
-    on_sent: Callable[[], None] | None = None,
-) -> dict[str, WorkerFacts | str]:
-    """url -> the facts of its server_info, or a sentence saying why not: /server_info from every worker
-    at once, then the older /get_server_info from those that answered 404. Each answer is parsed as it
-    arrives, while the rest are still coming."""
-    headers = f"Authorization: Bearer {token}\r\n" if token else ""
-    out: dict[str, WorkerFacts | str] = {}
-    todo = urls
-    for path in ("/server_info", "/get_server_info"):
-        if not todo:
-            break
-        batch = todo
-
-        def judge(i: int, got: Answer, batch: list[str] = batch, path: str = path) -> None:
-            if got.status != 404:  # a 404 tries the older path next
-                doc = _document(f"{batch[i]}{path}", got)
-                out[batch[i]] = doc if isinstance(doc, str) else facts_from(batch[i], doc)
-
-        answers = get_many(
-            batch,
-            path,
-            headers=headers,
-            timeout=timeout,
-            deadline=deadline,
-            width=width,
-            body_cap=METADATA_BODY_CAP,
-            on_answer=judge,
-            on_sent=on_sent,
-        )
-        on_sent = None
-        todo = []
-        for url, got in zip(batch, answers, strict=True):
-            if isinstance(got, Failure):
-                out[url] = got.reason
-            elif got.status == 404:
-                todo.append(url)
-    for url in todo:
-        out[url] = f"{url}: neither /server_info nor /get_server_info exists"
-    return out
-
-
-def _document(where: str, got: Answer) -> dict[str, Any] | str:
-    if got.status != 200:
-        return f"{where}: HTTP {got.status}"
-    try:
-        doc = json.loads(got.body)
-    except (ValueError, RecursionError):
-        return f"{where}: malformed JSON"
-    return doc if isinstance(doc, dict) else f"{where}: not a JSON object"
-
-
-def _list(router: str, timeout: float, token: str | None) -> tuple[dict[str, str | None], str | None]:
-    """url -> the router's role for it (None: no single role), or the listing's error."""
+def _list(router: str, timeout: float, token: str | None) -> tuple[RouterListing | None, str | None]:
+    """The router's listing as `kvgate check` lists it, or why it could not be had."""
     try:
         with TargetClient(timeout=timeout, token=token) as client:
-            listing: RouterListing = list_router_workers(client, router)
+            listing = list_router_workers(client, router)
     except TransportError as exc:
-        return {}, str(exc)
-    roles: dict[str, str | None] = {}
-    for url, entries in listing.by_base_url().items():
-        kinds = {e.role for e in entries if e.role}
-        roles[url] = kinds.pop() if len(kinds) == 1 else None
-    return roles, None
+        return None, str(exc)
+    if not listing.workers:
+        return listing, f"the router lists no workers ({listing.endpoint})"
+    return listing, None
 
 
 def read_fleet(
@@ -213,9 +174,9 @@ def read_fleet(
     token: str | None,
     concurrency: int,
     deadline_s: float,
-    expected: Sequence[str] = (),
+    expected: Sequence[NodeSpec] = (),
 ) -> FleetSnapshot:
-    """List the router's workers and read every listed worker's server_info at once.
+    """List the router's workers and read every listed worker with the fleet reader.
 
     The `expected` workers (the last pass's) are read while the listing is still coming, so a pass
     costs about one answer, not a listing plus one answer; a worker the listing adds is read after it,
@@ -223,21 +184,30 @@ def read_fleet(
     """
     t0 = time.monotonic()
     end = t0 + deadline_s
+    kw = {"timeout": timeout, "token": token, "width": concurrency, "deadline": end}
+    deadline_name = "the pass's deadline"
     with ThreadPoolExecutor(max_workers=1) as pool:
-        listing: list[Future[tuple[dict[str, str | None], str | None]]] = []
+        pending: list[Future[tuple[RouterListing | None, str | None]]] = []
 
         def list_now() -> None:  # once the reads are out: the listing's parsing then overlaps their wait
-            listing.append(pool.submit(_list, router, timeout, token))
+            pending.append(pool.submit(_list, router, timeout, token))
 
-        read = _read_workers(
-            list(expected), timeout=timeout, token=token, width=concurrency, deadline=end, on_sent=list_now
-        )
-        if not listing:
+        got = read_workers(list(expected), on_sent=list_now, deadline_name=deadline_name, **kw)  # type: ignore[arg-type]
+        read: dict[str, NodeReading | TransportError] = {s.url: r for s, r in zip(expected, got, strict=True)}
+        if not pending:
             list_now()
-        roles, listing_error = listing[0].result()
-    new = [u for u in roles if u not in read]
+        listing, listing_error = pending[0].result()
+    specs = discovered_specs(listing) if listing is not None and listing.workers else []
+    new = [s for s in specs if s.url not in read]
     if new:
-        read.update(_read_workers(new, timeout=timeout, token=token, width=concurrency, deadline=end))
-    facts = {url: got for url in roles if isinstance(got := read[url], WorkerFacts)}
-    errors = {url: got for url in roles if isinstance(got := read[url], str)}
-    return FleetSnapshot(roles, facts, errors, listing_error, round(time.monotonic() - t0, 4))
+        more = read_workers(new, deadline_name=deadline_name, **kw)  # type: ignore[arg-type]
+        read.update({s.url: r for s, r in zip(new, more, strict=True)})
+    results: dict[str, NodeReading | str] = {
+        s.url: (r if isinstance(r, NodeReading) else str(r)) for s in specs for r in (read[s.url],)
+    }
+    readings = {u: r for u, r in results.items() if isinstance(r, NodeReading)}
+    view = view_of(listing, results)
+    return FleetSnapshot(view, readings, tuple(specs), listing_error, round(time.monotonic() - t0, 4))
+
+
+__all__ = ["Change", "FleetSnapshot", "FleetView", "WorkerView", "changes", "listing_state", "read_fleet", "view_of"]

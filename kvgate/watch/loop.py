@@ -20,6 +20,7 @@ from dataclasses import replace
 import httpx
 
 from kvgate.check import default_gates, run_check
+from kvgate.discovery import RouterListing
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats.json_report import JsonFormatter
@@ -27,10 +28,10 @@ from kvgate.gates.base import CheckOptions, GateContext
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.plan import limits_from_readings
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.target import NodeReading
+from kvgate.target import DECODE, PREFILL, NodeReading
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer
-from kvgate.watch.fleetpass import Change, FleetSnapshot, WorkerFacts, changes, read_fleet
+from kvgate.watch.fleetpass import Change, FleetSnapshot, FleetView, changes, read_fleet, view_of
 from kvgate.watch.latency import ALERT, UNKNOWN, LatencySignal
 from kvgate.watch.metrics import WatchMetrics
 from kvgate.watch.probes import ScheduledProbes
@@ -40,16 +41,36 @@ Log = Callable[[str], None]
 
 
 class _ReadingsTap:
-    """A gate that only keeps the run's snapshot (the probes plan their lengths from it)."""
+    """A gate that only keeps the run's snapshot: what the gates judged (the passes compare with it)
+    and the readings (the probes plan their lengths from them)."""
 
     name = "watch-snapshot"
 
     def __init__(self) -> None:
         self.readings: list[NodeReading] = []
+        self.listing: RouterListing | None = None
+        self.attempted: tuple[str, ...] = ()
 
     def run(self, ctx: GateContext) -> list[Finding]:
         self.readings = list(ctx.readings)
+        self.listing = ctx.listing
+        self.attempted = tuple(s.url for s in ctx.attempted)
         return []
+
+    def view(self, before: FleetView | None) -> FleetView:
+        """The fleet as the gate judged it. A worker it could not read keeps the facts an earlier gate
+        judged for it, so the pass that reads it again logs what a restart changed (pool 8192 -> 2048)."""
+        got: dict[str, NodeReading | str] = dict.fromkeys(self.attempted, "not read by the full gate")
+        got.update({r.spec.url: r for r in self.readings})
+        view = view_of(self.listing, got)
+        if before is None:
+            return view
+        workers = dict(view.workers)
+        for url, w in workers.items():
+            old = before.workers.get(url)
+            if w.facts is None and old is not None and old.facts is not None:
+                workers[url] = replace(w, facts=old.facts)
+        return replace(view, workers=workers)
 
 
 class Watcher:
@@ -81,8 +102,7 @@ class Watcher:
         self.report: Report | None = None
         self.report_time: float | None = None
         self.last: FleetSnapshot | None = None
-        self.known: dict[str, WorkerFacts] = {}
-        self.contexts: dict[str, int] = {}  # effective context per worker, from the last full gate
+        self.judged: FleetView | None = None  # the fleet as the last full gate judged it
         self.probes: ScheduledProbes | None = None
         self.probes_note = "no full gate yet"
         self.pending: str | None = "start"
@@ -197,20 +217,16 @@ class Watcher:
             token=self.token,
             concurrency=self.settings.pass_concurrency,
             deadline_s=max(self.options.timeout, self.settings.interval_s),
-            expected=list(self.last.roles) if self.last else (),
+            expected=self.last.specs if self.last else (),
         )
-        found = changes(self.last, snap, self.known)
+        found = changes(self.judged, snap.view)
         for c in found:
             self.log(f"change: {c.line()}")
-            self.metrics.changes.labels(fact=c.fact.split(" ")[0]).inc()
+            self.metrics.changes.labels(fact=c.kind).inc()
         self.last = snap
-        self.known.update(snap.facts)
-        for url in list(self.known):
-            if url not in snap.roles:
-                del self.known[url]
         self.last_pass = time.monotonic()
         self.metrics.pass_seconds.set(snap.elapsed_s)
-        self.metrics.set_workers({"read": len(snap.facts), "unreadable": len(snap.errors)})
+        self.metrics.set_workers({"read": len(snap.readings), "unreadable": len(snap.errors)})
         self._set_ratios()
         if snap.listing_error:
             self.log(f"router listing failed: {snap.listing_error}")
@@ -218,11 +234,14 @@ class Watcher:
 
     def _set_ratios(self) -> None:
         rows = []
-        for url, f in self.known.items():
-            context = self.contexts.get(url) or f.context
-            if f.pool and context:
+        for url, r in (self.last.readings if self.last else {}).items():
+            if r.max_total_num_tokens and r.context_length:
                 rows.append(
-                    (url, f.role or (self.last.roles.get(url) if self.last else None) or "worker", f.pool / context)
+                    (
+                        url,
+                        r.role if r.role in (PREFILL, DECODE) else "worker",
+                        r.max_total_num_tokens / r.context_length,
+                    )
                 )
         self.metrics.set_ratios(rows)
 
@@ -250,7 +269,7 @@ class Watcher:
         for f in report.findings:
             if f.outcome in _BLOCKING and f.counts_toward_exit:
                 self.log(f"  {f.outcome.value}: {f.test_id} {f.node}: {f.summary}")
-        self.contexts = {r.spec.url: r.context_length for r in tap.readings if r.context_length}
+        self.judged = tap.view(self.judged)
         self._set_ratios()
         self._plan_probes(tap.readings)
         release_heap()

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kvgate.defaults import DEFAULT_CONCURRENCY
 from kvgate.errors import ProfileError
 
 
@@ -30,7 +31,7 @@ class WatchSettings:
     max_age_s: float = 7200.0
     latency_window: int = 200
     latency_min_samples: int = 10
-    pass_concurrency: int = 1024
+    pass_concurrency: int = DEFAULT_CONCURRENCY
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any] | None, source: str) -> WatchSettings:

@@ -151,7 +151,7 @@ def test_a_dripping_server_info_ends_at_the_read_deadline(
     finally:
         stop.set()
     assert code == ExitStatus.TRANSPORT_ERROR, report["findings"]
-    assert any("the node's read deadline" in s for s in target_errors(report)), target_errors(report)
+    assert any("the whole read's deadline" in s for s in target_errors(report)), target_errors(report)
     assert elapsed < 2 + SLACK_S, elapsed
 
 
@@ -257,9 +257,9 @@ def test_the_watch_pass_reads_server_info_up_to_the_metadata_cap(announce: bool)
     finally:
         for srv in (router, big, flood):
             srv.stop()
-    assert snap.listing_error is None and big.url in snap.facts, snap.errors
-    assert snap.facts[big.url].pool == 2_040_000
-    assert flood.url in snap.errors and str(METADATA_BODY_CAP) in snap.errors[flood.url], snap.errors
+    assert snap.listing_error is None and big.url in snap.readings, snap.errors
+    assert snap.readings[big.url].max_total_num_tokens == 2_040_000
+    assert flood.url in snap.errors and f"{cap_text(METADATA_BODY_CAP)} cap" in snap.errors[flood.url], snap.errors
     assert sent.bytes < METADATA_BODY_CAP + 64 * (1 << 20), sent.bytes
 
 

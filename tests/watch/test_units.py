@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import astuple, replace
 from pathlib import Path
 
 import httpx
 import pytest
 
+from kvgate.discovery import RouterListing, RouterWorker
 from kvgate.errors import ProfileError
 from kvgate.findings import Report, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
+from kvgate.target import NodeReading, NodeSpec, parse_node
 from kvgate.watch.budget import TrafficBudget
-from kvgate.watch.fleetpass import Change, FleetSnapshot, changes, facts_from
+from kvgate.watch.fleetpass import Change, FleetView, changes, view_of
 from kvgate.watch.latency import ALERT, LONG, OK, ONE_PAGE, UNKNOWN, LatencySignal, percentile
 from kvgate.watch.loop import Watcher
 from kvgate.watch.metrics import METRIC_NAMES, WatchMetrics
@@ -75,32 +78,61 @@ def _info(pool: int, **extra: object) -> dict[str, object]:
         "max_req_input_len": min(4095, pool - 1) - 5,
         "page_size": 16,
         "startup_time": 1.0,
-        "internal_states": [{"last_gen_throughput": 1.0}],
+        "internal_states": [{"last_gen_throughput": 1.0, "memory_usage": {"token_capacity": pool, "kvcache": 0.1}}],
         **extra,
     }
 
 
-def _snap(docs: dict[str, dict[str, object] | str]) -> FleetSnapshot:
-    facts = {u: facts_from(u, d) for u, d in docs.items() if isinstance(d, dict)}
-    errors = {u: d for u, d in docs.items() if isinstance(d, str)}
-    return FleetSnapshot({u: "prefill" for u in docs}, facts, errors, None, 0.0)
+def _models(context: int = 4096) -> dict[str, object]:
+    return {"data": [{"id": "m", "max_model_len": context}]}
+
+
+def _view(docs: dict[str, dict[str, object] | str], context: int = 4096) -> FleetView:
+    """The fleet as a read of these server_info documents (or errors) and this served context sees it."""
+    workers = [RouterWorker(u, u, "prefill", "ready", True) for u in docs]
+    listing = RouterListing("http://router", "/workers", tuple(workers), total=len(workers))
+    got: dict[str, NodeReading | str] = {
+        u: d if isinstance(d, str) else parse_node(NodeSpec("prefill", u), "/server_info", d, _models(context), None)
+        for u, d in docs.items()
+    }
+    return view_of(listing, got)
 
 
 def test_changes_name_the_old_and_new_value() -> None:
-    a = _snap({"http://p:1": _info(8192), "http://p:2": _info(8192)})
-    assert changes(None, a, {}) == []
-    # Volatile fields (load, clocks) are no change.
-    same = _snap({"http://p:1": _info(8192, startup_time=9.0), "http://p:2": _info(8192)})
-    assert changes(a, same, dict(a.facts)) == []
-    b = _snap({"http://p:1": _info(2048), "http://p:3": _info(8192, tp_size=2)})
-    lines = [c.line() for c in changes(a, b, dict(a.facts))]
-    assert "http://p:1: pool 8192 -> 2048" in lines
+    a = _view({"http://p:1": _info(8192), "http://p:2": _info(8192)})
+    assert changes(None, a) == []
+    # Volatile fields (load, clocks, a rank's live counters) are no change.
+    busy = _info(8192, startup_time=9.0)
+    busy["internal_states"] = [{"last_gen_throughput": 88.0, "memory_usage": {"token_capacity": 8192, "kvcache": 7}}]
+    assert changes(a, _view({"http://p:1": busy, "http://p:2": _info(8192)})) == []
+    b = _view({"http://p:1": _info(2048), "http://p:3": _info(8192, tp_size=2)})
+    lines = [c.line() for c in changes(a, b)]
+    assert "http://p:1: pool 8192 -> 2048" in lines and "http://p:1: dp0 pool 8192 -> 2048" in lines
     assert "http://p:1: max_req_input_len 4090 -> 2042" in lines
     assert "http://p:2: worker listed -> gone" in lines and "http://p:3: worker absent -> listed" in lines
-    c = _snap({"http://p:1": _info(2048, tp_size=2), "http://p:3": "http://p:3/server_info: no answer in time"})
-    lines = [x.line() for x in changes(b, c, {**a.facts, **b.facts})]
+    assert "router: listing total 2 -> 2" not in lines
+    c = _view({"http://p:1": _info(2048, tp_size=2), "http://p:3": "http://p:3/server_info: no answer in time"})
+    lines = [x.line() for x in changes(b, c)]
     assert "http://p:1: flag tp_size (absent) -> 2" in lines
     assert any(x.startswith("http://p:3: reachable yes -> ") for x in lines)
+
+
+def test_every_fact_the_gate_judges_is_compared() -> None:
+    """One DP rank's pool, the served context (/v1/models), the router's entry: each a change."""
+    two = _info(8192, dp_size=2)
+    two["internal_states"] = [{"memory_usage": {"token_capacity": 8192}}, {"memory_usage": {"token_capacity": 8192}}]
+    judged = _view({"http://p:1": two})
+    low = json.loads(json.dumps(two))
+    low["internal_states"][1]["memory_usage"]["token_capacity"] = 1000
+    assert [c.line() for c in changes(judged, _view({"http://p:1": low}))] == ["http://p:1: dp1 pool 8192 -> 1000"]
+    assert [c.line() for c in changes(judged, _view({"http://p:1": two}, context=16384))] == [
+        "http://p:1: context 4096 -> 16384"
+    ]
+    moved = _view({"http://p:1": two})
+    entry = RouterWorker("http://p:1", "http://p:1", "decode", "ready", True)
+    moved = replace(moved, workers={"http://p:1": replace(moved.workers["http://p:1"], router=(astuple(entry),))})
+    assert [c.fact for c in changes(judged, moved)] == ["router entry"]
+    assert [c.kind for c in changes(judged, _view({"http://p:1": low}))] == ["rank"]
 
 
 def test_settings_validate_every_key() -> None:

@@ -1,4 +1,4 @@
-"""The watch's wide reader (kvgate/watch/wideread.py) over real loopback sockets: answers framed every
+"""The wide reader (kvgate/wideread.py) over real loopback sockets: answers framed every
 way HTTP/1.1 allows, and hostile peers bounded in time and bytes (a drip, endless headers, a body over
 the cap, a malformed chunk, a refused port), TLS included, and the fleet pass's use of it."""
 
@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.fleetread import judged_facts, read_workers
+from kvgate.target import NodeReading, NodeSpec
 from kvgate.watch import fleetpass
-from kvgate.watch.wideread import MAX_HEAD, Answer, Failure, get_many
+from kvgate.wideread import MAX_HEAD, Answer, Failure, get_many
 from tests.hostile.net_servers import Request, ScriptedServer, drip, head
 
 CAP = 1 << 16
@@ -69,7 +71,7 @@ def test_a_dripping_peer_ends_at_its_timeout(serve: list[ScriptedServer]) -> Non
     t0 = time.monotonic()
     (got,) = _read([s.url], timeout=1.0)
     stop.set()
-    assert isinstance(got, Failure) and got.reason == f"{s.url}/server_info: no answer within 1s"
+    assert isinstance(got, Failure) and got.reason == f"{s.url}/server_info: no whole answer within 1s (timeout)"
     assert time.monotonic() - t0 < 4.0  # bounded by the timeout, not by the 30 s the drip would take
 
 
@@ -83,10 +85,10 @@ def test_no_request_starts_after_the_pass_deadline(serve: list[ScriptedServer]) 
 @pytest.mark.parametrize(
     ("answer", "reason"),
     [
-        (head(length=CAP + 1), f"Content-Length '{CAP + 1}' not within 0..{CAP}"),
-        (head(length=0).replace(b"Content-Length: 0", b"Content-Length: -1"), "Content-Length '-1' not within"),
-        (head() + b"y" * (CAP + 10), f"body over {CAP} bytes"),
-        (head(extra="Transfer-Encoding: chunked") + b"%x\r\n" % (CAP + 1) + b"y" * (CAP + 3), f"body over {CAP} bytes"),
+        (head(length=CAP + 1), f"the answer announces {CAP + 1:,} bytes, over kvgate's 64 KiB cap (not read)"),
+        (head(length=0).replace(b"Content-Length: 0", b"Content-Length: -1"), "malformed Content-Length '-1'"),
+        (head() + b"y" * (CAP + 10), "the answer is larger than kvgate's 64 KiB cap"),
+        (head(extra="Transfer-Encoding: chunked") + b"%x\r\n" % (CAP + 1) + b"y" * (CAP + 3), "the answer is"),
         (head(extra="Transfer-Encoding: chunked") + b"zz\r\n", "malformed chunked encoding"),
         (head(extra="Transfer-Encoding: chunked") + b"2\r\nabXX", "malformed chunked encoding"),
         (head(extra="Transfer-Encoding: chunked") + b"1" * 4096, "malformed chunked encoding"),
@@ -195,37 +197,56 @@ def test_https_is_read_and_an_untrusted_certificate_refused(tls_cert: tuple[Path
         stop.set()
 
 
-def test_the_fleet_pass_falls_back_to_the_older_path_and_names_bad_documents(serve: list[ScriptedServer]) -> None:
-    info = {"disaggregation_mode": "prefill", "max_total_num_tokens": 8192, "context_length": 4096, "version": "x"}
+def test_the_fleet_reader_falls_back_to_the_older_paths_and_names_bad_documents(serve: list[ScriptedServer]) -> None:
+    """kvgate/fleetread.py over this wire: every fact's GETs at once, the older path after a 404, and
+    every bad answer a TransportError naming the URL, judged as `TargetClient.get_json` judges it."""
+    info = {"disaggregation_mode": "prefill", "max_total_num_tokens": 8192, "version": "x", "max_req_input_len": 9}
+    models = {"data": [{"id": "m", "max_model_len": 4096}]}
 
-    def old_path_only(req: Request, conn: socket.socket) -> None:
-        body = json.dumps(info).encode()
-        conn.sendall(head(length=len(body)) + body if req.path == "/get_server_info" else head(404, length=0))
+    def old_paths_only(req: Request, conn: socket.socket) -> None:
+        doc = {"/get_server_info": info, "/v1/models": models, "/get_model_info": {"architectures": ["A"]}}
+        got = doc.get(req.path)
+        body = json.dumps(got).encode()
+        conn.sendall(head(length=len(body)) + body if got is not None else head(404, length=0))
 
-    old = _start(serve, old_path_only)
+    old = _start(serve, old_paths_only)
     neither = _start(serve, _raw(head(404, length=0)))
     bad = _start(serve, _raw(head(length=3) + b"{x}"))
+    twice = _start(serve, _raw(head(length=16) + b'{"a": 1, "a": 2}'))
     listed = _start(serve, _raw(head(length=2) + b"[]"))
     down = _start(serve, _raw(head(503, length=0)))
-    urls = [old.url, neither.url, bad.url, listed.url, down.url]
-    got = fleetpass._read_workers(urls, timeout=5, token=None, width=8, deadline=time.monotonic() + 30)
-    facts = got[old.url]
-    assert isinstance(facts, fleetpass.WorkerFacts)
-    assert (facts.role, facts.pool, facts.context) == ("prefill", 8192, 4096)
-    assert [r.path for r in old.requests] == ["/server_info", "/get_server_info"]
-    assert got[neither.url] == f"{neither.url}: neither /server_info nor /get_server_info exists"
-    assert got[bad.url] == f"{bad.url}/server_info: malformed JSON"
-    assert got[listed.url] == f"{listed.url}/server_info: not a JSON object"
-    assert got[down.url] == f"{down.url}/server_info: HTTP 503"
+    moved = _start(serve, _raw(head(302, length=0, extra="Location: http://elsewhere/")))
+    servers = [old, neither, bad, twice, listed, down, moved]
+    specs = [NodeSpec("prefill", s.url, i) for i, s in enumerate(servers)]
+    read = read_workers(specs, timeout=5, width=8, deadline=time.monotonic() + 30)
+    got = {s.url: r for s, r in zip(servers, read, strict=True)}
+    reading = got[old.url]
+    assert isinstance(reading, NodeReading), reading
+    assert (reading.role, reading.max_total_num_tokens, reading.context_length) == ("prefill", 8192, 4096)
+    assert reading.info_path == "/get_server_info" and reading.architectures == ("A",)
+    assert sorted(r.path for r in old.requests) == sorted(
+        ["/server_info", "/get_server_info", "/v1/models", "/model_info", "/get_model_info"]
+    )
+    assert str(got[neither.url]) == f"{neither.url}: neither /server_info nor /get_server_info exists: " + (
+        "not an SGLang worker?"
+    )
+    assert str(got[bad.url]).startswith(f"{bad.url}/server_info: malformed JSON")
+    assert "duplicate key 'a'" in str(got[twice.url])
+    assert str(got[listed.url]) == f"{listed.url}/server_info: expected a JSON object, got list"
+    assert str(got[down.url]).startswith(f"{down.url}/server_info: HTTP 503")
+    assert "redirect to 'http://elsewhere/', not followed" in str(got[moved.url])
 
 
 def test_a_nan_in_a_document_is_not_a_change_every_pass() -> None:
-    a = fleetpass.facts_from("u", json.loads('{"x": NaN, "max_total_num_tokens": 1}'))
-    b = fleetpass.facts_from("u", json.loads('{"x": NaN, "max_total_num_tokens": 1}'))
-    snap = fleetpass.FleetSnapshot({"u": "prefill"}, {"u": b}, {}, None, 0.0)
-    assert fleetpass.changes(snap, snap, {"u": a}) == []
-    c = fleetpass.facts_from("u", {"x": 2, "max_total_num_tokens": 1})
-    moved = fleetpass.changes(snap, fleetpass.FleetSnapshot({"u": "prefill"}, {"u": c}, {}, None, 0.0), {"u": a})
+    from kvgate.target import parse_node
+
+    def view(doc: str) -> fleetpass.FleetView:
+        reading = parse_node(NodeSpec("prefill", "u"), "/server_info", json.loads(doc), None, None)
+        return fleetpass.FleetView("ok", {}, {"u": fleetpass.WorkerView((), judged_facts(reading), None)})
+
+    a, b = view('{"x": NaN, "max_total_num_tokens": 1}'), view('{"x": NaN, "max_total_num_tokens": 1}')
+    assert fleetpass.changes(a, b) == []
+    moved = fleetpass.changes(a, view('{"x": 2, "max_total_num_tokens": 1}'))
     assert [(m.fact, m.new) for m in moved] == [("flag x", 2)]
 
 

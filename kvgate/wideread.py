@@ -1,12 +1,16 @@
-"""Many small HTTP/1.1 GETs at once on one thread: the wire under the watch's metadata pass.
+"""Many small HTTP/1.1 GETs at once on one thread: the wire under the fleet reader (`fleetread`), which
+`kvgate check` and `kvgate watch`'s metadata pass share.
 
 One selector loop over non-blocking sockets, one small state machine per request (connect, TLS
 handshake for https, send, read), every answer parsed and bounded as its bytes arrive. Not asyncio on
 purpose: over 1,024 workers, asyncio's per-request machinery (a task, futures, a transport and a dozen
 callbacks each) cost about twice the kernel's own work, and httpx before it five to forty times; the
-pass must cost about one slow answer (bench/fleet_read.py --watch prints it against a bare-socket
-floor). Hostile peers are bounded: headers MAX_HEAD, body `body_cap`, chunk-size lines MAX_CHUNK_LINE,
-and every request its own deadline (connect, handshake, send and every byte of the answer).
+pass must cost about one slow answer (bench/fleet_read.py prints it against a bare-socket floor).
+Hostile peers are bounded as kvgate/httpbounds.py bounds its client: every request its own deadline
+(connect, handshake, send and every byte of the answer), the body `body_cap`, and a compressed answer
+refused (identity is asked for: a compressed body could expand past any cap); also headers MAX_HEAD
+and chunk-size lines MAX_CHUNK_LINE. A redirect is an answer like any other (its Location kept): the
+caller decides, and kvgate's callers never follow one.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from kvgate.httpbounds import cap_text
+
 MAX_HEAD = 64 << 10
 #: the most of one chunk-size line (hex size and extensions) a chunked answer may send
 MAX_CHUNK_LINE = 1024
@@ -31,10 +37,11 @@ _RECV = 256 << 10
 
 @dataclass(frozen=True)
 class Answer:
-    """A whole HTTP answer: its status and its body (de-chunked)."""
+    """A whole HTTP answer: its status and its body (de-chunked); `location` is a redirect's target."""
 
     status: int
     body: bytes
+    location: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,9 @@ class _HttpProblem(Exception):
 class _Response:
     """An HTTP/1.1 answer parsed incrementally; `feed` and `eof` return the Answer once it is whole."""
 
-    def __init__(self, body_cap: int) -> None:
+    def __init__(self, body_cap: int, cap_name: str = "cap") -> None:
         self.cap = body_cap
+        self.cap_name = cap_name
         self.buf = bytearray()
         self.status = 0
         self.body_at = -1  # the body's first byte in buf, once the head is in
@@ -60,6 +68,7 @@ class _Response:
         self.chunked = False
         self.chunk_at = 0  # chunked: where the next chunk-size line starts
         self.body = bytearray()  # chunked: the body decoded so far
+        self.location: str | None = None
 
     def feed(self, data: bytes) -> Answer | None:
         self.buf += data
@@ -86,10 +95,10 @@ class _Response:
         if self.length is not None:
             if have < self.length:
                 return None
-            return Answer(self.status, bytes(self.buf[self.body_at : self.body_at + self.length]))
+            return Answer(self.status, bytes(self.buf[self.body_at : self.body_at + self.length]), self.location)
         if have > self.cap:
-            raise _HttpProblem(f"body over {self.cap} bytes")
-        return Answer(self.status, bytes(self.buf[self.body_at :])) if eof else None
+            raise self._over()
+        return Answer(self.status, bytes(self.buf[self.body_at :]), self.location) if eof else None
 
     def _head(self, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")
@@ -98,14 +107,29 @@ class _Response:
             raise _HttpProblem(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
         self.status = int(status_line[1])
         fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        encoding = fields.get("content-encoding", "identity").lower()
+        if encoding not in ("", "identity"):
+            raise _HttpProblem(
+                f"the answer is compressed (Content-Encoding {encoding[:40]!r}) although identity was asked for: "
+                "its size past the cap could not be bounded"
+            )
+        self.location = fields.get("location")
         if "chunked" in fields.get("transfer-encoding", "").lower():
             self.chunked = True
         elif "content-length" in fields:
             raw = fields["content-length"]
             n = int(raw) if raw.isdigit() else -1
-            if not 0 <= n <= self.cap:
-                raise _HttpProblem(f"Content-Length {raw[:20]!r} not within 0..{self.cap}")
+            if n < 0:
+                raise _HttpProblem(f"malformed Content-Length {raw[:20]!r}")
+            if n > self.cap:
+                raise _HttpProblem(f"the answer announces {n:,} bytes, over kvgate's {self._cap()} (not read)")
             self.length = n
+
+    def _cap(self) -> str:
+        return f"{cap_text(self.cap)} cap ({self.cap_name})" if self.cap_name != "cap" else f"{cap_text(self.cap)} cap"
+
+    def _over(self) -> _HttpProblem:
+        return _HttpProblem(f"the answer is larger than kvgate's {self._cap()} (stopped reading)")
 
     def _chunks(self) -> Answer | None:
         buf = self.buf
@@ -122,9 +146,9 @@ class _Response:
             if size < 0:
                 raise _HttpProblem("malformed chunked encoding")
             if size == 0:
-                return Answer(self.status, bytes(self.body))
+                return Answer(self.status, bytes(self.body), self.location)
             if len(self.body) + size > self.cap:
-                raise _HttpProblem(f"body over {self.cap} bytes")
+                raise self._over()
             start = eol + 2
             if len(buf) < start + size + 2:
                 return None
@@ -141,7 +165,9 @@ _CONNECT, _HANDSHAKE, _SEND, _READ = range(4)
 class _Request:
     """One GET's state machine over one non-blocking socket."""
 
-    def __init__(self, index: int, url: str, path: str, headers: str, body_cap: int, end: float) -> None:
+    def __init__(
+        self, index: int, url: str, path: str, headers: str, body_cap: int, end: float, cap_name: str = "cap"
+    ) -> None:
         parts = urlsplit(url)
         self.index = index
         self.where = f"{url}{path}"
@@ -150,10 +176,10 @@ class _Request:
         self.port = parts.port or (443 if self.https else 80)
         self.out = (
             f"GET {parts.path.rstrip('/')}{path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-            f"Accept: application/json\r\nConnection: close\r\n{headers}\r\n"
+            f"Accept: application/json\r\nAccept-Encoding: identity\r\nConnection: close\r\n{headers}\r\n"
         ).encode("latin-1")
         self.sent = 0
-        self.response = _Response(body_cap)
+        self.response = _Response(body_cap, cap_name)
         self.end = end
         self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
         self.state = _CONNECT
@@ -210,8 +236,42 @@ def get_many(
     clock: Callable[[], float] = time.monotonic,
     on_answer: Callable[[int, Answer], None] | None = None,
     on_sent: Callable[[], None] | None = None,
+    deadline_name: str = "the pass's deadline",
+    cap_name: str = "cap",
 ) -> list[Answer | Failure]:
-    """GET `path` from every base URL, up to `width` at once; one Answer or Failure per URL, in order.
+    """GET `path` from every base URL (`get_each` with one path for all)."""
+    return get_each(
+        [(u, path) for u in urls],
+        headers=headers,
+        timeout=timeout,
+        deadline=deadline,
+        width=width,
+        body_cap=body_cap,
+        ssl_context=ssl_context,
+        clock=clock,
+        on_answer=on_answer,
+        on_sent=on_sent,
+        deadline_name=deadline_name,
+        cap_name=cap_name,
+    )
+
+
+def get_each(
+    gets: Sequence[tuple[str, str]],
+    *,
+    headers: str = "",
+    timeout: float,
+    deadline: float,
+    width: int,
+    body_cap: int,
+    ssl_context: ssl_module.SSLContext | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    on_answer: Callable[[int, Answer], None] | None = None,
+    on_sent: Callable[[], None] | None = None,
+    deadline_name: str = "the pass's deadline",
+    cap_name: str = "cap",
+) -> list[Answer | Failure]:
+    """GET each (base URL, path), up to `width` at once; one Answer or Failure per pair, in order.
 
     `on_answer(index, answer)` runs as each answer completes, while the others are still coming (a
     caller's parsing then overlaps the wait instead of following it); `on_sent()` runs once, when no
@@ -219,8 +279,10 @@ def get_many(
 
     Each request has `timeout` seconds from its start for everything; none starts or outlives `deadline`
     (on `clock`). `headers` are whole header lines (each ending in CRLF) sent with every request.
+    Failures name `deadline_name` when the deadline, not the timeout, cut a request, and `cap_name`
+    (e.g. "metadata cap") when a body is over `body_cap`.
     """
-    reqs = [_Request(i, u, path, headers, body_cap, 0.0) for i, u in enumerate(urls)]
+    reqs = [_Request(i, u, path, headers, body_cap, 0.0, cap_name) for i, (u, path) in enumerate(gets)]
     results: list[Answer | Failure | None] = [None] * len(reqs)
     addresses = _resolve({r.host for r in reqs}, deadline)
     if ssl_context is None and any(r.https for r in reqs):
@@ -351,14 +413,15 @@ def get_many(
                 r = waiting.pop()
                 left = min(timeout, deadline - now)
                 if left <= 0:
-                    results[r.index] = Failure(f"not read: the pass's deadline passed ({r.where})")
+                    results[r.index] = Failure(f"{r.where}: not read: {deadline_name} passed before its turn")
                     continue
                 start(r, now)
             while timers and (results[timers[0][1]] is not None or timers[0][0] <= now):
                 _, i = heapq.heappop(timers)
                 if results[i] is None:
                     r = reqs[i]
-                    fail(r, f"no answer within {r.window:.3g}s")
+                    why = "timeout" if r.window >= timeout else deadline_name
+                    fail(r, f"no whole answer within {r.window:.3g}s ({why})")
             if on_sent is not None and not waiting and not unsent:
                 on_sent()
                 on_sent = None
@@ -373,4 +436,4 @@ def get_many(
         for key in list(sel.get_map().values()):
             key.fileobj.close()  # type: ignore[union-attr]
         sel.close()
-    return [r if r is not None else Failure("not read") for r in results]
+    return [r if r is not None else Failure(f"{q.where}: not read") for r, q in zip(results, reqs, strict=True)]
