@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from kvgate.errors import TransportError, UsageError
-from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client
+from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client, parse_json
 from kvgate.redact import clip
 
 PREFILL = "prefill"
@@ -249,7 +249,7 @@ class TargetClient:
                 url, f"HTTP {resp.status_code} (redirect to {where!r}, not followed): point kvgate at the worker itself"
             )
         try:
-            return json.loads(resp.content, object_pairs_hook=_unique_keys)
+            return parse_json(resp.content, object_pairs_hook=_unique_keys)
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise TransportError(url, f"malformed JSON ({exc}): {clip(resp.text, 120)!r}") from None
 

@@ -13,11 +13,12 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperCommand
 
+from kvgate import sinks
 from kvgate.errors import InternalError, Interrupted, KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact_output, register
+from kvgate.redact import register
 from kvgate.redact import scope as redact_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,7 +36,7 @@ _OUTPUT_KWARGS = ("output", "outputs")
 
 def fail(message: str, status: ExitStatus) -> typer.Exit:
     """Print an actionable message to stderr and return the Exit to raise."""
-    typer.echo(f"kvgate: error: {redact_output(message)}", err=True)
+    sinks.echo(f"kvgate: error: {message}", err=True)
     return typer.Exit(int(status))
 
 
@@ -145,16 +146,16 @@ def finish(
         if not _one_terminal():
             for f in report.findings:
                 if f.outcome is Outcome.ERROR:
-                    typer.echo(f"kvgate: error: {redact_output(f.summary)}", err=True)
+                    sinks.echo(f"kvgate: error: {f.summary}", err=True)
         if hint:
-            typer.echo(redact_output(hint), err=True)
+            sinks.echo(hint, err=True)
 
     note = report.strictness_note()
     if note and report.fatal_status is None:
         report = replace(report, notes=report.notes + (note,))
     problems = emit(report, pairs, verbose=verbose)
     for p in problems:
-        typer.echo(f"kvgate: error: {redact_output(p)}", err=True)
+        sinks.echo(f"kvgate: error: {p}", err=True)
     status = report.exit_status
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR
