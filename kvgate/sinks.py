@@ -165,12 +165,12 @@ def write_stream(stream: TextIO, text: str) -> None:
 
 
 def echo(text: str, err: bool = False) -> None:
-    """A message line (or lines) to stdout or stderr: each line neutralised for the terminal, then
-    `write_stream`."""
+    """One message line to stdout or stderr: neutralised for the terminal (a line break in it is shown
+    as `\\x0a`, never a second line), then `write_stream`."""
     import sys
 
     stream = sys.stderr if err else sys.stdout
-    write_stream(stream, "\n".join(terminal(line) for line in text.split("\n")) + "\n")
+    write_stream(stream, terminal(text) + "\n")
     stream.flush()
 
 

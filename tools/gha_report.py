@@ -31,8 +31,13 @@ MAX_ANNOTATIONS = 10
 
 
 def _escape_data(text: str) -> str:
-    """GitHub workflow-command escaping of a message (sinks.workflow_data), controls shown as escapes."""
-    return sinks.workflow_data("\n".join(sinks.terminal(line) for line in str(text).split("\n")))
+    """GitHub workflow-command escaping of a message (sinks.workflow_data)."""
+    return sinks.workflow_data(text)
+
+
+def _shown(value: object) -> str:
+    """A field of the report in a message: one line, controls shown as escapes (sinks.terminal)."""
+    return sinks.terminal(value)
 
 
 def _escape_property(text: str) -> str:
@@ -49,11 +54,11 @@ def annotations(doc: dict, where: str = "the step summary and the JSON report") 
         if f.get("waived") or outcome not in BLOCKING | {"inconclusive"}:
             continue
         level = "error" if outcome in BLOCKING or strict or f.get("blocking") else "warning"
-        message = f"{f.get('node')}: {outcome}: {f.get('summary')}"
+        message = f"{_shown(f.get('node'))}: {_shown(outcome)}: {_shown(f.get('summary'))}"
         if f.get("remedy"):
-            message += f"\nfix: {f['remedy']}"
+            message += f"\nfix: {_shown(f['remedy'])}"
         if f.get("doc"):
-            message += f"\nsee {f['doc']}"
+            message += f"\nsee {_shown(f['doc'])}"
         by_level[level].append(f"::{level} title={_escape_property(str(f.get('id')))}::{_escape_data(message)}")
     out: list[str] = []
     for level, lines in by_level.items():

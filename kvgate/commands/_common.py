@@ -148,7 +148,8 @@ def finish(
                 if f.outcome is Outcome.ERROR:
                     sinks.echo(f"kvgate: error: {f.summary}", err=True)
         if hint:
-            sinks.echo(hint, err=True)
+            for line in hint.split("\n"):  # kvgate's own lines
+                sinks.echo(line, err=True)
 
     note = report.strictness_note()
     if note and report.fatal_status is None:
