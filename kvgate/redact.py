@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, TextIO, TypeVar, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import quote, quote_plus
 
 from kvgate.errors import UsageError
@@ -207,26 +207,3 @@ def _map_any(obj: Any, fn: Callable[[str], str]) -> Any:
         changes = {f.name: _map_any(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
         return dataclasses.replace(obj, **changes)
     return obj
-
-
-class RedactingStream:
-    """A text stream that redacts every write before it reaches `stream` (stderr for progress).
-
-    Each write is redacted as a whole: callers write whole lines or whole rendered frames.
-    """
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(redact_output(text))
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
