@@ -164,13 +164,18 @@ def write_stream(stream: TextIO, text: str) -> None:
     stream.write(defang_step_output(redact_output(text)))
 
 
-def echo(text: str, err: bool = False) -> None:
+def echo(text: str, err: bool = False, *, indent_lines: bool = False) -> None:
     """One message line to stdout or stderr: neutralised for the terminal (a line break in it is shown
-    as `\\x0a`, never a second line), then `write_stream`."""
+    as `\\x0a`, never a second line), then `write_stream`. With `indent_lines` an error that carries a
+    log tail keeps its lines, each one neutralised and indented under the first (never a line of its own)."""
     import sys
 
     stream = sys.stderr if err else sys.stdout
-    write_stream(stream, terminal(text) + "\n")
+    if indent_lines:
+        first, *rest = text.split("\n")
+        write_stream(stream, "".join([terminal(first) + "\n", *("  " + terminal(line) + "\n" for line in rest)]))
+    else:
+        write_stream(stream, terminal(text) + "\n")
     stream.flush()
 
 

@@ -173,6 +173,12 @@ def test_stderr_lines_carry_no_command(text: str, capsys: pytest.CaptureFixture[
     assert not _HIDDEN.search(err.rstrip("\n"))
     assert workflow_commands(err) == []
     assert err.count("\n") == 1
+    # an error carrying a log tail keeps its lines, each indented under the first, none a command
+    sinks.echo(f"kvgate: error: {text}", err=True, indent_lines=True)
+    err = capsys.readouterr().err
+    assert workflow_commands(err) == []
+    assert not _HIDDEN.search(err.replace("\n", ""))
+    assert all(line.startswith("  ") for line in err.split("\n")[1:-1])
 
 
 # -- Markdown -------------------------------------------------------------------------------------

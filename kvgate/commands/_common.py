@@ -36,7 +36,7 @@ _OUTPUT_KWARGS = ("output", "outputs")
 
 def fail(message: str, status: ExitStatus) -> typer.Exit:
     """Print an actionable message to stderr and return the Exit to raise."""
-    sinks.echo(f"kvgate: error: {message}", err=True)
+    sinks.echo(f"kvgate: error: {message}", err=True, indent_lines=True)
     return typer.Exit(int(status))
 
 
@@ -146,7 +146,7 @@ def finish(
         if not _one_terminal():
             for f in report.findings:
                 if f.outcome is Outcome.ERROR:
-                    sinks.echo(f"kvgate: error: {f.summary}", err=True)
+                    sinks.echo(f"kvgate: error: {f.summary}", err=True, indent_lines=True)
         if hint:
             for line in hint.split("\n"):  # kvgate's own lines
                 sinks.echo(line, err=True)
