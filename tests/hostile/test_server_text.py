@@ -322,15 +322,13 @@ def test_8_excess_connections_are_refused_and_half_sent_requests_cut() -> None:
 
 # -- 9. a billion laughs profile -----------------------------------------------------------------------
 
+# `name` must be a string: the old message repr()'d its 9**7-element expansion.
 LAUGHS = """schema: 1
-name: laughs
-a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
-b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
-c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
-d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
-e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
-f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
-g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+description: [&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"],
+ &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b],
+ &d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d],
+ &f [*e,*e,*e,*e,*e,*e,*e,*e,*e], &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]
+name: *g
 """
 
 
@@ -360,3 +358,24 @@ def test_10_deep_json_is_a_transport_finding_and_the_run_goes_on(payload_server:
     errors = {f["node"] for f in doc["findings"] if f["outcome"] == "error"}
     assert any(deep[100_000].url in n for n in errors) and any(deep[900].url in n for n in errors), errors
     assert any(good.url in f["node"] and f["outcome"] != "error" for f in doc["findings"])  # the rest is reported
+
+
+def test_10_deep_json_through_the_router_ends_no_run(payload_server: Callable[..., PayloadServer]) -> None:
+    """The probes' answers (the router's /v1/tokenize here) are depth-limited too: the run reports."""
+    p, d = worker(payload_server), worker(payload_server, mode="decode")
+    listing = json.dumps(RP.smg_workers(RP.smg_entry(p.url, "prefill"), RP.smg_entry(d.url, "decode"))).encode()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    shallow_deep = b'{"tokens": ' + b"[" * 900 + b"]" * 900 + b"}"
+
+    def script(req: Request, conn: socket.socket) -> None:
+        body = {"/workers": listing, "/readiness": b'{"status": "ready"}'}.get(req.path.split("?")[0])
+        if body is None:
+            body = deep if req.path.startswith("/v1/") else shallow_deep
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
+        conn.sendall(body)
+
+    router = ScriptedServer(script).start()
+    res = cli("check", "-q", "--router-url", router.url, "--timeout", "5", "--format", "json")
+    assert res.exit_code not in (ExitStatus.PASSED, ExitStatus.INTERNAL_ERROR), res.output
+    doc = json.loads(res.stdout)
+    assert any(p.url in f["node"] for f in doc["findings"])  # every other finding is reported
