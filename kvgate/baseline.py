@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from kvgate import sinks
 from kvgate.discovery import normalize_url
 from kvgate.errors import UsageError
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
-from kvgate.safeio import write_atomic
+from kvgate.redact import redact_obj
 from kvgate.target import NodeReading
 from kvgate.upstream import DEFERRED_ENV
 
@@ -75,8 +76,9 @@ def record(readings: Sequence[NodeReading], findings: Sequence[Finding], router:
 
 def save(doc: Mapping[str, Any], path: Path) -> None:
     """Write atomically (`safeio.write_atomic`: no planted temp name or symlink is followed): sorted keys,
-    indented, newline-terminated (diffable)."""
-    write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    indented, newline-terminated (diffable). It is an output like any report: what a worker echoed of a
+    secret is redacted (the document, then its bytes, at `sinks.write_file`)."""
+    sinks.write_file(path, json.dumps(redact_obj(dict(doc)), indent=2, sort_keys=True) + "\n")
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -23,7 +23,9 @@ app = typer.Typer(
 
 def _version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"kvgate {__version__}")
+        from kvgate import sinks
+
+        sinks.echo(f"kvgate {__version__}")
         raise typer.Exit(0)
 
 

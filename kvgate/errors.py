@@ -17,10 +17,18 @@ class UsageError(KvgateError):
     exit_status = ExitStatus.USAGE_ERROR
 
 
+#: the most characters of a profile problem (and the values it quotes) an error message shows
+PROBLEM_CLIP = 400
+
+
 class ProfileError(UsageError):
     """A gate profile that does not validate (exit 2). The message names file, key and expectation."""
 
     def __init__(self, path: str, key: str | None, problem: str) -> None:
+        from kvgate.redact import clip
+
+        # The problem may quote the profile's values: a clipped, redacted excerpt, never a whole document.
+        problem = clip(problem, PROBLEM_CLIP)
         self.path = path
         self.key = key
         self.problem = problem

@@ -14,6 +14,7 @@ so one is refused (`OverCap` naming the encoding) rather than decoded.
 
 from __future__ import annotations
 
+import json
 import ssl
 import threading
 import time
@@ -22,6 +23,9 @@ from collections.abc import Iterable, Iterator
 
 import httpcore
 import httpx
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects accepted in a JSON answer (SGLang's deepest is under 10)."""
 
 BODY_CAP = "kvgate.body_cap"
 """Request extension: the most body bytes this request's answer may have."""
@@ -35,6 +39,28 @@ class OverCap(httpx.TransportError):
     def __init__(self, message: str, *, cap: int, request: httpx.Request | None = None) -> None:
         super().__init__(message, request=request)
         self.cap = cap
+
+
+def parse_json(data: bytes | str, max_depth: int = MAX_JSON_DEPTH, **kwargs: typing.Any) -> typing.Any:
+    """`json.loads` for a server's answer, with a nesting limit: deeper than `max_depth` (or so deep the
+    decoder itself gives up) is a ValueError, as malformed JSON is, never a RecursionError later."""
+    try:
+        doc = json.loads(data, **kwargs)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
+    stack: list[tuple[typing.Any, int]] = [(doc, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: typing.Iterable[typing.Any] = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            raise ValueError(f"JSON nested deeper than {max_depth} levels")
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return doc
 
 
 def cap_text(n: int) -> str:

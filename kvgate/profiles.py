@@ -86,15 +86,32 @@ def _float(path: str, key: str, value: Any, minimum: float) -> float:
     return float(value)
 
 
+#: the largest profile file read
+MAX_PROFILE_BYTES = 1 << 20
+
+
+def _refuse_aliases(where: str, text: str) -> None:
+    """YAML anchors and aliases are refused: an alias can expand a few hundred bytes into gigabytes
+    (a "billion laughs"), and a profile needs neither."""
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            line = event.start_mark.line + 1 if event.start_mark else "?"
+            raise ProfileError(where, None, f"line {line}: YAML anchors and aliases (&name, *name) are not allowed")
+
+
 def load(ref: str) -> Profile:
     """Load and validate one profile."""
     path = resolve(ref)
     where = str(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_PROFILE_BYTES:
+            raise ProfileError(where, None, f"larger than {MAX_PROFILE_BYTES:,} bytes: a profile is a page of YAML")
+        text = path.read_text(encoding="utf-8")
+        _refuse_aliases(where, text)
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ProfileError(where, None, f"not valid YAML: {exc}") from None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(where, None, f"cannot read: {exc}") from None
     if not isinstance(doc, dict):
         raise ProfileError(where, None, f"expected a mapping at the top level, got {type(doc).__name__}")

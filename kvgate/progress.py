@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol, TextIO, cast
 
-from kvgate.redact import RedactingStream, redact
+from kvgate.redact import redact
+from kvgate.sinks import BoundaryStream, terminal
 
 
 class Observer(Protocol):
@@ -48,14 +49,14 @@ class LineObserver:
     """
 
     def __init__(self, stream: TextIO | None = None, heartbeat_s: float = 10.0) -> None:
-        self.stream = RedactingStream(stream or sys.stderr)
+        self.stream = BoundaryStream(stream or sys.stderr)
         self.heartbeat_s = heartbeat_s
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
 
     def log(self, message: str) -> None:
         with self._lock:
-            self.stream.write(f"[kvgate {time.monotonic() - self._t0:7.1f}s] {redact(message)}\n")
+            self.stream.write(f"[kvgate {time.monotonic() - self._t0:7.1f}s] {terminal(redact(message))}\n")
             self.stream.flush()
 
     @contextmanager
@@ -78,6 +79,13 @@ class LineObserver:
         self.log(f"{description} done in {time.monotonic() - t:.1f}s")
 
 
+def _plain(text: str) -> str:
+    """Text for Rich: redacted, neutralised for the terminal, and never read as Rich markup."""
+    from rich.markup import escape
+
+    return escape(terminal(redact(text)))
+
+
 class RichObserver:
     """Rich progress bars on a TTY."""
 
@@ -85,10 +93,10 @@ class RichObserver:
         from rich.console import Console
 
         # Rich writes its final bytes (wrapped lines, progress frames) through the redacting stream.
-        self.console = Console(file=cast(TextIO, RedactingStream(sys.stderr)))
+        self.console = Console(file=cast(TextIO, BoundaryStream(sys.stderr)), emoji=False)
 
     def log(self, message: str) -> None:
-        self.console.log(redact(message))
+        self.console.log(_plain(message))
 
     @contextmanager
     def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
@@ -97,7 +105,7 @@ class RichObserver:
         # "N/M" next to the bar when the step has a count (e.g. workers read of the fleet).
         columns = [*Progress.get_default_columns(), MofNCompleteColumn()] if total is not None else []
         with Progress(*columns, console=self.console, transient=True) as progress:
-            task = progress.add_task(redact(description), total=total)
+            task = progress.add_task(_plain(description), total=total)
 
             class _Handle(StepHandle):
                 def advance(self, amount: float = 1.0) -> None:

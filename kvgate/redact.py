@@ -20,11 +20,11 @@ import html
 import json
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import Any, TextIO, TypeVar
-from urllib.parse import quote
+from typing import Any, TypeVar, cast
+from urllib.parse import quote, quote_plus
 
 from kvgate.errors import UsageError
 
@@ -41,11 +41,26 @@ _AROUND = r"(?:\x1b\[[0-9;]*m|[ \t│┃║|])*"
 _JOINT = re.compile(_AROUND + r"\r?\n" + _AROUND)
 
 T = TypeVar("T")
+_MD_INLINE = re.compile(r"([\\`*_\[\]<>&|~:$])")
 
 
 def _forms(value: str) -> set[str]:
-    """The secret as kvgate's outputs may spell it: as is, JSON-, URL-, HTML-escaped and in a repr."""
-    return {value, json.dumps(value)[1:-1], quote(value, safe=""), html.escape(value), repr(value)[1:-1]}
+    """The secret as kvgate's outputs may spell it: as is, JSON-, URL-, HTML-escaped and in a repr, and
+    each of those case-folded as kvgate's own transformations fold it (a URL's host is lowercased by
+    normalisation; a percent-escape may be written in either case)."""
+    escaped = {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        quote(value, safe=""),
+        quote(value),
+        quote_plus(value),
+        html.escape(value),
+        repr(value)[1:-1],
+        _MD_INLINE.sub(r"\\\1", value),  # as sinks.markdown escapes it
+        value.replace("%", "%25").replace(":", "%3A").replace(",", "%2C"),  # as a workflow command's property
+    }
+    return escaped | {f.lower() for f in escaped} | {f.upper() for f in escaped} | {f.casefold() for f in escaped}
 
 
 def register(value: str) -> None:
@@ -170,43 +185,25 @@ def redact_obj(obj: T) -> T:
     lists and tuples, at any depth. Enums and non-string scalars are kept as they are."""
     if not _GRAMS:
         return obj
-    return _redact_any(obj)
+    return map_strings(obj, redact)
 
 
-def _redact_any(obj: Any) -> Any:
+def map_strings(obj: T, fn: Callable[[str], str]) -> T:
+    """A copy of `obj` with `fn` applied to every string in it (as `redact_obj` walks it)."""
+    return cast(T, _map_any(obj, fn))
+
+
+def _map_any(obj: Any, fn: Callable[[str], str]) -> Any:
     if isinstance(obj, Enum):
         return obj
     if isinstance(obj, str):
-        return redact(obj)
+        return fn(obj)
     if isinstance(obj, dict):
-        return {_redact_any(k): _redact_any(v) for k, v in obj.items()}
+        return {_map_any(k, fn): _map_any(v, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        items: Iterable[Any] = (_redact_any(v) for v in obj)
+        items: Iterable[Any] = (_map_any(v, fn) for v in obj)
         return type(obj)(items) if type(obj) in (list, tuple) else list(items)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: _redact_any(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        changes = {f.name: _map_any(getattr(obj, f.name), fn) for f in dataclasses.fields(obj) if f.init}
         return dataclasses.replace(obj, **changes)
     return obj
-
-
-class RedactingStream:
-    """A text stream that redacts every write before it reaches `stream` (stderr for progress).
-
-    Each write is redacted as a whole: callers write whole lines or whole rendered frames.
-    """
-
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
-
-    def write(self, text: str) -> int:
-        self._stream.write(redact_output(text))
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)

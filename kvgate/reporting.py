@@ -6,11 +6,19 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from kvgate import sinks
 from kvgate.errors import UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact_obj, redact_output
-from kvgate.safeio import write_atomic
+from kvgate.redact import map_strings, redact_obj
+
+# Each format's neutralisation of the report's text (server text included) before it is rendered;
+# Markdown escapes cell by cell (formats/markdown.py), JSON escapes by its own syntax.
+_SINK = {
+    ReportFormat.TABLE: sinks.terminal,
+    ReportFormat.JUNIT: sinks.xml,
+    ReportFormat.SARIF: sinks.terminal,
+}
 
 
 def pair_outputs(formats: list[ReportFormat], outputs: list[Path]) -> list[tuple[ReportFormat, Path | None]]:
@@ -37,8 +45,10 @@ def emit(
     shows every finding's detail in the table, not only what did not pass.
 
     Every format, whatever it is, is redacted twice here: the report before it is rendered (no
-    formatter ever sees a secret, so none can fold or cut one) and the rendered text, its final bytes.
-    Files are written through `safeio.write_atomic` (no planted temp name or symlink is followed).
+    formatter ever sees a secret, so none can fold or cut one) and the rendered text, its final bytes
+    (`sinks.write_stream` / `sinks.write_file`, the output boundary). Between the two, the report's
+    text is neutralised for the format's sink (`_SINK`). Files are written through `safeio.write_atomic`
+    (no planted temp name or symlink is followed).
     """
     from kvgate.formats.table import TableFormatter, terminal_width
 
@@ -48,23 +58,24 @@ def emit(
     report = redact_obj(report)
     to_stdout = [fmt for fmt, dest in pairs if dest is None]
     for fmt, dest in pairs:
+        shown = map_strings(report, _SINK[fmt]) if fmt in _SINK else report
         if fmt is ReportFormat.TABLE:
             on_stdout = dest is None
             text = TableFormatter(
                 color=on_stdout and stdout.isatty(), width=width if on_stdout else None, verbose=verbose
-            ).render(report)
+            ).render(shown)
         else:
-            text = fmt.formatter().render(report)
-        text = redact_output(text)
+            text = fmt.formatter().render(shown)
         if dest is None:
-            stdout.write(text)
+            sinks.write_stream(stdout, text)
             continue
         try:
-            write_atomic(dest, text)
+            sinks.write_file(dest, text)
         except OSError as exc:
             problems.append(f"could not write {fmt.value} report to {dest}: {exc}")
     if not to_stdout:
         # Every format went to a file: a human still reads the verdict in the job log.
-        stdout.write(redact_output(TableFormatter(color=stdout.isatty(), width=width, verbose=verbose).render(report)))
+        table = TableFormatter(color=stdout.isatty(), width=width, verbose=verbose)
+        sinks.write_stream(stdout, table.render(map_strings(report, sinks.terminal)))
     stdout.flush()
     return problems

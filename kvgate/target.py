@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from kvgate.errors import TransportError, UsageError
-from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client
+from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client, parse_json
 from kvgate.redact import clip
 
 PREFILL = "prefill"
@@ -82,7 +82,7 @@ def decode_answer(url: str, status: int, body: bytes, location: str | None, *, m
             url, f"HTTP {status} (redirect to {location or '?'!r}, not followed): point kvgate at the worker itself"
         )
     try:
-        return json.loads(body, object_pairs_hook=_unique_keys)
+        return parse_json(body, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise TransportError(url, f"malformed JSON ({exc}): {text(120)!r}") from None
 

@@ -29,6 +29,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kvgate.paths",
             "kvgate.redact",
             "kvgate.safeio",
+            "kvgate.sinks",
             "kvgate.extras",
             "kvgate.upstream",
             "kvgate.admission",

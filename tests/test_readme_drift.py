@@ -107,15 +107,15 @@ RUNS: dict[str, Expect] = {
         (1,),
         "the plan exits 1",
         quoted=(
-            "| FAIL | `plan.pool` | prefill (planned) | SGLang 0.5.22 sizes 681,216 tokens < 1,310,720 required for "
-            "context 1,048,576; over-pool band (681,216, 1,048,576] |",
-            "- **plan.pool** (2 nodes: prefill (planned), decode (planned)): any one of: "
-            "--tp 8 -> 32 (pool 1,389,440; 32 GPUs per worker; "
+            "| FAIL | `plan.pool` | prefill (planned) | SGLang 0.5.22 sizes 681,216 tokens \\< 1,310,720 required for "
+            "context 1,048,576; over-pool band (681,216, 1,048,576\\] |",
+            "- **plan.pool** (2 nodes\\: prefill (planned), decode (planned)): any one of\\: "
+            "--tp 8 -\\> 32 (pool 1,389,440; 32 GPUs per worker; "
             "weights assumed to split evenly; MLA/DSA cells do not shrink with TP, only the weights do); "
-            "--context-length 1048576 -> 544972 (pool 681,216; advertise this context instead (longer prompts then "
-            "get an explicit 400)); --gpus-per-worker 8 -> 16 (pool 2,269,568; as pipeline stages (--pp 2) at tp 8; "
-            "weights assumed to split evenly). Not by: --mem-fraction-static (even 0.99 gives 948,992 tokens); "
-            "--kv-cache-dtype (fp8_e4m3 gives 1,110,080 tokens); --page-size (page rounding costs under 64 tokens; "
+            "--context-length 1048576 -\\> 544972 (pool 681,216; advertise this context instead (longer prompts then "
+            "get an explicit 400)); --gpus-per-worker 8 -\\> 16 (pool 2,269,568; as pipeline stages (--pp 2) at tp 8; "
+            "weights assumed to split evenly). Not by\\: --mem-fraction-static (even 0.99 gives 948,992 tokens); "
+            "--kv-cache-dtype (fp8\\_e4m3 gives 1,110,080 tokens); --page-size (page rounding costs under 64 tokens; "
             "page 1 gives 681,267 tokens) (see `docs/checks.md#plan`)",
         ),
     ),

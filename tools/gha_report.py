@@ -2,10 +2,13 @@
 
     python3 tools/gha_report.py REPORT.json MARKDOWN.md
 
-Standard library only (it runs on the runner's python3, beside the single-file kvgate). It appends
+Standard library only (it runs on the runner's python3, beside the single-file kvgate), with kvgate's
+output boundary (`kvgate/sinks.py`, standard library only too) from the action's checkout. It appends
 the Markdown report to $GITHUB_STEP_SUMMARY and prints one workflow command per failed, errored or
 inconclusive finding: `::error title=<check ID>::<node>: <summary>` (an inconclusive one is
-`::warning` when the run opted out of strictness, since it did not block). Waived findings get none.
+`::warning` when the run opted out of strictness, since it did not block), at most 10 per level: past
+10, nine and one saying how many more and where they are. Waived findings get none. Server text in a
+message is data: escaped as the runner unescapes it, controls shown as escapes, `##[` broken.
 A report that is missing or not kvgate's JSON is itself an `::error` (the gate's exit status still
 decides the step). Exits 0: the action exits with kvgate's own status afterwards.
 """
@@ -15,52 +18,83 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
+
+# kvgate's own output boundary (kvgate/sinks.py: standard library only), from the action's checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kvgate import sinks  # noqa: E402
 
 BLOCKING = {"failed", "error"}
+#: the most annotations of one level printed (GitHub shows 10 errors and 10 warnings per step); past it,
+#: MAX_ANNOTATIONS - 1 findings and one line saying how many more there are and where they are listed
+MAX_ANNOTATIONS = 10
 
 
 def _escape_data(text: str) -> str:
-    """GitHub workflow-command escaping of a message."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    """GitHub workflow-command escaping of a message (sinks.workflow_data)."""
+    return sinks.workflow_data(text)
+
+
+def _shown(value: object) -> str:
+    """A field of the report in a message: one line, controls shown as escapes (sinks.terminal)."""
+    return sinks.terminal(value)
 
 
 def _escape_property(text: str) -> str:
     """... and of a property value (title=...)."""
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+    return sinks.workflow_property(sinks.terminal(text))
 
 
-def annotations(doc: dict) -> list[str]:
-    """The workflow commands for one kvgate JSON report."""
+def annotations(doc: dict, where: str = "the step summary and the JSON report") -> list[str]:
+    """The workflow commands for one kvgate JSON report: per level at most MAX_ANNOTATIONS lines."""
     strict = bool(doc.get("strict", True))
-    out = []
+    by_level: dict[str, list[str]] = {"error": [], "warning": []}
     for f in doc.get("findings", []):
         outcome = f.get("outcome")
         if f.get("waived") or outcome not in BLOCKING | {"inconclusive"}:
             continue
         level = "error" if outcome in BLOCKING or strict or f.get("blocking") else "warning"
-        message = f"{f.get('node')}: {outcome}: {f.get('summary')}"
+        message = f"{_shown(f.get('node'))}: {_shown(outcome)}: {_shown(f.get('summary'))}"
         if f.get("remedy"):
-            message += f"\nfix: {f['remedy']}"
+            message += f"\nfix: {_shown(f['remedy'])}"
         if f.get("doc"):
-            message += f"\nsee {f['doc']}"
-        out.append(f"::{level} title={_escape_property(str(f.get('id')))}::{_escape_data(message)}")
+            message += f"\nsee {_shown(f['doc'])}"
+        by_level[level].append(f"::{level} title={_escape_property(str(f.get('id')))}::{_escape_data(message)}")
+    out: list[str] = []
+    for level, lines in by_level.items():
+        if len(lines) > MAX_ANNOTATIONS:
+            more = len(lines) - (MAX_ANNOTATIONS - 1)
+            lines = lines[: MAX_ANNOTATIONS - 1] + [
+                f"::{level} title=kvgate::{_escape_data(f'{more} more findings at this level; all are in {where}')}"
+            ]
+        out += lines
     return out
+
+
+def _summary_text(raw: str) -> str:
+    """The Markdown report as the step summary gets it: only LF line ends (a lone CR would end a line
+    there, as GitHub reads it, and forge one), no other control character."""
+    lines = raw.replace("\r\n", "\n").split("\n")
+    return "\n".join(sinks.visible(line) for line in lines)
 
 
 def main(argv: list[str]) -> int:
     report, markdown = argv[1], argv[2]
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary and os.path.isfile(markdown):
-        with open(markdown, encoding="utf-8") as src, open(summary, "a", encoding="utf-8") as dst:
-            dst.write(src.read())
+        # newline="": no universal newlines, so a CR in the file is seen (and shown), never a line break.
+        with open(markdown, encoding="utf-8", errors="replace", newline="") as src:
+            text = _summary_text(src.read())
+        with open(summary, "a", encoding="utf-8") as dst:
+            dst.write(text)
     try:
         with open(report, encoding="utf-8") as fh:
             doc = json.load(fh)
-        lines = annotations(doc)
-    except (OSError, ValueError, AttributeError) as exc:
+        lines = annotations(doc, f"the step summary and {report}")
+    except (OSError, ValueError, AttributeError, RecursionError) as exc:
         lines = [f"::error title=kvgate::{_escape_data(f'no readable kvgate report at {report}: {exc}')}"]
     for line in lines:
-        print(line)
+        sys.stdout.write(line + "\n")
     return 0
 
 

@@ -13,11 +13,12 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from kvgate import sinks
 from kvgate.errors import InternalError, Interrupted, KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import redact_output, register
+from kvgate.redact import register
 from kvgate.redact import scope as redact_scope
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -35,7 +36,7 @@ _OUTPUT_KWARGS = ("output", "outputs")
 
 def fail(message: str, status: ExitStatus) -> typer.Exit:
     """Print an actionable message to stderr and return the Exit to raise."""
-    typer.echo(f"kvgate: error: {redact_output(message)}", err=True)
+    sinks.echo(f"kvgate: error: {message}", err=True, indent_lines=True)
     return typer.Exit(int(status))
 
 
@@ -145,16 +146,17 @@ def finish(
         if not _one_terminal():
             for f in report.findings:
                 if f.outcome is Outcome.ERROR:
-                    typer.echo(f"kvgate: error: {redact_output(f.summary)}", err=True)
+                    sinks.echo(f"kvgate: error: {f.summary}", err=True, indent_lines=True)
         if hint:
-            typer.echo(redact_output(hint), err=True)
+            for line in hint.split("\n"):  # kvgate's own lines
+                sinks.echo(line, err=True)
 
     note = report.strictness_note()
     if note and report.fatal_status is None:
         report = replace(report, notes=report.notes + (note,))
     problems = emit(report, pairs, verbose=verbose)
     for p in problems:
-        typer.echo(f"kvgate: error: {redact_output(p)}", err=True)
+        sinks.echo(f"kvgate: error: {p}", err=True)
     status = report.exit_status
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR
@@ -253,7 +255,7 @@ def deprecated_alias(new: str, old: str, value: Any, old_value: Any) -> Any:
         return value
     if value is not None:
         raise UsageError(f"{old} is the deprecated spelling of {new}: give {new} only")
-    typer.echo(f"kvgate: warning: {old} is deprecated; use {new}", err=True)
+    sinks.echo(f"kvgate: warning: {old} is deprecated; use {new}", err=True)
     return old_value
 
 
@@ -262,8 +264,8 @@ class _KvgateUsage(_CLICK_USAGE_ERROR):  # type: ignore[misc,valid-type]
 
     def show(self, file: Any = None) -> None:
         prog = self.ctx.command_path if self.ctx is not None else "kvgate"
-        typer.echo(f"kvgate: error: {redact_output(self.message)}", err=True)
-        typer.echo(f"Try '{prog} --help' for help.", err=True)
+        sinks.echo(f"kvgate: error: {self.message}", err=True)
+        sinks.echo(f"Try '{prog} --help' for help.", err=True)
 
 
 class KvgateGroup(TyperGroup):

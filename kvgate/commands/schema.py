@@ -11,6 +11,9 @@ def schema(
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " schema prints none; accepted everywhere."),
 ) -> None:
     """Print the JSON Schema that every `--format json` report validates against."""
+    import sys
+
+    from kvgate import sinks
     from kvgate.formats.json_report import schema_text
 
-    typer.echo(schema_text(), nl=False)
+    sinks.write_stream(sys.stdout, schema_text())

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvgate import sinks
 from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -103,9 +104,9 @@ def up(
         if not gate:
             dep.start()
             info = dep.info()
-            typer.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
-            typer.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
-            typer.echo("Press Ctrl-C to stop.", err=True)
+            sinks.echo(f"kvgate up: PD deployment is up (logs: {info['logs']})")
+            sinks.echo(json.dumps({k: info[k] for k in ("router", "prefill", "decode")}))
+            sinks.echo("Press Ctrl-C to stop.", err=True)
             assert dep.supervisor is not None
             dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (exit 2)
         try:
@@ -116,7 +117,7 @@ def up(
             report = fatal_report("up --gate", exc)
         finish(report, pairs, verbose)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
-        typer.echo("kvgate up: stopping", err=True)
+        sinks.echo("kvgate up: stopping", err=True)
         if gate:
             raise  # no verdict: handle_errors writes the report and exits 130
     finally:

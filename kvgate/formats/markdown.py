@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvgate import sinks
 from kvgate.findings import Outcome, Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import (
@@ -24,15 +25,20 @@ _ICON = {
 
 
 def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Any text of the report (server text included), shown as text (sinks.markdown)."""
+    return sinks.markdown(text)
+
+
+def _code(text: object) -> str:
+    return sinks.code_span(text)
 
 
 class MarkdownFormatter(Formatter):
     def render(self, report: Report) -> str:
-        out = [f"## {_cell(verdict_line(report))}", "", counts_line(report), ""]
+        out = [f"## {verdict_line(report)}", "", counts_line(report), ""]  # kvgate's words only
         lines, more = headlines(report)
         for h in lines:
-            out.append(f"- **{_ICON[h.outcome]}** `{_cell(h.check_id)}` {_cell(h.where)}: {_cell(h.summary)}")
+            out.append(f"- **{_ICON[h.outcome]}** `{_code(h.check_id)}` {_cell(h.where)}: {_cell(h.summary)}")
         if more:
             out.append(f"- ... and {more} more below")
         if lines:
@@ -40,7 +46,7 @@ class MarkdownFormatter(Formatter):
         out += ["| result | check | node | summary |", "| --- | --- | --- | --- |"]
         for f in report.findings:
             mark = " (waived)" if f.waived else ""
-            out.append(f"| {_ICON[f.outcome]}{mark} | `{_cell(f.test_id)}` | {_cell(f.node)} | {_cell(f.summary)} |")
+            out.append(f"| {_ICON[f.outcome]}{mark} | `{_code(f.test_id)}` | {_cell(f.node)} | {_cell(f.summary)} |")
         not_passed = [f for f in report.findings if f.outcome not in (Outcome.PASSED, Outcome.INFO) and f.evidence]
         if not_passed:
             out += ["", "### Evidence", ""]

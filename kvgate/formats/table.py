@@ -65,6 +65,7 @@ class TableFormatter(Formatter):
             width=self.width,
             soft_wrap=False,
             highlight=False,
+            emoji=False,  # ":smile:" in a server's text prints as typed
         )
         self.print_to(console, report)
         return "\n".join(line.rstrip() for line in buf.getvalue().splitlines()) + "\n"

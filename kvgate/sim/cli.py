@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 import typer
 
+from kvgate import sinks
 from kvgate.errors import InternalError, KvgateError, UsageError
-from kvgate.redact import redact
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,7 +51,7 @@ def _exit_on_errors(func: F) -> F:
             raise
         except Exception as exc:  # noqa: BLE001 - the one place `sim up` turns a crash into an exit status
             err = exc if isinstance(exc, KvgateError) else InternalError(func.__name__, exc)
-            typer.echo(f"kvgate: error: {redact(str(err))}", err=True)
+            sinks.echo(f"kvgate: error: {err}", err=True)
             raise typer.Exit(int(err.exit_status)) from None
 
     return wrapper  # type: ignore[return-value]
@@ -128,21 +128,19 @@ def up(
         try:
             dep.start()
             info = dep.info()
-            typer.echo(f"kvgate sim: SGLang {emulate} PD deployment is up (logs: {info['logs']})")
-            typer.echo(f"  router : {info['router']}")
+            sinks.echo(f"kvgate sim: SGLang {emulate} PD deployment is up (logs: {info['logs']})")
+            sinks.echo(f"  router : {info['router']}")
             for url, bport in zip(info["prefill"], info["bootstrap_ports"], strict=True):
-                typer.echo(f"  prefill: {url} (bootstrap port {bport})")
+                sinks.echo(f"  prefill: {url} (bootstrap port {bport})")
             for url in info["decode"]:
-                typer.echo(f"  decode : {url}")
-            typer.echo(
-                json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}), nl=True
-            )
+                sinks.echo(f"  decode : {url}")
+            sinks.echo(json.dumps({"router": info["router"], "prefill": info["prefill"], "decode": info["decode"]}))
             if not quiet:
-                typer.echo("Press Ctrl-C to stop.", err=True)
+                sinks.echo("Press Ctrl-C to stop.", err=True)
             assert dep.supervisor is not None
             dep.supervisor.watch()  # until Ctrl-C / SIGTERM, or a process exits (SupervisorError, exit 2)
         except KeyboardInterrupt:
             if not quiet:
-                typer.echo("kvgate sim: stopping", err=True)
+                sinks.echo("kvgate sim: stopping", err=True)
         finally:
             dep.stop()

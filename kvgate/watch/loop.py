@@ -20,6 +20,7 @@ from dataclasses import replace
 import httpx
 
 from kvgate.check import default_gates, run_check
+from kvgate.defaults import PROBE_BODY_CAP
 from kvgate.discovery import RouterListing
 from kvgate.exitcodes import ExitStatus
 from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
@@ -28,6 +29,7 @@ from kvgate.gates.base import CheckOptions, GateContext
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.plan import limits_from_readings
 from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.httpbounds import bounded_client
 from kvgate.target import DECODE, PREFILL, NodeReading
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer
@@ -117,7 +119,11 @@ class Watcher:
         self.metrics.budget_requests.set(settings.requests_per_min)
         self.metrics.budget_tokens.set(settings.prefill_tokens_per_min)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(options.timeout), follow_redirects=False)
+        # The probes (scheduled and the codec's tokenize round trip) go through check's bounded client:
+        # identity bodies only, a body cap, the whole exchange within the timeout.
+        self.http = bounded_client(
+            timeout=options.timeout, body_cap=PROBE_BODY_CAP, verify=httpx.create_ssl_context(), headers=headers
+        )
         self.endpoint = Endpoint(
             listen[0],
             listen[1],

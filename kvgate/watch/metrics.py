@@ -11,7 +11,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kvgate import sinks
 from kvgate.findings import Finding, Outcome, Report
+from kvgate.redact import redact
 from kvgate.watch.budget import WINDOW_S
 
 #: the outcome code of kvgate_check_outcome: the exit-status semantics of one finding, and 2 for info
@@ -129,7 +131,8 @@ class WatchMetrics:
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The exposition text, through the output boundary (redacted; labels were neutralised when set)."""
+        return sinks.http_body(generate_latest(self.registry).decode("utf-8"))
 
     def set_report(self, report: Report) -> None:
         """The verdict and one series per (check, node) of a full gate (the worst outcome of each)."""
@@ -141,17 +144,22 @@ class WatchMetrics:
                 worst[key] = _code(f)
         self.outcome.clear()
         for (check, node), code in worst.items():
-            self.outcome.labels(check=check, node=node).set(code)
+            self.outcome.labels(check=_label(check), node=_label(node)).set(code)
 
     def set_ratios(self, ratios: Iterable[tuple[str, str, float]]) -> None:
         self.ratio.clear()
         for worker, role, value in ratios:
-            self.ratio.labels(worker=worker, role=role).set(value)
+            self.ratio.labels(worker=_label(worker), role=_label(role)).set(value)
 
     def set_workers(self, counts: Mapping[str, int]) -> None:
         self.workers.clear()
         for state, n in counts.items():
-            self.workers.labels(state=state).set(n)
+            self.workers.labels(state=_label(state)).set(n)
+
+
+def _label(value: str) -> str:
+    """A label value from a server (a worker URL, a node name): redacted, then one line of plain text."""
+    return sinks.prom_label(redact(value))
 
 
 def _code(f: Finding) -> int:

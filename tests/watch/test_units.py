@@ -264,7 +264,7 @@ def test_a_foreign_sentinel_in_a_probe_answer_regates_at_once(monkeypatch: pytes
     try:
         w.interval(threading.Event())
     finally:
-        w.endpoint.server.server_close()
+        w.endpoint.stop()
         w.http.close()
     assert gates == ["leak"]
     assert "kvgate_probe_leaks_total 1.0" in w.metrics.render().decode()

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from kvgate.defaults import STREAM_LINE_CAP
-from kvgate.httpbounds import OverCap, cap_text
+from kvgate.httpbounds import OverCap, cap_text, parse_json
 
 
 @dataclass(frozen=True)
@@ -209,7 +209,7 @@ class GenerateClient:
         elapsed = time.monotonic() - t0
         raw = resp.content[: self.raw_limit].decode("utf-8", errors="replace")
         try:
-            body: Any = resp.json()
+            body: Any = parse_json(resp.content)
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
             body = None
         if elapsed > limit and cancel_after_s is None:
@@ -259,7 +259,7 @@ class GenerateClient:
                         done = True
                         break
                     try:
-                        events.append(json.loads(data))
+                        events.append(parse_json(data))
                     except ValueError:
                         events.append(Garbage(data[:200]))
         except httpx.TimeoutException:

@@ -21,10 +21,11 @@ import re
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
+from kvgate.httpbounds import parse_json
 from kvgate.redact import clip
 
 PREFIX = "KVG"
@@ -132,7 +133,7 @@ class ServerCodec:
             self.base + "/v1/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=self.timeout
         )
         resp.raise_for_status()
-        tokens = resp.json().get("tokens")
+        tokens = _object(resp.content).get("tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, int) for t in tokens):
             raise ValueError(f"/v1/tokenize returned no token list: {clip(resp.text, 120)!r}")
         return tokens
@@ -142,8 +143,16 @@ class ServerCodec:
         ids = self.encode(text)
         resp = self.http.post(self.base + "/v1/detokenize", json={"tokens": ids + ids}, timeout=self.timeout)
         resp.raise_for_status()
-        decoded = resp.json().get("text")
+        decoded = _object(resp.content).get("text")
         return isinstance(decoded, str) and decoded.count(text.strip("<>")) == 2
+
+
+def _object(content: bytes) -> dict[str, Any]:
+    """A JSON object answer (depth-limited, httpbounds.parse_json); anything else is a ValueError."""
+    doc = parse_json(content)
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+    return doc
 
 
 def plant_ids(codec: TokenCodec, sentinel: Sentinel, length: int) -> list[int]:
