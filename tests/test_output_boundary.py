@@ -47,7 +47,7 @@ NOT_OUTPUT: dict[tuple[str, str], tuple[int, str]] = {
     ("kvgate/backport/_lifetime_payload.py", "self.pool.write"): (1, "a simulated KV pool, not a file"),
     ("kvgate/backport/engine.py", "write_atomic"): (3, "the patched sglang files and the applied-series marker"),
     ("kvgate/backport/engine.py", "write_temp"): (1, "a patch for git apply"),
-    ("kvgate/backport/cpuenv.py", "write_atomic"): (3, "cache markers of a built environment"),
+    ("kvgate/backport/cpuenv.py", "write_atomic"): (4, "cache markers of a built environment"),
     ("kvgate/backport/cpuenv.py", "print"): (1, "developer tool (python -m): an environment's own paths"),
     ("kvgate/backport/regen.py", "print"): (2, "developer tool (python -m): usage and the manifest path"),
     ("kvgate/backport/regen.py", "sys.stdout.write"): (1, "developer tool (python -m): a manifest from wheels"),
