@@ -81,6 +81,11 @@ def up(
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
     transfer_tokens_per_s: float = typer.Option(0.0, help="Simulated KV transfer bandwidth (0 = instant)."),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
+    inject_fault: str | None = typer.Option(
+        None,
+        help="An injected decode fault under load (not a release): meta-slot-shared, "
+        "meta-slot-shared-unchecked or early-page-reuse (kvgate/sim/faults.py).",
+    ),
     log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),
 ) -> None:
@@ -97,6 +102,12 @@ def up(
 
     try:
         get_release(emulate, fixed_by)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    from kvgate.sim import faults
+
+    try:
+        faults.check(inject_fault)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     dep = SimDeployment(
@@ -116,6 +127,7 @@ def up(
         transfer_tokens_per_s=transfer_tokens_per_s,
         expose_env_vars=expose_env_vars,
         log_dir=log_dir,
+        extra_env={faults.ENV: inject_fault} if inject_fault else {},
     )
     # Ctrl-C, and SIGTERM (stop_on_sigterm), arrive as KeyboardInterrupt: a clean stop, exit 0.
     with stop_on_sigterm():
