@@ -315,7 +315,7 @@ class DecodeEngine(BaseEngine):
         need = self.pool.pages_for(tokens)
         for t in reversed(list(self.transfers.values())):
             if (
-                not t.done.done()
+                not t.written.is_set()
                 and t.wait_for is None
                 and not t.slot_shared
                 and not t.borrowed
@@ -353,6 +353,8 @@ class DecodeEngine(BaseEngine):
         slot, then the decode reads the slot back and checks the room (#17430, in 0.5.19-0.5.23).
         Returns the first output token the slot holds (None when the toy model reads nothing)."""
         req = t.req
+        if self.fault is not None:
+            await asyncio.sleep(faults.TICK_S)  # the faulty decode commits on a scheduler tick
         digest = attend(self.pool, t.pages, t.num_tokens)
         room = req.bootstrap_room if req.bootstrap_room is not None else 0
         self._meta_buf[t.slot] = (room, digest[0] if digest else None)

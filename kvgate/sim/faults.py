@@ -15,8 +15,10 @@ switched on later through `POST /sim/fault {"fault": NAME}` (a fault that starts
   them for an earlier one (sglang #24527): the earlier request attends the later one's prompt.
 
 "Under load only": a fault strikes a new request only while at least `LOAD_MIN` requests are in the
-decode, and only when an earlier request is still waiting for its transfer; a request sent alone is
-never hit. SIMULATOR CHOICE (the worst case of the race, so that a test is deterministic): the earlier
+decode, and only when an earlier request has not committed its transfer yet; a request sent alone is
+never hit. SIMULATOR CHOICES (the worst case of the race, so that a test is deterministic): with a
+fault on, the decode commits each transfer on a scheduler tick (`TICK_S`; SGLang's decode polls
+its transfer queue once per scheduler iteration), so requests that arrive together overlap, and the earlier
 request of a colliding pair commits only after the later one's write landed (bounded by `PAIR_WAIT_S`).
 """
 
@@ -31,6 +33,8 @@ EARLY_PAGE_REUSE = "early-page-reuse"
 FAULTS = (META_SLOT_SHARED, META_SLOT_SHARED_UNCHECKED, EARLY_PAGE_REUSE)
 #: requests in the decode (the new one not counted) before a fault strikes
 LOAD_MIN = 3
+#: the faulty decode's scheduler tick (seconds between a transfer's end and its commit)
+TICK_S = 0.1
 #: the longest the earlier request of a colliding pair waits for the later one's write
 PAIR_WAIT_S = 5.0
 
