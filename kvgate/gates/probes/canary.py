@@ -102,7 +102,7 @@ class Sender:
             rid=rid,
             cancel_after_s=cancel_after_s,
             stream=stream,
-            top_logprobs=top_logprobs,
+            **({"top_logprobs": top_logprobs} if top_logprobs else {}),
         )
         del ids
         self.meter.add(res, accepted_length=probe.expect == ACCEPT)

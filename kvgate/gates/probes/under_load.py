@@ -42,7 +42,7 @@ CORRUPTION_MARKERS = (
     "context corruption detected",
     "metadata buffer index collision",
 )
-UPSTREAM = "sglang #17259/#22716 (metadata buffer index collision)"
+UPSTREAM = "sglang #17259/#22716: metadata buffer index collision"
 REMEDY_CORRUPTION = (
     "do not promote: requests are mixed or aborted under concurrency (sglang #17259, #22716; #24527 for "
     "early page reuse); run fewer concurrent requests per decode until a fix ships"
@@ -119,7 +119,7 @@ def plan_load(limits: ProbeLimits, settings: ProbeSettings, readings: Sequence[N
     long = total // 5
     short = total - copies - long
     short_len = min(max(2 * limits.page_size, 32), limits.longest_accepted)
-    long_len = min(max(16 * limits.page_size, 512), limits.longest_accepted)
+    long_len = min(max(8 * limits.page_size, 256), 1024, limits.longest_accepted)
     return Plan(short, long, copies, settings.load_waves, short_len, long_len, limit)
 
 
