@@ -19,9 +19,10 @@ corruption detected - bootstrap_room mismatch"), or pages reused before the pref
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender
@@ -50,6 +51,7 @@ REMEDY_CORRUPTION = (
 REMEDY_NOISE = "run the gate against workers started with --enable-deterministic-inference"
 #: statuses of a deployment shedding load (not corruption, not a crash)
 SHED = (429, 503)
+SHORT_TOKENS, LONG_TOKENS = 32, 256
 _FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
@@ -76,6 +78,12 @@ class Plan:
     def per_wave(self) -> int:
         return self.short + self.long + self.copies
 
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens prefilled at most: every prompt alone once, then every wave."""
+        distinct = self.short * self.short_len + self.long * self.long_len
+        return distinct + self.short_len + self.waves * (distinct + self.copies * self.short_len)
+
     def as_evidence(self) -> dict[str, int | None]:
         return {
             "distinct_short": self.short,
@@ -86,6 +94,7 @@ class Plan:
             "short_tokens": self.short_len,
             "long_tokens": self.long_len,
             "running_request_limit": self.limit,
+            "prefill_tokens": self.prefill_tokens,
         }
 
 
@@ -118,15 +127,17 @@ def plan_load(limits: ProbeLimits, settings: ProbeSettings, readings: Sequence[N
     copies = 4 if total >= 12 else 2
     long = total // 5
     short = total - copies - long
-    short_len = min(max(2 * limits.page_size, 32), limits.longest_accepted)
-    long_len = min(max(8 * limits.page_size, 256), 1024, limits.longest_accepted)
+    # Fixed and small whatever the page: at a 1M context the whole check costs ~0.004 of one
+    # context-length prefill (bench/probe_cost.py).
+    short_len = min(SHORT_TOKENS, limits.longest_accepted)
+    long_len = min(LONG_TOKENS, limits.longest_accepted)
     return Plan(short, long, copies, settings.load_waves, short_len, long_len, limit)
 
 
 def _prompt(sender: Sender, label: str, first: str, length: int, new_tokens: int, limits: ProbeLimits) -> Prompt:
     """A prompt of exactly `length` ids: one line of its own (a distinct first character, random text)
     repeated. Distinct lines give distinct answers on any model, and distinct first tokens on most."""
-    line = f"{first}{secrets.token_hex(6)} isolation under load\n"
+    line = f"{first}{secrets.token_hex(6)} under load\n"
     unit = sender.codec.encode(line)
     ids = (unit * (length // max(len(unit), 1) + 1))[:length]
     return Prompt(label, ids, max_new_tokens_for(limits, length, new_tokens))
@@ -172,6 +183,7 @@ def run_load(
     def send(p: Prompt, phase: str) -> ProbeResult:
         return sender.send_ids(f"load-{p.label}", p.ids, p.max_new_tokens, phase, top_logprobs=TOP_N)
 
+    t0 = time.monotonic()
     with sender.observer.step(
         f"isolation under load: {len(distinct) + 1} prompts alone, then {plan.waves} wave(s) of {plan.per_wave}"
     ):
@@ -183,7 +195,9 @@ def run_load(
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
                 futs = [pool.submit(send, p, f"load-wave{w}") for p in batch]
                 waves.append([(p, f.result()) for p, f in zip(batch, futs, strict=True)])
-    return _judge(plan, exact, settings, solo, waves, node)
+    found = _judge(plan, exact, settings, solo, waves, node)
+    wall = Evidence(node, "isolation.load.wall_s", round(time.monotonic() - t0, 3))
+    return [replace(f, evidence=(*f.evidence, wall)) if f.check == CHECK else f for f in found]
 
 
 def _judge(
