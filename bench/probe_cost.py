@@ -64,6 +64,8 @@ def measure(emulate: str, context: int, prefill_pool: int, decode_pool: int) -> 
     cal = _ev(report, "probes.calibration", "calibration")
     lat = _ev(report, "probes.latency.prefill_scaling", "latency.plan")
     abort = _ev(report, "probes.abort.mid_transfer", "abort.plan")
+    load = _ev(report, "probes.isolation.load", "isolation.load.plan")
+    load_wall = next((e.value for f in report.findings for e in f.evidence if e.field == "isolation.load.wall_s"), None)
     speed = cal.get("prefill_tokens_per_s")
     spent = report.cost.get("probe_prefill_tokens", 0)
     cap = (lat.get("budget_tokens") or 0) + (abort.get("budget_tokens") or 0)
@@ -77,6 +79,8 @@ def measure(emulate: str, context: int, prefill_pool: int, decode_pool: int) -> 
         "noise_ms": cal.get("jitter_ms"),
         "timing_budget_cap_tokens": cap,
         "timing_budget_cap_ratio": round(cap / context, 4),
+        "load_probe_prefill_tokens": load.get("prefill_tokens"),
+        "load_probe_wall_s": load_wall,
         "failed_checks": failed,
         "inconclusive_checks": not_passed,
         "total_wall_s": round(time.monotonic() - t0, 2),
@@ -89,7 +93,8 @@ def _line(label: str, r: dict[str, Any]) -> str:
         f"prefill tokens {r['probe_prefill_tokens']:,} = {r['probe_prefill_ratio_of_context']:.3f} x one "
         f"context-length prefill (~{r['prefill_s_at_calibrated_speed']} s at the calibrated "
         f"{r['calibrated_tokens_per_s']} tokens/s, noise {r['noise_ms']} ms); timing-probe budget cap "
-        f"{r['timing_budget_cap_tokens']:,} tokens = {r['timing_budget_cap_ratio']:.3f} x context; tokens sent "
+        f"{r['timing_budget_cap_tokens']:,} tokens = {r['timing_budget_cap_ratio']:.3f} x context; "
+        f"isolation.load adds {r['load_probe_prefill_tokens']} prefill tokens, {r['load_probe_wall_s']} s; tokens sent "
         f"{r['probe_tokens_sent']:,}; {r['probe_requests']} requests; probe wall {r['probe_wall_s']} s; failed "
         f"{r['failed_checks'] or 'none'}; inconclusive {r['inconclusive_checks'] or 'none'}"
     )

@@ -86,6 +86,11 @@ def up(
         "to the KV (0 = off).",
     ),
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
+    inject_fault: str | None = typer.Option(
+        None,
+        help="An injected decode fault under load (not a release): meta-slot-shared, "
+        "meta-slot-shared-unchecked or early-page-reuse (kvgate/sim/faults.py).",
+    ),
     log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),
 ) -> None:
@@ -102,6 +107,12 @@ def up(
 
     try:
         get_release(emulate, fixed_by)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    from kvgate.sim import faults
+
+    try:
+        faults.check(inject_fault)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     dep = SimDeployment(
@@ -122,6 +133,7 @@ def up(
         e2e_factor=e2e_factor,
         expose_env_vars=expose_env_vars,
         log_dir=log_dir,
+        extra_env={faults.ENV: inject_fault} if inject_fault else {},
     )
     # Ctrl-C, and SIGTERM (stop_on_sigterm), arrive as KeyboardInterrupt: a clean stop, exit 0.
     with stop_on_sigterm():

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 import torch
 
-from kvgate.sim import tokenizer, transfer
+from kvgate.sim import faults, tokenizer, transfer
 from kvgate.sim.config import WorkerConfig
 from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import PoolExhausted
@@ -23,6 +25,9 @@ log = logging.getLogger("kvgate.sim")
 
 #: `disaggregation/utils.py FAKE_BOOTSTRAP_HOST`: health probes on PD workers use it; no KV moves.
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
+#: The toy model's logprobs (it is certain of its token): the chosen token, then the runners-up.
+TOP_LOGPROB = math.log(0.97)
+RUNNER_UP_LOGPROBS = (math.log(0.02), math.log(0.01))
 
 
 @dataclass
@@ -41,6 +46,15 @@ class _Transfer:
     pages_received: int = 0
     freed: bool = False
     release_deferred: bool = False
+    #: metadata buffer slot (`req_to_metadata_buffer_idx_allocator`); `slot_shared`: another holds it too
+    slot: int = -1
+    slot_shared: bool = False
+    #: pages lent by an injected fault (another request's reservation): never freed by this request
+    borrowed: bool = False
+    #: set once this room's metadata write landed (or the request ended)
+    written: asyncio.Event = field(default_factory=asyncio.Event)
+    #: injected fault: the later request whose write must land before this one commits
+    wait_for: _Transfer | None = None
 
 
 class DecodeEngine(BaseEngine):
@@ -58,6 +72,13 @@ class DecodeEngine(BaseEngine):
         #: garbage collector could destroy the receiving task and its socket, silently dropping every
         #: late write (how often depended on allocation pressure, e.g. new requests arriving).
         self._receivers: set[asyncio.Task[None]] = set()
+        #: An injected fault (faults.py), not a release behaviour; None on a healthy decode.
+        self.fault = faults.from_env()
+        self._meta_free: deque[int] = deque(range(cfg.max_running_requests or 4096))
+        self._meta_next = len(self._meta_free)
+        #: slot -> (bootstrap_room, first output token): what prefill's metadata write left there
+        self._meta_buf: dict[int, tuple[int, int | None]] = {}
+        self.stats["fault_collisions"] = 0
 
     async def start(self) -> None:
         return None
@@ -82,8 +103,17 @@ class DecodeEngine(BaseEngine):
         n = int(req.input_ids.numel())
         # The reservation covers the prompt (what prefill must fill) plus the output tokens, whose KV
         # the decode writes itself; the prefill is told only the prompt's pages.
-        pages = await self._reserve(req, n + req.max_new_tokens)
+        lender = self._fault_partner(n + req.max_new_tokens) if self.fault == faults.EARLY_PAGE_REUSE else None
+        if lender is not None:
+            pages = lender.pages[: self.pool.pages_for(n + req.max_new_tokens)]
+        else:
+            pages = await self._reserve(req, n + req.max_new_tokens)
         t = _Transfer(req, pages, n, asyncio.get_running_loop().create_future())
+        if lender is not None:
+            t.borrowed = True
+            lender.wait_for = t
+            self.stats["fault_collisions"] += 1
+        self._meta_alloc(t)
         self.transfers[req.rid] = t
         try:
             if req.bootstrap_host == FAKE_BOOTSTRAP_HOST or self.cfg.disaggregation_transfer_backend == "fake":
@@ -91,6 +121,7 @@ class DecodeEngine(BaseEngine):
             else:
                 await self._bootstrap(t)
             await self._wait_transfer(t)
+            first = await self._commit_metadata(t)
             if req.to_finish is not None:
                 # <= 0.5.20 decode-side reject: admitted with the placeholder and run for one step (over
                 # the placeholder's own KV) before `update_finish_state` turns `to_finish` into the
@@ -101,8 +132,10 @@ class DecodeEngine(BaseEngine):
                 # token, so the simulator emits the placeholder's own id (SIMULATOR CHOICE).
                 step = list(ran["output_ids"])[:1] or [int(req.input_ids[0])]
                 raise RequestError(req.to_finish, value_error=True, output_ids=step)
-            return await self._run_decode(t, sink)
+            return await self._run_decode(t, sink, first)
         finally:
+            t.written.set()
+            self._meta_release(t)
             self.transfers.pop(req.rid, None)
             if not t.release_deferred:
                 self._free(t)
@@ -270,9 +303,74 @@ class DecodeEngine(BaseEngine):
     def _free(self, t: _Transfer) -> None:
         if not t.freed:
             t.freed = True
-            self.pool.free(t.pages)
+            if not t.borrowed:
+                self.pool.free(t.pages)
 
-    async def _run_decode(self, t: _Transfer, sink: TokenSink | None) -> dict[str, Any]:
+    # -- the metadata buffer, and the injected faults that break it (faults.py) ---------------------
+
+    def _fault_partner(self, tokens: int) -> _Transfer | None:
+        """Under load, an earlier request still waiting for its transfer (the other half of a collision)."""
+        if len(self.transfers) < faults.LOAD_MIN:
+            return None
+        need = self.pool.pages_for(tokens)
+        for t in reversed(list(self.transfers.values())):
+            if (
+                not t.written.is_set()
+                and t.wait_for is None
+                and not t.slot_shared
+                and not t.borrowed
+                and t.req.to_finish is None
+                and int(t.pages.numel()) >= need
+            ):
+                return t
+        return None
+
+    def _meta_alloc(self, t: _Transfer) -> None:
+        """`ReqToMetadataIdxAllocator.alloc()`; with a slot fault, under load, an index another holds."""
+        other = (
+            self._fault_partner(0)
+            if self.fault in (faults.META_SLOT_SHARED, faults.META_SLOT_SHARED_UNCHECKED)
+            else None
+        )
+        if other is not None:
+            t.slot, t.slot_shared = other.slot, True
+            other.wait_for = t
+            self.stats["fault_collisions"] += 1
+        elif self._meta_free:
+            t.slot = self._meta_free.popleft()
+        else:
+            t.slot, self._meta_next = self._meta_next, self._meta_next + 1
+
+    def _meta_release(self, t: _Transfer) -> None:
+        """Free the slot, its room zeroed first (#27374); a shared holder leaves it to its owner."""
+        if t.slot >= 0 and not t.slot_shared:
+            self._meta_buf.pop(t.slot, None)
+            self._meta_free.append(t.slot)
+        t.slot = -1
+
+    async def _commit_metadata(self, t: _Transfer) -> int | None:
+        """`_commit_transfer_to_req`: prefill's metadata write (room, first output token) lands in the
+        slot, then the decode reads the slot back and checks the room (#17430, in 0.5.19-0.5.23).
+        Returns the first output token the slot holds (None when the toy model reads nothing)."""
+        req = t.req
+        if self.fault is not None:
+            await asyncio.sleep(faults.TICK_S)  # the faulty decode commits on a scheduler tick
+        digest = attend(self.pool, t.pages, t.num_tokens)
+        room = req.bootstrap_room if req.bootstrap_room is not None else 0
+        self._meta_buf[t.slot] = (room, digest[0] if digest else None)
+        t.written.set()
+        if t.wait_for is not None:
+            try:
+                await asyncio.wait_for(t.wait_for.written.wait(), faults.PAIR_WAIT_S)
+            except asyncio.TimeoutError:
+                pass
+        actual, first = self._meta_buf.get(t.slot, (room, None))
+        if actual != room and self.fault != faults.META_SLOT_SHARED_UNCHECKED:
+            log.error(faults.log_message(req.rid, room, actual, t.slot))
+            raise RequestError(Abort(faults.ABORT_MESSAGE, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
+        return first
+
+    async def _run_decode(self, t: _Transfer, sink: TokenSink | None, first: int | None = None) -> dict[str, Any]:
         """Commit the transfer and generate. No transferred-length validation exists in 0.5.19-0.5.23
         (#38704 never merged), so a one-page handoff into an eight-page reservation is committed."""
         req = t.req
@@ -313,7 +411,8 @@ class DecodeEngine(BaseEngine):
             if not digest:
                 finish = {"type": "stop", "matched": None}
                 break
-            token = digest[step % len(digest)]
+            # The first output token is the one prefill computed, read from the metadata slot.
+            token = first if step == 0 and first is not None else digest[step % len(digest)]
             out.append(token)
             # The output token's KV goes into the reservation after the prompt, so a later tenant
             # that gets these pages finds this request's partial generation there too. It lies outside
@@ -328,19 +427,19 @@ class DecodeEngine(BaseEngine):
         elapsed = max(time.time() - t0, 1e-9)
         self.last_gen_throughput = len(out) / elapsed
         req.finished_reason = finish
-        return {
-            "text": tokenizer.decode(out),
-            "output_ids": out,
-            "meta_info": meta_info(
-                req,
-                prompt_tokens=t.num_tokens if req.to_finish is None else req.caller_tokens,
-                completion_tokens=len(out),
-                e2e=time.time() - req.created,
-            ),
-        }
+        meta = meta_info(
+            req,
+            prompt_tokens=t.num_tokens if req.to_finish is None else req.caller_tokens,
+            completion_tokens=len(out),
+            e2e=time.time() - req.created,
+        )
+        if req.return_logprob:
+            meta.update(_logprobs(out, req.top_logprobs_num))
+        return {"text": tokenizer.decode(out), "output_ids": out, "meta_info": meta}
 
     def state(self) -> dict[str, Any]:
         base = super().state()
+        base["injected_fault"] = self.fault
         base["transfers"] = {
             rid: {
                 "room": t.req.bootstrap_room,
@@ -352,3 +451,15 @@ class DecodeEngine(BaseEngine):
             for rid, t in self.transfers.items()
         }
         return base
+
+
+def _logprobs(out: list[int], top: int) -> dict[str, Any]:
+    """SGLang's output logprob fields (`TokenizerManager` meta_info; `(logprob, token_id, text)` with
+    text None unless return_text_in_logprobs): the toy model's token, then runners-up (next byte ids)."""
+    ranked = [TOP_LOGPROB, *RUNNER_UP_LOGPROBS]
+    fields: dict[str, Any] = {"output_token_logprobs": [[TOP_LOGPROB, tok, None] for tok in out]}
+    if top > 0:
+        fields["output_top_logprobs"] = [
+            [[ranked[r], (tok + r) % tokenizer.VOCAB_SIZE, None] for r in range(min(top, len(ranked)))] for tok in out
+        ]
+    return fields

@@ -58,6 +58,10 @@ class SimReq:
     finished_reason: dict[str, Any] | None = None
     #: how many tokens the caller sent (before any placeholder replacement)
     caller_tokens: int = 0
+    #: `return_logprob` / `top_logprobs_num` of `GenerateReqInput` (output logprobs only: the toy model
+    #: scores no input positions)
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
     created: float = field(default_factory=time.time)
 
     def finished(self) -> bool:

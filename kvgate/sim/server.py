@@ -19,7 +19,7 @@ import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from kvgate.sim import surface, tokenizer
+from kvgate.sim import faults, surface, tokenizer
 from kvgate.sim.config import env_float
 from kvgate.sim.decode import DecodeEngine
 from kvgate.sim.engine import BaseEngine
@@ -39,6 +39,13 @@ def _loads(raw: bytes) -> Any:
 def _json(body: Any, status: int = 200) -> Response:
     data = _orjson.dumps(body) if _orjson is not None else json.dumps(body).encode()
     return Response(content=data, status_code=status, media_type="application/json")
+
+
+def _top_num(value: Any) -> int:
+    """`top_logprobs_num` (an int, or a one-element list for a batch of one); anything else is 0."""
+    if isinstance(value, list):
+        value = value[0] if value else 0
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def error_response(abort: Abort) -> Response:
@@ -128,6 +135,18 @@ def build_app(engine: BaseEngine) -> FastAPI:
             engine.abort(body.get("rid"), bool(body.get("abort_all", False)))
         return Response(status_code=200)
 
+    @app.post("/sim/fault")
+    async def _fault(request: Request) -> Response:
+        """Simulator-only: switch an injected fault (faults.py) on (`{"fault": NAME}`) or off (null)."""
+        body = _loads(await request.body() or b"{}")
+        if not isinstance(engine, DecodeEngine):
+            return _json({"error": "injected faults live on decode workers"}, 400)
+        try:
+            engine.fault = faults.check(body.get("fault") if isinstance(body, dict) else None)
+        except ValueError as exc:
+            return _json({"error": str(exc)}, 400)
+        return _json({"fault": engine.fault})
+
     @app.get("/sim/state")
     async def _state() -> Response:
         return _json(engine.state())
@@ -168,6 +187,8 @@ def build_app(engine: BaseEngine) -> FastAPI:
             bootstrap_port=int(body["bootstrap_port"]) if body.get("bootstrap_port") is not None else None,
             bootstrap_room=int(room) if room is not None else None,
             caller_tokens=int(input_ids.numel()),
+            return_logprob=body.get("return_logprob") is True,
+            top_logprobs_num=_top_num(body.get("top_logprobs_num")),
         )
         return req, bool(body.get("stream", False))
 

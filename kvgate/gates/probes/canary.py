@@ -74,6 +74,7 @@ class Sender:
         cancel_after_s: float | None = None,
         stream: bool = False,
         sentinel: Sentinel | None = None,
+        top_logprobs: int = 0,
     ) -> Sent:
         """Send one probe carrying a sentinel densely (every token belongs to a sentinel copy): a fresh
         one, or `sentinel` again (the same length then sends the very same ids)."""
@@ -95,7 +96,13 @@ class Sender:
         with self._lock:
             self.rids.setdefault(phase, []).append(rid)
         res = self.client.generate(
-            probe.name, ids, probe.max_new_tokens, rid=rid, cancel_after_s=cancel_after_s, stream=stream
+            probe.name,
+            ids,
+            probe.max_new_tokens,
+            rid=rid,
+            cancel_after_s=cancel_after_s,
+            stream=stream,
+            **({"top_logprobs": top_logprobs} if top_logprobs else {}),
         )
         del ids
         self.meter.add(res, accepted_length=probe.expect == ACCEPT)
@@ -107,6 +114,20 @@ class Sender:
             if probe.expect == ACCEPT and cancel_after_s is None:
                 self._note_answer(res)
         return rec
+
+    def send_ids(
+        self, name: str, ids: list[int], max_new_tokens: int, phase: str, top_logprobs: int = 0
+    ) -> ProbeResult:
+        """Send an accepted-length prompt of the caller's own ids (no sentinel), metered like the rest."""
+        with self._lock:
+            rid = f"kvgate-{self.run_id}-{phase}-{name}-{secrets.token_hex(3)}"
+            self.rids.setdefault(phase, []).append(rid)
+        res = self.client.generate(name, ids, max_new_tokens, rid=rid, top_logprobs=top_logprobs)
+        self.meter.add(res, accepted_length=True)
+        with self._lock:
+            if res.transport_error is not None:
+                self.transport_failures += 1
+        return res
 
     def _note_answer(self, res: ProbeResult) -> None:
         """Count accepted-length requests left unanswered in a row (caller holds the lock). A decode that

@@ -137,7 +137,7 @@ class GenerateClient:
         self.line_cap = line_cap
 
     def payload(
-        self, ids: list[int], max_new_tokens: int, rid: str | None = None, stream: bool = False
+        self, ids: list[int], max_new_tokens: int, rid: str | None = None, stream: bool = False, top_logprobs: int = 0
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "input_ids": ids,
@@ -146,6 +146,10 @@ class GenerateClient:
         }
         if rid:
             body["rid"] = rid
+        if top_logprobs:
+            # SGLang answers meta_info.output_top_logprobs: per output position [[logprob, id, text], ...]
+            body["return_logprob"] = True
+            body["top_logprobs_num"] = top_logprobs
         return body
 
     def generate(
@@ -158,15 +162,17 @@ class GenerateClient:
         deadline_s: float | None = None,
         cancel_after_s: float | None = None,
         stream: bool = False,
+        top_logprobs: int = 0,
     ) -> ProbeResult:
-        """POST one probe. `cancel_after_s` drops the connection after that long (client-side cancel)."""
+        """POST one probe. `cancel_after_s` drops the connection after that long (client-side cancel);
+        `top_logprobs` > 0 asks for that many top logprobs per output position (non-streaming only)."""
         if stream:
             return replace(
                 self._generate_stream(name, ids, max_new_tokens, rid, deadline_s or self.deadline_s),
                 deadline_s=deadline_s or self.deadline_s,
             )
         return replace(
-            self._generate_plain(name, ids, max_new_tokens, rid, deadline_s, cancel_after_s),
+            self._generate_plain(name, ids, max_new_tokens, rid, deadline_s, cancel_after_s, top_logprobs),
             deadline_s=None if cancel_after_s is not None else (deadline_s or self.deadline_s),
         )
 
@@ -178,10 +184,11 @@ class GenerateClient:
         rid: str | None,
         deadline_s: float | None,
         cancel_after_s: float | None,
+        top_logprobs: int = 0,
     ) -> ProbeResult:
         limit = cancel_after_s if cancel_after_s is not None else (deadline_s or self.deadline_s)
         timeout = httpx.Timeout(limit, connect=min(limit, 10.0))
-        content = json.dumps(self.payload(ids, max_new_tokens, rid)).encode()
+        content = json.dumps(self.payload(ids, max_new_tokens, rid, top_logprobs=top_logprobs)).encode()
         t0 = time.monotonic()
         try:
             resp = self.http.post(

@@ -4,6 +4,7 @@ Order (cheapest that can fail first; incident.md sections 4-5):
 1. tokenizer rejections: beyond the context and at the context (no prefill when correct);
 2. canary round A: cheap plants (the tenants), then the abort-path probes (first rejected length of
    the pool bound, the middle of the reject band) together with fresh concurrent tenants;
+1b. isolation under load (under_load.py): distinct prompts alone, then together in waves;
 2b. isolation: greedy replay of one prompt around other tenants' traffic (needs no decodable text);
 3. calibration (calibrate.py): the noise and the prefill time per token, measured through the router;
    then latency: one-page vs long prompts (sized from the calibration), one-sided KS;
@@ -30,6 +31,7 @@ from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, latency_finding, run_latency
+from kvgate.gates.probes.margin import deterministic
 from kvgate.gates.probes.plan import (
     ABORT_PATH_PROBES,
     ACCEPT,
@@ -41,6 +43,8 @@ from kvgate.gates.probes.plan import (
 )
 from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.gates.probes.under_load import CHECK as LOAD_CHECK
+from kvgate.gates.probes.under_load import run_load
 from kvgate.target import DECODE, PREFILL
 
 GATE = "probes"
@@ -167,7 +171,21 @@ class _Run:
                     )
                 )
                 return
-            self.findings.append(run_isolation(self.sender, lim, s, self.node))
+            self.findings.append(run_isolation(self.sender, lim, s, self.node, deterministic(self.ctx.readings)))
+
+        def under_load() -> None:
+            if not s.load_probe:
+                self.findings.append(
+                    inconclusive(
+                        GATE,
+                        LOAD_CHECK,
+                        self.node,
+                        "not run: load_probe is false",
+                        remedy="set the profile key probes.load_probe: true",
+                    )
+                )
+                return
+            self.findings.extend(run_load(self.sender, lim, s, self.ctx.readings, self.node))
 
         def calibration() -> None:
             self.cal = calibrate(self.sender, lim, calibration_budget(lim.context))
@@ -219,6 +237,7 @@ class _Run:
 
         phases: list[tuple[str, Callable[[], None]]] = [
             ("tokenizer rejections", tokenizer_rejections),
+            ("isolation under load", under_load),
             ("canary round A (small plants)", round_a),
             ("isolation (greedy replay)", isolation),
             ("calibration", calibration),

@@ -19,7 +19,10 @@ batch is always one request (no batch-invariance question); the answer is short 
 round-off to flip an argmax); the control runs the same prompt twice, once cold and once from the
 prefix cache, so a deployment whose kernels are not reproducible across those paths shows it in the
 control and makes the check inconclusive, with the remedy of SGLang's deterministic inference mode
-(`--enable-deterministic-inference`), not a block.
+(`--enable-deterministic-inference`), not a block. The replays ask for the top-2 logprobs and compare
+only tokens the control answer was confident of (margin.py: top-1 leads top-2 by
+`probes.logprob_margin` nats), so a kernel that is not batch-invariant cannot flip a compared token;
+a server that returns no logprobs is compared exactly, as before.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender, Sent
+from kvgate.gates.probes.client import ProbeResult
+from kvgate.gates.probes.margin import TOP_N, answer_ids, score
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.redact import clip
@@ -42,6 +47,7 @@ class _Answer:
     answer: tuple[int, ...] | str | None
     served: bool
     observed: bool
+    result: ProbeResult
 
     @classmethod
     def of(cls, rec: Sent) -> _Answer:
@@ -51,7 +57,16 @@ class _Answer:
             r.answer if r.served else None,
             r.served and r.generated,
             r.status is not None and not r.timed_out,
+            r,
         )
+
+    def differs(self, other: _Answer, margin: float, exact: bool) -> bool:
+        """`other` changed a token this answer was confident of (margin rule); without logprobs (or ids),
+        any difference counts."""
+        ref, ids = score(self.result, margin, exact), answer_ids(other.result)
+        if ref is None or not ref.scored or ids is None:
+            return other.answer != self.answer
+        return bool(ref.changed(ids))
 
     def show(self) -> str:
         a = self.answer
@@ -60,8 +75,11 @@ class _Answer:
         return repr(clip(a, 48)) if isinstance(a, str) else "no answer"
 
 
-def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, node: str) -> Finding:
-    """The greedy-replay isolation check (see the module docstring)."""
+def run_isolation(
+    sender: Sender, limits: ProbeLimits, settings: ProbeSettings, node: str, exact: bool = False
+) -> Finding:
+    """The greedy-replay isolation check (see the module docstring); `exact`: the workers report
+    deterministic inference, so every token is compared."""
     n = settings.isolation_new_tokens
     q_len = min(max(4 * limits.page_size, 64), limits.longest_accepted)
     q = LengthProbe(
@@ -90,7 +108,7 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
     )
 
     with sender.observer.step("isolation: greedy replay of one prompt around other tenants' traffic"):
-        control = [_Answer.of(sender.one(q, f"iso-control{i}", sentinel=fixed)) for i in range(2)]
+        control = [_Answer.of(sender.one(q, f"iso-control{i}", sentinel=fixed, top_logprobs=TOP_N)) for i in range(2)]
         after: list[tuple[str, _Answer | None, _Answer]] = []
         for tag in ("X", "Y"):
             sender.many(
@@ -99,7 +117,8 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
                 f"isolation: traffic {tag} ({settings.isolation_tenants} tenants)",
             )
             o = _Answer.of(sender.one(over, f"iso-after{tag}", sentinel=fixed)) if over is not None else None
-            after.append((tag, o, _Answer.of(sender.one(q, f"iso-after{tag}", sentinel=fixed))))
+            replay = sender.one(q, f"iso-after{tag}", sentinel=fixed, top_logprobs=TOP_N)
+            after.append((tag, o, _Answer.of(replay)))
 
     more_time = f"give each probe more time: --probe-deadline {2 * settings.deadline_s:g}"
     ev = [
@@ -120,7 +139,8 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
             *ev,
             remedy=more_time,
         )
-    if control[0].answer != control[1].answer:
+    margin = settings.logprob_margin
+    if control[0].differs(control[1], margin, exact):
         return inconclusive(
             GATE,
             CHECK,
@@ -131,8 +151,11 @@ def run_isolation(sender: Sender, limits: ProbeLimits, settings: ProbeSettings, 
             *ev,
             remedy="run the gate against workers started with --enable-deterministic-inference",
         )
-    ref = control[0].answer
-    changed = [f"{a.label}: {a.show()}" for _, _, a in after if a.observed and a.answer != ref]
+    changed = [
+        f"{a.label}: {a.show()}"
+        for _, _, a in after
+        if a.observed and (a.answer is None or control[0].differs(a, margin, exact))
+    ]
     if changed:
         return failed(
             GATE,

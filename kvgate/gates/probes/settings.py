@@ -49,6 +49,13 @@ class ProbeSettings:
     - isolation_probe: run the greedy-replay isolation check (model-agnostic; isolation.py).
     - isolation_new_tokens: answer length of each replay (short: fewer steps for round-off to matter).
     - isolation_tenants: requests of other traffic before each replay.
+    - load_probe: run the isolation-under-load check (under_load.py).
+    - load_concurrency: requests per concurrent wave at most (distinct prompts and control copies); the
+      workers' reported running-request limit lowers it.
+    - load_waves: concurrent waves of the load check.
+    - load_new_tokens: answer length of each load request (short: the check's cost stays small).
+    - logprob_margin: nats by which a solo answer's top-1 logprob must beat its top-2 for that token
+      to be judged by the isolation checks (margin.py); numerical noise cannot flip such a token.
     - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
       /v1/detokenize if they round-trip, else the simulator's byte-level tokenizer when the target is
       the kvgate simulator, else sentinels in token space (as "ids"). "server": /v1/tokenize only (else
@@ -77,6 +84,11 @@ class ProbeSettings:
     isolation_probe: bool = True
     isolation_new_tokens: int = 8
     isolation_tenants: int = 8
+    load_probe: bool = True
+    load_concurrency: int = 20
+    load_waves: int = 2
+    load_new_tokens: int = 4
+    logprob_margin: float = 2.0
     tokenizer: str = "auto"
     byte_offset: int = 0
 
@@ -109,6 +121,9 @@ class ProbeSettings:
             ("abort_canaries", 1, 256),
             ("isolation_new_tokens", 1, 256),
             ("isolation_tenants", 1, 256),
+            ("load_concurrency", 4, 256),
+            ("load_waves", 1, 16),
+            ("load_new_tokens", 1, 64),
             ("byte_offset", 0, 1 << 30),
         ):
             v = getattr(self, key)
@@ -128,6 +143,8 @@ class ProbeSettings:
             bad("latency_budget", "must be > 0 and <= 1 (a share of one context-length prefill)")
         if not 0 < self.latency_alpha < 0.5:
             bad("latency_alpha", "must be > 0 and < 0.5")
+        if not 0 < self.logprob_margin <= 50:
+            bad("logprob_margin", "must be > 0 and <= 50 (nats)")
         if self.tokenizer not in TOKENIZER_MODES:
             bad("tokenizer", "must be one of " + ", ".join(TOKENIZER_MODES))
 
@@ -141,8 +158,16 @@ class ProbeSettings:
 
 
 _INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens", "latency_samples"}
-_BOOL = {"early_stop", "abort_probe", "isolation_probe"}
-_FLOAT = {"deadline_s", "reject_within_s", "latency_budget", "latency_alpha", "abort_budget", "budget_floor_s"}
+_BOOL = {"early_stop", "abort_probe", "isolation_probe", "load_probe"}
+_FLOAT = {
+    "logprob_margin",
+    "deadline_s",
+    "reject_within_s",
+    "latency_budget",
+    "latency_alpha",
+    "abort_budget",
+    "budget_floor_s",
+}
 _STR = {"tokenizer"}
 
 

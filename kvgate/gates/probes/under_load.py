@@ -1,0 +1,399 @@
+"""Isolation under load: distinct prompts answered alone, then all at once, must keep their own tokens.
+
+The other isolation checks send compared requests one at a time. Some cross-request corruption shows
+only under concurrency (under-load.md): a decode metadata slot handed to two requests (sglang #17259,
+#22716: the first output token of another request, or, with #17430's room check, an abort "Metadata
+corruption detected - bootstrap_room mismatch"), or pages reused before the prefill's writer finished
+(#24527). Procedure:
+1. solo: every distinct prompt (short ones, and a few longer ones that keep the transfers busy) and a
+   control prompt, each alone, greedy, a few tokens, with the top-2 logprobs per token;
+2. waves: all of them at once, with copies of the control prompt, `load_waves` times; the wave size
+   comes from the running-request limit the workers report (never above it), at most `load_concurrency`;
+3. judge only confident positions (margin.py): a concurrent answer whose changed confident tokens are
+   another prompt's solo tokens fails naming donor and victim; a corruption abort fails naming the
+   upstream reports; a control copy that differs from its own solo answer (with no donor) makes the
+   check inconclusive (the deployment is not batch-invariant at this margin); otherwise a changed
+   confident token fails. Other errors under load are a finding of their own (`isolation.load_errors`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.probes.canary import Sender
+from kvgate.gates.probes.client import ProbeResult
+from kvgate.gates.probes.margin import TOP_N, Scored, deterministic, score
+from kvgate.gates.probes.plan import ProbeLimits, max_new_tokens_for
+from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.redact import clip
+from kvgate.target import NodeReading
+
+GATE = "probes"
+CHECK = "isolation.load"
+CHECK_ERRORS = "isolation.load_errors"
+#: What SGLang 0.5.19-0.5.23 says when #17430's room check catches a metadata slot collision.
+CORRUPTION_MARKERS = (
+    "metadata corruption detected",
+    "bootstrap_room mismatch",
+    "context corruption detected",
+    "metadata buffer index collision",
+)
+UPSTREAM = "sglang #17259/#22716: metadata buffer index collision"
+REMEDY_CORRUPTION = (
+    "do not promote: requests are mixed or aborted under concurrency (sglang #17259, #22716; #24527 for "
+    "early page reuse); run fewer concurrent requests per decode until a fix ships"
+)
+REMEDY_NOISE = "run the gate against workers started with --enable-deterministic-inference"
+#: statuses of a deployment shedding load (not corruption, not a crash)
+SHED = (429, 503)
+SHORT_TOKENS, LONG_TOKENS = 32, 256
+_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+@dataclass(frozen=True)
+class Prompt:
+    label: str
+    ids: list[int]
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Sizes of one run: prompts per wave and their lengths."""
+
+    short: int
+    long: int
+    copies: int
+    waves: int
+    short_len: int
+    long_len: int
+    limit: int | None  # the running-request limit read from the workers (None: not reported)
+
+    @property
+    def per_wave(self) -> int:
+        return self.short + self.long + self.copies
+
+    @property
+    def prefill_tokens(self) -> int:
+        """Tokens prefilled at most: every prompt alone once, then every wave."""
+        distinct = self.short * self.short_len + self.long * self.long_len
+        return distinct + self.short_len + self.waves * (distinct + self.copies * self.short_len)
+
+    def as_evidence(self) -> dict[str, int | None]:
+        return {
+            "distinct_short": self.short,
+            "distinct_long": self.long,
+            "control_copies": self.copies,
+            "waves": self.waves,
+            "per_wave": self.per_wave,
+            "short_tokens": self.short_len,
+            "long_tokens": self.long_len,
+            "running_request_limit": self.limit,
+            "prefill_tokens": self.prefill_tokens,
+        }
+
+
+def running_limit(readings: Sequence[NodeReading]) -> int | None:
+    """The smallest running-request limit a worker reports: `max_running_requests`, else its ranks'
+    `effective_max_running_requests_per_dp` (sglang-surface.md); None when none reports one."""
+    found: list[int] = []
+    for r in readings:
+        v = r.server_info.get("max_running_requests")
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            found.append(v)
+            continue
+        states = r.server_info.get("internal_states")
+        per = [
+            s.get("effective_max_running_requests_per_dp")
+            for s in (states if isinstance(states, list) else [])
+            if isinstance(s, dict)
+        ]
+        per_ok = [p for p in per if isinstance(p, int) and not isinstance(p, bool) and p > 0]
+        if per_ok:
+            found.append(min(per_ok))
+    return min(found) if found else None
+
+
+def plan_load(limits: ProbeLimits, settings: ProbeSettings, readings: Sequence[NodeReading]) -> Plan:
+    """Wave size from the deployment's running-request limit, capped by `load_concurrency`."""
+    limit = running_limit(readings)
+    total = settings.load_concurrency if limit is None else min(settings.load_concurrency, limit)
+    total = max(total, 4)
+    copies = 4 if total >= 12 else 2
+    long = total // 5
+    short = total - copies - long
+    # Fixed and small whatever the page: at a 1M context the whole check costs ~0.004 of one
+    # context-length prefill (bench/probe_cost.py).
+    short_len = min(SHORT_TOKENS, limits.longest_accepted)
+    long_len = min(LONG_TOKENS, limits.longest_accepted)
+    return Plan(short, long, copies, settings.load_waves, short_len, long_len, limit)
+
+
+def _prompt(sender: Sender, label: str, first: str, length: int, new_tokens: int, limits: ProbeLimits) -> Prompt:
+    """A prompt of exactly `length` ids: one line of its own (a distinct first character, random text)
+    repeated. Distinct lines give distinct answers on any model, and distinct first tokens on most."""
+    line = f"{first}{secrets.token_hex(6)} under load\n"
+    unit = sender.codec.encode(line)
+    ids = (unit * (length // max(len(unit), 1) + 1))[:length]
+    return Prompt(label, ids, max_new_tokens_for(limits, length, new_tokens))
+
+
+def _corruption(res: ProbeResult) -> str | None:
+    """The corruption message in an answer (its body, or its abort finish_reason), clipped."""
+    fr = res.finish_abort
+    texts = [res.raw, str(fr.get("message", "")) if fr else ""]
+    for t in texts:
+        low = t.lower()
+        if any(m in low for m in CORRUPTION_MARKERS):
+            return clip(t, 160)
+    return None
+
+
+def _failure(res: ProbeResult) -> str:
+    if res.timed_out:
+        return f"no answer within the {res.deadline_s or 0:g} s probe deadline"
+    if res.transport_error:
+        return f"transport: {clip(res.transport_error, 120)}"
+    fr = res.finish_abort
+    if fr is not None:
+        return f"HTTP {res.status}, aborted: {clip(str(fr.get('message', '')), 120)}"
+    return f"HTTP {res.status}: {clip(res.raw, 120)}"
+
+
+def run_load(
+    sender: Sender, limits: ProbeLimits, settings: ProbeSettings, readings: Sequence[NodeReading], node: str
+) -> list[Finding]:
+    """The isolation-under-load check and its errors finding (see the module docstring)."""
+    plan = plan_load(limits, settings, readings)
+    exact = deterministic(readings)
+    n = settings.load_new_tokens
+    distinct = [
+        _prompt(sender, f"short{i:02d}", _FIRST[i % len(_FIRST)], plan.short_len, n, limits) for i in range(plan.short)
+    ] + [
+        _prompt(sender, f"long{i:02d}", _FIRST[(plan.short + i) % len(_FIRST)], plan.long_len, n, limits)
+        for i in range(plan.long)
+    ]
+    control = _prompt(sender, "control", "~", plan.short_len, n, limits)
+
+    def send(p: Prompt, phase: str) -> ProbeResult:
+        return sender.send_ids(f"load-{p.label}", p.ids, p.max_new_tokens, phase, top_logprobs=TOP_N)
+
+    t0 = time.monotonic()
+    with sender.observer.step(
+        f"isolation under load: {len(distinct) + 1} prompts alone, then {plan.waves} wave(s) of {plan.per_wave}"
+    ):
+        solo = {p.label: send(p, "load-solo") for p in [*distinct, control]}
+        waves: list[list[tuple[Prompt, ProbeResult]]] = []
+        for w in range(plan.waves):
+            batch = [*distinct, *([control] * plan.copies)]
+            batch = batch[w % 2 :: 2] + batch[1 - w % 2 :: 2]  # mix short, long and copies differently per wave
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                futs = [pool.submit(send, p, f"load-wave{w}") for p in batch]
+                waves.append([(p, f.result()) for p, f in zip(batch, futs, strict=True)])
+    found = _judge(plan, exact, settings, solo, waves, node)
+    wall = Evidence(node, "isolation.load.wall_s", round(time.monotonic() - t0, 3))
+    return [replace(f, evidence=(*f.evidence, wall)) if f.check == CHECK else f for f in found]
+
+
+def _judge(
+    plan: Plan,
+    exact: bool,
+    settings: ProbeSettings,
+    solo: dict[str, ProbeResult],
+    waves: list[list[tuple[Prompt, ProbeResult]]],
+    node: str,
+) -> list[Finding]:
+    margin = settings.logprob_margin
+    refs: dict[str, Scored] = {}
+    solo_bad: list[str] = []
+    for label, res in solo.items():
+        sc = score(res, margin, exact) if res.served else None
+        if sc is None:
+            solo_bad.append(f"{label}: {_failure(res) if not res.served else 'no output ids'}")
+        else:
+            refs[label] = sc
+    corrupt: list[str] = []
+    errors: list[str] = []
+    shed: list[str] = []
+    donors: list[str] = []
+    changed: list[str] = []
+    noisy: list[str] = []
+    judged = 0
+    for w, wave in enumerate(waves):
+        for p, res in wave:
+            where = f"{p.label} [wave {w + 1}]"
+            msg = _corruption(res)
+            if msg is not None:
+                corrupt.append(f"{where}: HTTP {res.status}: {msg}")
+                continue
+            if not res.served:
+                (shed if res.status in SHED or res.timed_out or res.transport_error else errors).append(
+                    f"{where}: {_failure(res)}"
+                )
+                continue
+            ref = refs.get(p.label)
+            got = score(res, margin, exact)
+            if ref is None or got is None:
+                continue
+            judged += ref.judged
+            diff = ref.changed(got.ids)
+            if not diff:
+                continue
+            donor = next(
+                (
+                    q
+                    for q, other in refs.items()
+                    if q != p.label
+                    and all(j < len(got.ids) and j < len(other.ids) and got.ids[j] == other.ids[j] for j in diff)
+                ),
+                None,
+            )
+            shown = f"positions {diff[:6]}: got {list(got.ids[:8])}, alone {list(ref.ids[:8])}"
+            if donor is not None:
+                what = "first token" if diff == [0] else "tokens"
+                donors.append(f"{where} (victim) carried the {what} of {donor} (donor): {shown}")
+            elif p.label == "control":
+                noisy.append(f"{where}: {shown}")
+            else:
+                changed.append(f"{where}: {shown}")
+    sent = sum(len(w) for w in waves)
+    ev = [
+        Evidence(node, "isolation.load.plan", plan.as_evidence()),
+        Evidence(
+            node,
+            "isolation.load.margin",
+            "exact equality (every worker reports enable_deterministic_inference)"
+            if exact
+            else f"top-1 leads top-2 by >= {margin:g} nats",
+        ),
+        Evidence(node, "isolation.load.solo", {k: v.show() for k, v in list(refs.items())[:6]}),
+        Evidence(node, "isolation.load.confident_positions_judged", judged),
+        Evidence(node, "isolation.load.corruption_aborts", corrupt[:8], "none"),
+        Evidence(node, "isolation.load.foreign_tokens", donors[:8], "none"),
+        Evidence(node, "isolation.load.changed_confident_tokens", changed[:8], "none"),
+        Evidence(node, "isolation.load.control_disagreements", noisy[:8], "none"),
+    ]
+    err_ev = [
+        Evidence(node, "isolation.load.errors", errors[:10], "every request under load answered"),
+        Evidence(node, "isolation.load.unanswered", shed[:10], "every request under load answered"),
+    ]
+    more_time = f"give each probe more time: --probe-deadline {2 * settings.deadline_s:g}"
+    out: list[Finding] = []
+    if corrupt:
+        out.append(
+            failed(
+                GATE,
+                CHECK,
+                node,
+                f"{len(corrupt)} of {sent} concurrent requests aborted as metadata/context corruption "
+                f"({UPSTREAM}): {corrupt[0]}",
+                *ev,
+                remedy=REMEDY_CORRUPTION,
+            )
+        )
+    elif donors:
+        out.append(
+            failed(
+                GATE,
+                CHECK,
+                node,
+                f"cross-request tokens under load: {len(donors)} answer(s) carried another request's tokens; "
+                f"first: {donors[0]}",
+                *ev,
+                remedy=REMEDY_CORRUPTION,
+            )
+        )
+    elif len(refs) < 2 or "control" not in refs:
+        out.append(
+            inconclusive(
+                GATE,
+                CHECK,
+                node,
+                "the prompts answered alone gave no usable reference: " + "; ".join(solo_bad[:3]),
+                *ev,
+                remedy=more_time,
+            )
+        )
+    elif noisy:
+        out.append(
+            inconclusive(
+                GATE,
+                CHECK,
+                node,
+                f"copies of one prompt sent together differ from its answer alone at positions above the "
+                f"margin ({noisy[0]}): this deployment's answers change with the batch, so changed tokens "
+                "cannot show corruption",
+                *ev,
+                remedy=REMEDY_NOISE,
+            )
+        )
+    elif changed:
+        out.append(
+            failed(
+                GATE,
+                CHECK,
+                node,
+                f"{len(changed)} answer(s) under load changed a token the model was confident of alone "
+                f"(the control copies agreed): first: {changed[0]}",
+                *ev,
+                remedy=REMEDY_CORRUPTION,
+            )
+        )
+    elif not any(r.scored for r in refs.values()):
+        out.append(
+            inconclusive(
+                GATE,
+                CHECK,
+                node,
+                "the answers carried no top-2 logprobs (meta_info.output_top_logprobs), so no token could be "
+                "judged above the margin",
+                *ev,
+                remedy="probe through a router that passes return_logprob/top_logprobs_num to SGLang",
+            )
+        )
+    else:
+        scope = (
+            f"{judged} confident token positions kept"
+            if judged
+            else "no token of these prompts led its runner-up by the margin, so only aborts were judged"
+        )
+        out.append(
+            passed(
+                GATE,
+                CHECK,
+                node,
+                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}: no corruption abort, "
+                f"no foreign token; {scope}",
+                *ev,
+            )
+        )
+    if errors:
+        out.append(
+            failed(
+                GATE,
+                CHECK_ERRORS,
+                node,
+                f"{len(errors)} of {sent} concurrent requests failed under load: {errors[0]}",
+                *err_ev,
+                remedy="read the decode and prefill logs for these request ids; do not promote until load is served",
+            )
+        )
+    elif shed:
+        out.append(
+            inconclusive(
+                GATE,
+                CHECK_ERRORS,
+                node,
+                f"{len(shed)} of {sent} concurrent requests got no answer (shed or late): {shed[0]}",
+                *err_ev,
+                remedy=f"{more_time}, or lower probes.load_concurrency",
+            )
+        )
+    else:
+        out.append(passed(GATE, CHECK_ERRORS, node, f"all {sent} concurrent requests were answered", *err_ev))
+    return out

@@ -1,0 +1,158 @@
+"""probes.isolation.load: the margin rule and the verdicts (synthetic answers), then the whole probe
+gate against simulated deployments behind the real router, healthy and with each injected fault."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvgate.findings import Outcome
+from kvgate.gates.probes import ProbeSettings
+from kvgate.gates.probes.client import ProbeResult
+from kvgate.gates.probes.margin import score
+from kvgate.gates.probes.plan import ProbeLimits
+from kvgate.gates.probes.under_load import CHECK, CHECK_ERRORS, Plan, Prompt, _judge, plan_load
+from kvgate.sim import faults
+from kvgate.target import NodeSpec, parse_node
+from tests.assets.sglang_payloads import model_info, server_info, v1_models
+from tests.gates.probes.test_probes_sim import check, probe
+
+SETTINGS = ProbeSettings()
+PLAN = Plan(short=3, long=0, copies=2, waves=1, short_len=32, long_len=512, limit=None)
+
+
+def answer(ids: list[int], margins: list[float] | None = None, status: int = 200, raw: str = "") -> ProbeResult:
+    """A /generate answer as SGLang shapes it: output_ids and per-token [logprob, id, text] top-2 lists."""
+    if status != 200:
+        return ProbeResult("p", 32, 4, status, 0.1, {"object": "error", "message": raw}, raw)
+    tops = (
+        [[[-0.01, t, None], [-0.01 - m, t + 1, None]] for t, m in zip(ids, margins, strict=True)]
+        if margins is not None
+        else None
+    )
+    meta: dict[str, Any] = {"finish_reason": {"type": "length"}, "completion_tokens": len(ids)}
+    if tops is not None:
+        meta["output_top_logprobs"] = tops
+    return ProbeResult("p", 32, 4, 200, 0.1, {"output_ids": ids, "meta_info": meta}, "{}")
+
+
+SURE = [5.0] * 4
+REFS = {"a": [10, 11, 12, 13], "b": [20, 21, 22, 23], "c": [30, 31, 32, 33], "control": [40, 41, 42, 43]}
+
+
+def run(wave: dict[str, ProbeResult], refs: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    solo = {k: answer(v, (refs or {}).get(k, SURE)) for k, v in REFS.items()}
+    prompts = {k: Prompt(k, [1], 4) for k in REFS}
+    batch = [(prompts[k.split("#")[0]], res) for k, res in wave.items()]
+    found = _judge(PLAN, False, SETTINGS, solo, [batch], "router")
+    return {f.check: f for f in found}
+
+
+def healthy_wave() -> dict[str, ProbeResult]:
+    return {k: answer(v, SURE) for k, v in REFS.items()} | {"control#2": answer(REFS["control"], SURE)}
+
+
+def test_margin_rule_judges_only_confident_positions() -> None:
+    sc = score(answer([1, 2, 3], [3.0, 0.5, 2.5]), margin=2.0)
+    assert sc is not None and sc.confident == (True, False, True)
+    assert sc.changed([1, 9, 3]) == []  # a near-tie flipped: noise, not judged
+    assert sc.changed([1, 2, 4]) == [2]
+    assert sc.changed([1]) == [2]  # ended early at a confident position
+    # top-1 that is not the emitted token, or one entry only: not confident
+    odd = answer([1], [3.0])
+    odd.body["meta_info"]["output_top_logprobs"] = [[[-0.1, 7, None], [-5.0, 1, None]]]
+    assert score(odd, 2.0).confident == (False,)  # type: ignore[union-attr]
+    assert score(answer([1, 2], None), 2.0).scored is False  # type: ignore[union-attr]
+    assert score(answer([1, 2], None), 2.0, exact=True).confident == (True, True)  # type: ignore[union-attr]
+
+
+def test_healthy_wave_passes_and_counts_what_it_judged() -> None:
+    f = run(healthy_wave())
+    assert f[CHECK].outcome == Outcome.PASSED and "20 confident token positions kept" in f[CHECK].summary
+    assert f[CHECK_ERRORS].outcome == Outcome.PASSED
+
+
+def test_foreign_first_token_fails_naming_donor_and_victim() -> None:
+    wave = healthy_wave() | {"a": answer([20, 11, 12, 13], SURE)}
+    f = run(wave)[CHECK]
+    assert f.outcome == Outcome.FAILED
+    assert "a [wave 1] (victim) carried the first token of b (donor)" in f.summary
+
+
+def test_corruption_abort_fails_naming_the_upstream_reports() -> None:
+    wave = healthy_wave() | {"b": answer([], status=500, raw=faults.ABORT_MESSAGE)}
+    f = run(wave)
+    assert f[CHECK].outcome == Outcome.FAILED and "#17259/#22716" in f[CHECK].summary
+    assert f[CHECK_ERRORS].outcome == Outcome.PASSED  # a corruption abort is judged once, as corruption
+
+
+def test_control_noise_is_inconclusive_never_failed() -> None:
+    wave = healthy_wave() | {"control#2": answer([40, 41, 99, 43], SURE), "c": answer([30, 31, 98, 33], SURE)}
+    f = run(wave)[CHECK]
+    assert f.outcome == Outcome.INCONCLUSIVE and "--enable-deterministic-inference" in (f.remedy or "")
+
+
+def test_changed_confident_token_with_agreeing_control_fails() -> None:
+    f = run(healthy_wave() | {"c": answer([30, 31, 98, 33], SURE)})[CHECK]
+    assert f.outcome == Outcome.FAILED and "changed a token the model was confident of" in f.summary
+
+
+def test_near_ties_never_fail() -> None:
+    noisy = {k: [0.1] * 4 for k in REFS}
+    wave = {k: answer([t + 1 for t in v], [0.1] * 4) for k, v in REFS.items()}
+    f = run(wave, noisy)[CHECK]
+    assert f.outcome == Outcome.PASSED and "only aborts were judged" in f.summary
+
+
+def test_other_errors_under_load_are_their_own_finding() -> None:
+    f = run(healthy_wave() | {"a": answer([], status=502, raw="bad gateway")})
+    assert f[CHECK_ERRORS].outcome == Outcome.FAILED and "HTTP 502" in f[CHECK_ERRORS].summary
+    shed = run(healthy_wave() | {"a": answer([], status=503, raw="busy")})
+    assert shed[CHECK_ERRORS].outcome == Outcome.INCONCLUSIVE
+
+
+def reading_with(**fields: Any) -> Any:
+    info = server_info(mode="decode", context=8192, pool=65536, page_size=16) | fields
+    return parse_node(NodeSpec("decode", "http://127.0.0.1:9"), "/server_info", info, v1_models(8192), model_info())
+
+
+def test_wave_size_follows_the_running_request_limit() -> None:
+    lim = ProbeLimits(context=8192, max_req_input_len=8000, page_size=16)
+    assert plan_load(lim, SETTINGS, [reading_with(max_running_requests=None)]).per_wave == 20
+    small = plan_load(lim, SETTINGS, [reading_with(max_running_requests=6)])
+    assert small.per_wave == 6 and small.limit == 6
+    assert small.short + small.long + small.copies == 6 and small.copies == 2
+
+
+# -- against the simulator (slow) ----------------------------------------------------------------
+
+LIGHT = {"abort_probe": False, "deadline_s": 20}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skip", [False, True], ids=["text", "skip-tokenizer-init"])
+def test_healthy_release_passes(deployment: Any, skip: bool) -> None:
+    dep = deployment(emulate="0.5.22", context_length=8192, prefill_pool=10240, skip_tokenizer_init=skip)
+    report = check(dep, LIGHT)
+    f = probe(report, CHECK)
+    assert f.outcome == Outcome.PASSED, f.summary
+    assert "confident token positions kept" in f.summary
+    assert probe(report, CHECK_ERRORS).outcome == Outcome.PASSED
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        (faults.META_SLOT_SHARED, "aborted as metadata/context corruption"),
+        (faults.META_SLOT_SHARED_UNCHECKED, "carried the first token of"),
+        (faults.EARLY_PAGE_REUSE, "carried the tokens of"),
+    ],
+)
+def test_each_injected_fault_fails_the_load_probe(deployment: Any, fault: str, said: str) -> None:
+    dep = deployment(emulate="0.5.22", context_length=8192, prefill_pool=10240, extra_env={faults.ENV: fault})
+    report = check(dep, {**LIGHT, "isolation_probe": False})
+    f = probe(report, CHECK)
+    assert f.outcome == Outcome.FAILED, f.summary
+    assert said in f.summary and "(victim)" in f.summary if "carried" in said else said in f.summary
