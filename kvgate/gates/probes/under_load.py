@@ -357,18 +357,20 @@ def _judge(
             )
         )
     else:
+        # A model too unsure of every token (a random tiny one) leaves only the aborts to judge: said so,
+        # and no claim about tokens is made that nothing observed.
         scope = (
-            f"{judged} confident token positions kept"
+            f"no foreign token; {judged} confident token positions kept"
             if judged
-            else "no token of these prompts led its runner-up by the margin, so only aborts were judged"
+            else "no token of these prompts led its runner-up by the margin, so only corruption aborts were "
+            "judged (no token was compared)"
         )
         out.append(
             passed(
                 GATE,
                 CHECK,
                 node,
-                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}: no corruption abort, "
-                f"no foreign token; {scope}",
+                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}: no corruption abort; {scope}",
                 *ev,
             )
         )
