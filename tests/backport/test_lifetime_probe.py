@@ -25,7 +25,7 @@ import pytest
 
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import Layout, Target, apply_series
-from kvgate.backport.probe import LIFETIME_PATCHES, NOT_RETIRED, RETIRED, run_lifetime_probe
+from kvgate.backport.probe import INCONCLUSIVE, LIFETIME_PATCHES, NOT_RETIRED, RETIRED, run_lifetime_probe
 from kvgate.catalogue.series import load_series
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheels]
@@ -33,10 +33,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.wheels]
 Observed = dict[str, tuple[str, str, str]]  # scenario (patch id) -> (status, outcome, why)
 
 
+PROBE_BOUND_S = 900  # outer safety net for one probe run (one import of sglang): ~20 s quiet, ~80-180 s loaded
+RERUNS = 2  # probe runs again for scenarios the payload could not stage in its own tries
+
+
 def _statuses(env: CpuEnv) -> Observed:
-    report = run_lifetime_probe(env.python, env.pythonpath, timeout=240, patches=LIFETIME_PATCHES)
-    assert report.error is None, report.error
-    return {c.patch: (c.status, c.outcome, c.why) for c in report.cases}
+    """Each scenario's verdict. The payload stages each race by events and tries again where the real
+    code's ordering left it unstaged; a scenario still INCONCLUSIVE is probed again in a fresh process
+    (RERUNS times) and never taken as a verdict: the assertion says it was not staged."""
+    observed: Observed = {}
+    todo: tuple[str, ...] = LIFETIME_PATCHES
+    for _ in range(1 + RERUNS):
+        report = run_lifetime_probe(env.python, env.pythonpath, timeout=PROBE_BOUND_S, patches=todo)
+        assert report.error is None, report.error
+        observed.update({c.patch: (c.status, c.outcome, c.why) for c in report.cases})
+        todo = tuple(p for p in todo if observed.get(p, (INCONCLUSIVE,))[0] == INCONCLUSIVE)
+        if not todo:
+            break
+    unstaged = {p: observed.get(p, (INCONCLUSIVE, "", "no result"))[2] for p in todo}
+    assert not unstaged, f"race not staged in {1 + RERUNS} probe runs (no verdict): {unstaged}"
+    return observed
 
 
 def _table(walk: list[tuple[str, Observed]]) -> str:
