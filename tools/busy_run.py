@@ -13,15 +13,20 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import signal
 import subprocess
 import sys
 import time
 from datetime import datetime, timezone
 
 
-def _spin() -> None:  # the hog: a busy loop until it is terminated
+def _spin(parent: int) -> None:
+    """The hog: a busy loop until it is terminated, or until its parent is gone (never an orphan)."""
     while True:
-        pass
+        for _ in range(1_000_000):
+            pass
+        if os.getppid() != parent:
+            return
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command or args.hogs < 0 or args.repeat < 1:
         ap.error("give --hogs >= 0, --repeat >= 1 and a command after --")
-    hogs = [mp.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(args.hogs)]
+    # SIGTERM ends this process through `finally`, which stops the hogs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    hogs = [mp.get_context("spawn").Process(target=_spin, args=(os.getpid(),), daemon=True) for _ in range(args.hogs)]
     for h in hogs:
         h.start()
     status = 0
