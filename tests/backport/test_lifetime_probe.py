@@ -10,11 +10,15 @@ tree, the series just before the first lifetime patch, then after each lifetime 
   so each patch is the one that retires its race (no earlier patch does, no later one re-opens it);
 - positive: the last stage is the whole mandatory series, where every scenario is RETIRED.
 
+The races are staged by events, not by time (issue 33; _lifetime_payload.py's docstring): a scenario
+that could not be staged is INCONCLUSIVE, probed again, and never taken as a verdict.
+
 Cost, measured 2026-12-02 on the shared 2-core machine (warm cache, under the real-server lock): one
-probe run (one import of sglang, then the four scenarios, ~11 s of which are the scenarios' own waits)
-takes 17-20 s; a release's walk is six runs plus one copy of the install (2-4 s): 112 s for 0.5.20 and
-110 s for 0.5.19 (pytest call times), about 70 s per release more than the unpatched/patched pair of
-runs it replaces. The stages' table is in backports/README.md.
+probe run (one import of sglang, then the four scenarios, ~11 s of which were the scenarios' own waits,
+milliseconds since they are staged by events) takes 17-20 s; a release's walk is six runs plus one copy
+of the install (2-4 s): 112 s for 0.5.20 and 110 s for 0.5.19 (pytest call times). With one core kept
+busy on a machine loaded by other sessions too (2026-12-05, tests/real/README.md): 610-763 s per walk.
+The stages' table is in backports/README.md.
 """
 
 from __future__ import annotations
