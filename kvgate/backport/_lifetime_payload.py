@@ -17,8 +17,18 @@ TEST CODE, named as such (the PROBE_* classes and kvgate_probe_* functions):
 - ProbeKVPool + kvgate_probe_release_kv_cache: decode's page pool and allocator (not under test); a
   freed page goes to the next request at once, like a pool run with a small --max-total-tokens.
 Deferred release is switched on (SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE=1, what
-kvgate-deferred-release-default makes the default) and its timeout shortened from 30 s to HOLD_TIMEOUT_S;
-the write is delayed for less than that, so a hold that waits for the drain ACK ends after it.
+kvgate-deferred-release-default makes the default).
+
+Staged by events, never by time (tests must hold on a busy machine): each step (send, write start,
+abort, ACK, release) waits for the event before it, which the scenario holds. The write is parked at a
+gate inside the patched send until the scenario opens it; `settle` waits until every in-process sglang
+thread has handled everything sent to it (it is back waiting on its empty socket or queue), then runs
+one decode scheduler round, until a round sends nothing new. Decode's hold timeout (30 s in production)
+is set beyond any scenario (HOLD_BOUND_S); a scenario ends a hold that is still waiting, once nothing
+else can happen, by expiring its deadline (`expire_holds`): what the real timeout finds. A step that
+does not happen within STAGE_BOUND_S (an outer safety net, far above the milliseconds it takes) raises
+NotStaged: the scenario is staged again, up to STAGE_TRIES times, and never yields a verdict unstaged
+(outcome INCONCLUSIVE, saying what was awaited).
 
 Usage: python _lifetime_payload.py STUB_FILE
 """
@@ -42,10 +52,10 @@ os.environ["SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE"] = "1"
 
 from _probe_payload import RESULT_TAG, Recorder, World, _ensure_torchvision, _error  # noqa: E402
 
-HOLD_TIMEOUT_S = 1.5  # decode's deferred-release timeout (30 s in production), shortened
-GATE_DELAY_S = 0.5  # how long the injected delay holds the write after the failure
-SETTLE_S = 0.3  # after the last event, time for late frames and releases
-WRITE_START_DEADLINE_S = 30.0  # how long the probe waits for the real transfer worker to pick up a write
+HOLD_BOUND_S = 3600.0  # decode's deferred-release timeout here: never reached, `expire_holds` ends a hold
+STAGE_BOUND_S = 120.0  # outer safety net for any one awaited step (each takes milliseconds when staged)
+STAGE_TRIES = 3  # how many times a scenario is staged before it is INCONCLUSIVE
+SETTLE_ROUNDS = 50  # scheduler rounds `settle` allows before the threads are called restless
 PAGES = 4  # per request; the pool has exactly one request's worth, so a freed page is reused at once
 PAGE_BYTES = 16
 PREFILL_EP = ("10.255.0.1", 17100)
@@ -56,30 +66,59 @@ class ProbeSocketClosed(Exception):
     """Raised into a real sglang thread loop to end it when a scenario is over (test code)."""
 
 
+class NotStaged(Exception):
+    """A step the scenario waits for did not happen within its outer bound: the race was not staged
+    (no verdict; the scenario is staged again)."""
+
+
 class ProbeSocket:
-    """TEST CODE: the receiving end of a ZMQ socket, fed by ProbeWire."""
+    """TEST CODE: the receiving end of a ZMQ socket (or the transfer worker's queue), fed by ProbeWire.
+
+    It counts what was sent, taken and handled: the consumer thread has handled an item when it comes
+    back for the next one, so `wait_idle` returns once everything sent so far has been handled."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.q: _queue.Queue[Any] = _queue.Queue()
+        self.cond = threading.Condition()
+        self.sent = self.taken = self.handled = 0
 
-    def recv_multipart(self) -> list[bytes]:
+    def _take(self) -> Any:
+        with self.cond:
+            self.handled = self.taken
+            self.cond.notify_all()
         item = self.q.get()
-        if item is None:
-            raise ProbeSocketClosed(self.name)
-        return list(item)
-
-    def get(self) -> Any:  # as the transfer worker's queue
-        item = self.q.get()
+        with self.cond:
+            self.taken += 1
         if item is None:
             raise ProbeSocketClosed(self.name)
         return item
 
+    def recv_multipart(self) -> list[bytes]:
+        return list(self._take())
+
+    def get(self) -> Any:  # as the transfer worker's queue
+        return self._take()
+
     def put(self, item: Any) -> None:
+        with self.cond:
+            self.sent += 1
         self.q.put(item)
 
     def close(self) -> None:
-        self.q.put(None)
+        self.q.put(None)  # not counted: it ends the consumer
+
+    def idle(self) -> bool:
+        with self.cond:
+            return self.handled >= self.sent
+
+    def wait_idle(self, what: str) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.handled >= self.sent, STAGE_BOUND_S):
+                raise NotStaged(
+                    f"{self.name} did not finish handling {what} within {STAGE_BOUND_S:g} s "
+                    f"(sent {self.sent}, taken {self.taken}, handled {self.handled})"
+                )
 
 
 class ProbeWire:
@@ -120,13 +159,13 @@ class ProbeWire:
             if held:
                 self.held.append((sock, frames))
             else:
-                sock.q.put(frames)
+                sock.put(frames)
 
     def deliver_held(self) -> int:
         with self.lock:
             held, self.held, self.hold_pred = self.held, [], None
         for sock, frames in held:
-            sock.q.put(frames)
+            sock.put(frames)
         return len(held)
 
     def frames(self, kind: bytes) -> list[dict[str, Any]]:
@@ -195,6 +234,7 @@ class Lifetime:
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
         self.group = dist.group.WORLD
         self.room = 7_000
+        self.thread_errors: list[str] = []  # real sglang threads that died of anything else
         # Threads the probe ends by closing their socket raise ProbeSocketClosed (or the worker's
         # RuntimeError wrapping it): not an error of the code under test.
         previous = threading.excepthook
@@ -205,6 +245,8 @@ class Lifetime:
                 if isinstance(exc, ProbeSocketClosed):
                     return
                 exc = exc.__context__
+            name = args.thread.name if args.thread is not None else "?"
+            self.thread_errors.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}"[:300])
             previous(args)
 
         threading.excepthook = hook
@@ -220,6 +262,7 @@ class Pair:
     def __init__(self, lt: Lifetime, n_decode: int = 1) -> None:
         self.lt = lt
         self.t0 = time.monotonic()
+        self._errors_before = len(lt.thread_errors)  # thread deaths of earlier pairs are not this one's
         self.wire = ProbeWire(self.t0)
         self.pool = ProbeKVPool(self.t0, PAGES)
         self.writer: dict[str, tuple[str, int, int]] = {}
@@ -227,6 +270,7 @@ class Pair:
         lt.w.decode_mod.release_kv_cache = self.kvgate_probe_release_kv_cache
         self.gates: dict[int, threading.Event] = {}
         self.write_started: dict[int, threading.Event] = {}
+        self.write_done: dict[int, threading.Event] = {}
         self.sockets: list[ProbeSocket] = []
         self.warnings: list[str] = []
         self.prefill = self._prefill()
@@ -272,13 +316,33 @@ class Pair:
         *a: Any,
         **k: Any,
     ) -> int:
-        """TEST CODE standing in for the RDMA write: wait for the gate (the injected delay), then write
-        the sending request's bytes into the destination pages, whoever owns them by then."""
+        """TEST CODE standing in for the RDMA write: park at the gate until the scenario opens it (the
+        injected delay), then write the sending request's bytes into the destination pages, whoever owns
+        them by then. The bound only keeps a broken scenario from parking the thread for ever; `open_gate`
+        finds a write that landed before it opened the gate and calls that unstaged."""
         who, value, room = self.writer[mooncake_session_id]
         self.write_started[room].set()
-        self.gates[room].wait(10.0)
+        self.gates[room].wait(STAGE_BOUND_S)
         self.pool.write([int(p) for p in dst_kv_indices], value, who, kind="late-write-lands")
+        self.write_done[room].set()
         return 0
+
+    def alloc(self, who: str) -> list[int]:
+        """Decode reserves a request's pages; the pool has one request's worth, so it is free only once
+        the previous request's pages came back (a step the scenario staged before)."""
+        pages = self.pool.alloc(PAGES, who)
+        if pages is None:
+            raise NotStaged(f"decode's pool had no free pages for {who}: the previous hold was not released")
+        return pages
+
+    def open_gate(self, room: int, tick: Any = None) -> None:
+        """The injected delay ends: the parked write lands, then every thread settles."""
+        if self.write_done[room].is_set():
+            raise NotStaged(f"the write of room {room} landed before the scenario opened its gate")
+        self.gates[room].set()
+        if not self.write_done[room].wait(STAGE_BOUND_S):
+            raise NotStaged(f"the write of room {room} did not land within {STAGE_BOUND_S:g} s of its gate opening")
+        self.settle(f"the write of room {room} landing", tick)
 
     def start_transfer(self, room: int, rid: str, value: int, pages: list[int]) -> int:
         """Prefill side of a request: bootstrapped by every decode rank, one KV chunk enqueued (real
@@ -314,15 +378,18 @@ class Pair:
         P.update_status(room, KVPoll.WaitingForInput)
         self.gates[room] = threading.Event()
         self.write_started[room] = threading.Event()
+        self.write_done[room] = threading.Event()
         np = self.lt.np
         P.add_transfer_request(room, np.arange(PAGES, dtype=np.int32), slice(0, PAGES), False)
-        # It starts within milliseconds on a quiet machine; the deadline is for a loaded CI box, where
-        # one walk once timed out at 5 s. On a timeout the error says what the worker would have seen.
-        if not self.write_started[room].wait(WRITE_START_DEADLINE_S):
+        # The next step (an abort) waits for this event: the write is in flight, parked at its gate.
+        # The real worker skips a chunk (no write) where the room is not live, so a write that never
+        # starts means the race was not staged; the bound is only the outer safety net.
+        if not self.write_started[room].wait(STAGE_BOUND_S):
+            self._raise_thread_errors()
             status = P.request_status.get(room, "absent")
             have_infos = "set" if room in P.transfer_infos else "absent"
-            raise RuntimeError(
-                f"the real transfer worker never started the write within {WRITE_START_DEADLINE_S:g} s "
+            raise NotStaged(
+                f"the real transfer worker never started the write within {STAGE_BOUND_S:g} s "
                 f"(room {room}: prefill status {status}, transfer_infos {have_infos}, "
                 f"chunks still queued {self.prefill.transfer_queues[0].q.qsize()}, "
                 f"last frames {[e['frames'][:2] for e in self.wire.log[-4:]]})"
@@ -364,7 +431,7 @@ class Pair:
         tq.metadata_buffers = types.SimpleNamespace(bootstrap_room=lt.np.zeros((8, 1), dtype=lt.np.int64))
         tq.req_to_metadata_buffer_idx_allocator = w.dutils.ReqToMetadataIdxAllocator(8)
         tq.enable_deferred_kv_release = True
-        tq.deferred_kv_release_timeout = HOLD_TIMEOUT_S
+        tq.deferred_kv_release_timeout = HOLD_BOUND_S
         tq._deferred_releases = []
         sched.enable_decode_hicache = False
         sched.metrics_reporter = types.SimpleNamespace(enable_metrics=False)
@@ -409,16 +476,50 @@ class Pair:
         """The client aborts: the real Scheduler.abort_request on that decode rank."""
         d.sched.abort_request(self.lt.AbortReq(rid=rid))
 
-    def pump(self, seconds: float, on_tick: Any = None) -> None:
-        """The decode scheduler loop: the real pop_transferred and resolve_deferred_releases."""
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for d in self.decodes:
-                d.tq.pop_transferred()
-                d.tq.resolve_deferred_releases()
-            if on_tick is not None:
-                on_tick()
-            time.sleep(0.005)
+    def pump_once(self, on_tick: Any = None) -> None:
+        """One round of the decode scheduler loop: the real pop_transferred and resolve_deferred_releases."""
+        for d in self.decodes:
+            d.tq.pop_transferred()
+            d.tq.resolve_deferred_releases()
+        if on_tick is not None:
+            on_tick()
+
+    def _raise_thread_errors(self) -> None:
+        mine = self.lt.thread_errors[self._errors_before :]
+        if mine:  # the code under test failed: an error, not an unstaged race
+            raise RuntimeError(f"a real sglang thread died: {mine}")
+
+    def _sent(self) -> int:
+        return sum(s.sent for s in self.sockets)
+
+    def settle(self, what: str, on_tick: Any = None) -> None:
+        """Wait until every sglang thread here has handled everything sent to it, then run one decode
+        scheduler round; again until a round sends nothing new. The transfer worker is not waited for
+        while a write is parked at its gate (it is inside that write, by design)."""
+        worker_q = self.prefill.transfer_queues[0]
+        for _ in range(SETTLE_ROUNDS):
+            before = self._sent()
+            parked = any(not g.is_set() for g in self.gates.values())
+            for s in self.sockets:
+                if not (parked and s is worker_q):
+                    try:
+                        s.wait_idle(what)
+                    except NotStaged:
+                        self._raise_thread_errors()
+                        raise
+            self.pump_once(on_tick)
+            if self._sent() == before:
+                return
+        raise NotStaged(f"the threads kept sending after {what}: not settled in {SETTLE_ROUNDS} rounds")
+
+    def expire_holds(self, on_tick: Any = None) -> None:
+        """Nothing else can happen now: a hold still waiting ends as the real timeout would end it."""
+        for d in self.decodes:
+            held = d.tq._deferred_releases
+            if any(len(h) != 4 for h in held):  # (decode_req, deadline, index, required_acks) in 0.5.19-0.5.20
+                raise RuntimeError(f"decode's deferred releases changed shape: {[len(h) for h in held]} fields")
+            d.tq._deferred_releases = [(r, float("-inf"), i, n) for r, _, i, n in held]
+        self.settle("the holds' timeout", on_tick)
 
     def kvgate_probe_release_kv_cache(self, req: Any, tree_cache: Any, is_insert: bool = True) -> None:
         """TEST CODE: decode's allocator (not under test) takes the request's pages back."""
@@ -473,7 +574,8 @@ def _verdict(
     acks = pair.wire.frames(b"ABORT_ACK")
     acked_eps = {a["dst"] for a in acks if not a["held"]}
     missing_ack = [f"{ip}:{port}" for ip, port in ack_targets if f"{ip}:{port}" not in acked_eps]
-    early = bool(freed and write and freed[0]["t"] < write["t"])
+    # The pool logs under its lock, so the order of its events is the order they happened (times can tie).
+    early = bool(freed and write and pool.events.index(freed[0]) < pool.events.index(write))
     if write is None:
         outcome, why = "INCONCLUSIVE", "the delayed write never landed: nothing observed"
     elif not freed:
@@ -505,22 +607,28 @@ def _verdict(
 
 
 # -- scenarios ---------------------------------------------------------------------------------------
+# Each step waits for the one before it (see the module docstring); none waits on the clock.
+def _finish(pair: Pair, room: int, tick: Any) -> None:
+    """The parked write lands, every thread settles, and a hold still waiting ends on its timeout."""
+    pair.open_gate(room, tick)
+    pair.expire_holds(tick)
+
+
 def abort_then_sender_cleared(lt: Lifetime) -> dict[str, Any]:
     """#40645: decode aborts mid-write; prefill clears the sender before the write drains."""
     pair = Pair(lt)
     try:
         d = pair.decodes[0]
         room, a = lt.next_room(), "kvgate-probe-aborted"
-        pages = pair.pool.alloc(PAGES, a) or []
+        pages = pair.alloc(a)
         pair.admit(d, room, a, pages)
         held = pair.start_transfer(room, a, 0xA1, pages)
         pair.abort(d, a)
-        pair.pump(0.15)
+        pair.settle("the abort")  # prefill handled the ABORT, decode released or holds the pages
         pair.clear_prefill_sender(room)  # prefill concluded the aborted request
         tick = _victim_ticker(pair, "kvgate-probe-next")
-        pair.pump(GATE_DELAY_S, tick)
-        pair.gates[held].set()
-        pair.pump(HOLD_TIMEOUT_S + SETTLE_S, tick)
+        pair.settle("the sender's clear", tick)
+        _finish(pair, held, tick)
         return _verdict(pair, a, 0xA1, tick, [d.ep])
     finally:
         pair.close()
@@ -531,20 +639,18 @@ def two_decode_ranks_abort(lt: Lifetime) -> dict[str, Any]:
     pair = Pair(lt, n_decode=2)
     try:
         room, a = lt.next_room(), "kvgate-probe-aborted"
-        pages = pair.pool.alloc(PAGES, a) or []
+        pages = pair.alloc(a)
         for i, d in enumerate(pair.decodes):
             pair.admit(d, room, a if i == 0 else f"{a}-rank{i}", pages if i == 0 else [])
         held = pair.start_transfer(room, a, 0xA1, pages)
         for i, d in enumerate(pair.decodes):
             pair.abort(d, a if i == 0 else f"{a}-rank{i}")
         tick = _victim_ticker(pair, "kvgate-probe-next")
-        pair.pump(GATE_DELAY_S, tick)
-        pair.gates[held].set()
-        pair.pump(HOLD_TIMEOUT_S + SETTLE_S, tick)
-        out = _verdict(pair, a, 0xA1, tick, [d.ep for d in pair.decodes])
+        pair.settle("both ranks' aborts", tick)
+        _finish(pair, held, tick)
         # A rank whose hold ended on the timeout did not learn of the drain even if its own pages
         # were not the ones written here.
-        return out
+        return _verdict(pair, a, 0xA1, tick, [d.ep for d in pair.decodes])
     finally:
         pair.close()
 
@@ -571,14 +677,13 @@ def prefill_side_failure(lt: Lifetime) -> dict[str, Any]:
     try:
         d = pair.decodes[0]
         room, a = lt.next_room(), "kvgate-probe-failed"
-        pages = pair.pool.alloc(PAGES, a) or []
+        pages = pair.alloc(a)
         pair.admit(d, room, a, pages)
         held = pair.start_transfer(room, a, 0xA1, pages)
         _prefill_fails_room(pair, room, "kvgate probe: prefill-side failure while a chunk is still being written")
         tick = _victim_ticker(pair, "kvgate-probe-next")
-        pair.pump(GATE_DELAY_S, tick)
-        pair.gates[held].set()
-        pair.pump(HOLD_TIMEOUT_S + SETTLE_S, tick)
+        pair.settle("the prefill-side failure", tick)  # decode read the status, released or holds
+        _finish(pair, held, tick)
         return _verdict(pair, a, 0xA1, tick, [d.ep])
     finally:
         pair.close()
@@ -591,28 +696,30 @@ def stale_ack_reused_room(lt: Lifetime) -> dict[str, Any]:
     try:
         d = pair.decodes[0]
         room, first, a = lt.next_room(), "kvgate-probe-first", "kvgate-probe-aborted"
-        # Hold 1: aborted before any write; prefill acks at once, the link delays that ACK.
+        # Hold 1: aborted before any write; prefill acks at once, the link holds that ACK back.
         pair.wire.hold_pred = lambda frames: frames[0] == b"ABORT_ACK"
-        pages = pair.pool.alloc(PAGES, first) or []
+        pages = pair.alloc(first)
         pair.admit(d, room, first, pages)
         lt_kvpoll = lt.KVPoll
         pair.prefill.update_status(room, lt_kvpoll.Bootstrapping)
         pair.prefill.update_status(room, lt_kvpoll.WaitingForInput)
         pair.abort(d, first)
-        pair.pump(HOLD_TIMEOUT_S + SETTLE_S)  # hold 1 ends on its timeout (the ACK is stuck)
+        pair.settle("the first hold's abort")  # prefill acked (the link holds it); decode holds
+        if not pair.wire.held:
+            raise NotStaged("prefill sent no ACK for the first hold: there is no stale ACK to deliver late")
+        pair.expire_holds()  # hold 1 ends on its timeout (the ACK is stuck)
         pair.clear_prefill_sender(room)
         pair.warnings.clear()
         # Hold 2: the same room, bootstrapped again, aborted while its write is in flight.
-        pages = pair.pool.alloc(PAGES, a) or []
+        pages = pair.alloc(a)  # NotStaged unless hold 1's pages came back
         pair.admit(d, room, a, pages)
         held = pair.start_transfer(room, a, 0xA1, pages)
         pair.abort(d, a)
-        pair.pump(0.1)
-        stale = pair.wire.deliver_held()  # the first hold's ACK finally arrives
+        pair.settle("the second hold's abort")
+        stale = pair.wire.deliver_held()  # the first hold's ACK finally arrives, mid-write
         tick = _victim_ticker(pair, "kvgate-probe-next")
-        pair.pump(GATE_DELAY_S, tick)
-        pair.gates[held].set()
-        pair.pump(HOLD_TIMEOUT_S + SETTLE_S, tick)
+        pair.settle("the stale ACK", tick)
+        _finish(pair, held, tick)
         out = _verdict(pair, a, 0xA1, tick, [d.ep])
         out["stale_acks_delivered"] = stale
         return out
@@ -628,6 +735,27 @@ SCENARIOS = {
 }
 
 
+def _staged(scenario: Any, lt: Lifetime) -> dict[str, Any]:
+    """Run a scenario until it is staged (up to STAGE_TRIES): a race that was not staged is INCONCLUSIVE
+    with what was awaited, never a verdict and never an ERROR; an exception of the code is an ERROR."""
+    unstaged: list[str] = []
+    for attempt in range(1, STAGE_TRIES + 1):
+        try:
+            out = scenario(lt)
+        except NotStaged as exc:
+            unstaged.append(str(exc))
+            continue
+        except Exception as exc:
+            return {"outcome": "ERROR", **_error(exc), "not_staged": unstaged}
+        return {**out, "staging_tries": attempt, "not_staged": unstaged}
+    return {
+        "outcome": "INCONCLUSIVE",
+        "why": f"the race was not staged in {STAGE_TRIES} tries (rerun the probe); last: {unstaged[-1]}",
+        "not_staged": unstaged,
+        "staging_tries": STAGE_TRIES,
+    }
+
+
 def main(argv: list[str]) -> int:
     stub_file = argv[1]
     only = argv[2].split(",") if len(argv) > 2 and argv[2] else list(SCENARIOS)
@@ -640,10 +768,7 @@ def main(argv: list[str]) -> int:
         results = {}
         for name in only:
             t = time.monotonic()
-            try:
-                results[name] = SCENARIOS[name](lt)
-            except Exception as exc:
-                results[name] = {"outcome": "ERROR", **_error(exc)}
+            results[name] = _staged(SCENARIOS[name], lt)
             results[name]["duration_s"] = round(time.monotonic() - t, 2)
         out = {
             "status": "ok",

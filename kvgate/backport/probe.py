@@ -357,6 +357,7 @@ def detect_by_behaviour(
 
 # -- page lifetime: sglang's real Mooncake control plane with an injected write delay ---------------
 NOT_RETIRED = "NOT RETIRED"
+INCONCLUSIVE = "INCONCLUSIVE"  # the race was not staged (or nothing was observed): no verdict
 LIFETIME_PATCHES = (
     "kvgate-preserve-abort-ack",
     "kvgate-ack-fanout",
@@ -369,7 +370,8 @@ LIFETIME_PATCHES = (
 @dataclass(frozen=True)
 class LifetimeCase:
     """One page-lifetime scenario: RETIRED (pages released only on the drain ACK, after the late write),
-    NOT RETIRED (released before the write landed, or on the timeout without a drain ACK) or ERROR."""
+    NOT RETIRED (released before the write landed, or on the timeout without a drain ACK), INCONCLUSIVE
+    (the payload could not stage the race in its tries, or observed nothing: no verdict) or ERROR."""
 
     patch: str
     status: str
@@ -411,7 +413,15 @@ def run_lifetime_probe(
     cases = []
     for patch, sc in raw.get("scenarios", {}).items():
         outcome = str(sc.get("outcome"))
-        status = RETIRED if outcome == "SAFE" else NOT_RETIRED if outcome in ("EXPOSED", "UNPROVEN") else ERROR
+        status = (
+            RETIRED
+            if outcome == "SAFE"
+            else NOT_RETIRED
+            if outcome in ("EXPOSED", "UNPROVEN")
+            else INCONCLUSIVE
+            if outcome == "INCONCLUSIVE"
+            else ERROR
+        )
         why = str(sc.get("why") or sc.get("error") or "no observation")
         observed = {k: v for k, v in sc.items() if k not in ("outcome", "why")}
         cases.append(LifetimeCase(patch, status, outcome, why, observed))

@@ -287,7 +287,7 @@ def _lifetime_findings(
     series: Series, node: str, python: str, extra: list[str], timeout: float
 ) -> tuple[list[Finding], dict[str, str]]:
     """Provoke each page-lifetime race the series' patches close in the target's own code (one import)."""
-    from kvgate.backport.probe import ERROR, LIFETIME_PATCHES, RETIRED, run_lifetime_probe
+    from kvgate.backport.probe import ERROR, INCONCLUSIVE, LIFETIME_PATCHES, RETIRED, run_lifetime_probe
 
     ids = [p.id for p in series.patches if p.id in LIFETIME_PATCHES]
     if not ids:
@@ -331,6 +331,17 @@ def _lifetime_findings(
             findings.append(passed(f"{GATE}-probe", name, node, f"RETIRED: {case.why}", *ev))
         elif case.status == ERROR:
             findings.append(inconclusive(f"{GATE}-probe", name, node, f"probe error (no verdict): {case.why}", *ev))
+        elif case.status == INCONCLUSIVE:
+            findings.append(
+                inconclusive(
+                    f"{GATE}-probe",
+                    name,
+                    node,
+                    f"race not staged (no verdict): {case.why}",
+                    *ev,
+                    remedy="rerun kvgate backport --verify (each try stages the race anew)",
+                )
+            )
         else:
             findings.append(
                 failed(

@@ -9,9 +9,12 @@ first `MooncakeKVManager.send_kvcache` after the test writes `<dir>/arm` returns
 Mooncake's `batch_transfer_sync` does on a timeout "with the batch still running", and the write itself
 is performed later, by the real `send_kvcache` with the same arguments (a real Mooncake TCP write into
 the decode's KV pool): the late write. It lands right after the first later send that targets any of its
-destination pages (those pages were handed to another request), or `DEADLINE_S` after the failure,
-whichever comes first. The -1 also blacklists the decode session (`failed_sessions`); the hook lifts
-that at once, since the session is alive (a failure of one write, not of the peer).
+destination pages (those pages were handed to another request), or when the test writes `<dir>/land`
+(it does once the next request was answered), whichever comes first: an event either way, never a
+clock. `LAND_BOUND_S` only keeps a test that died from parking the write for ever; a write landed by it
+is logged with trigger "bound", which the test never takes as a verdict. The -1 also blacklists the
+decode session (`failed_sessions`); the hook lifts that at once, since the session is alive (a failure
+of one write, not of the peer).
 
 Every step is appended to `<dir>/events.jsonl` (wall-clock `t`; a send is tagged with the phase the test
 wrote to `<dir>/phase` before sending), which the test reads. Standard library only: it runs in the
@@ -27,8 +30,8 @@ import time
 from types import ModuleType
 from typing import Any
 
-DEADLINE_S = 15.0  # inside decode's 30 s deferred-release timeout, with room for a loaded machine
-LIFT_WITHIN_S = 10.0
+LAND_BOUND_S = 900.0  # outer safety net: the test signals the landing long before (seconds)
+LIFT_WITHIN_S = 120.0  # outer safety net: the worker blacklists the session right after the -1
 
 
 def _pages(indices: Any) -> list[int]:
@@ -72,6 +75,21 @@ def install(conn: ModuleType) -> None:
             ret = f"raised {type(exc).__name__}: {exc}"
         log("late_write", trigger=trigger, ret=ret, pages=_span(pages), into_later_send=len(overlap))
 
+    def land_when_told() -> None:
+        """The test's signal lands the write (unless an overlapping send landed it first)."""
+        signal = os.path.join(folder, "land")
+        end = time.monotonic() + LAND_BOUND_S
+        while not os.path.exists(signal):
+            with lock:
+                if "write" not in pending:
+                    return
+            if time.monotonic() >= end:
+                deliver("bound", [])
+                return
+            time.sleep(0.05)
+        os.rename(signal, signal + ".taken")
+        deliver("signal", [])
+
     def lift_blacklist(self: Any, session: str) -> None:
         end = time.monotonic() + LIFT_WITHIN_S
         while time.monotonic() < end:
@@ -106,9 +124,8 @@ def install(conn: ModuleType) -> None:
                 pending["write"] = (self, call, kwargs, set(pages))
             log("failed_send", pages=_span(pages), session=mooncake_session_id)
             threading.Thread(target=lift_blacklist, args=(self, mooncake_session_id), daemon=True).start()
-            timer = threading.Timer(DEADLINE_S, deliver, ("deadline", []))
-            timer.daemon = True  # a worker stopped before the deadline exits at once
-            timer.start()
+            # daemon: a worker stopped before the landing exits at once
+            threading.Thread(target=land_when_told, daemon=True).start()
             return -1
         ret = real_send(self, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, *args, **kwargs)
         with lock:

@@ -20,8 +20,13 @@ Three requests through the real router, in ids mode so their lengths are exact (
    sorted, and hands B the lowest ones: A's, if decode released them.
 Decode released A's pages while A's write was in flight if B's own KV send targets any of them (the hook
 then lets the late write land right after it, into B's pages; B answers from A's KV). With a hold,
-B gets other pages, the write lands `DEADLINE_S` after the failure in A's held pages, and B answers R's
-tokens.
+B gets other pages, the write lands in A's held pages when the test signals it (once B was answered),
+and B answers R's tokens.
+
+Staged by events: the write lands on B's overlapping send or on the test's signal after B's answer, never
+on a clock. What the clock can still do is end decode's hold (its real 30 s timeout) before B arrives on
+a very loaded machine: then a reuse of A's pages is the timeout's, not the race's, and the result is
+INCONCLUSIVE (not staged), never a verdict. The waits below are outer safety nets naming what they await.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ HOOK_FILE = Path(__file__).resolve().parent / "_late_write.py"
 VOCAB_LOW, VOCAB_HIGH = 10, 1000  # inside both tiny models' 1,024-token vocabulary, clear of special ids
 ANSWER_TOKENS = 16
 REQUEST_TIMEOUT_S = 120.0
-HOOK_WAIT_S = 30.0  # the hook's DEADLINE_S (15 s) plus room for a loaded machine
+HOOK_WAIT_S = 120.0  # outer safety net for a hook event that normally follows in milliseconds
 
 
 def hook_env(folder: Path) -> dict[str, str]:
@@ -84,12 +89,13 @@ def _events(folder: Path) -> list[dict[str, Any]]:
 
 def _wait_for(folder: Path, event: str, since: float, within_s: float) -> dict[str, Any] | None:
     end = time.monotonic() + within_s
-    while time.monotonic() < end:
+    while True:  # read at least once, also when within_s is 0
         for e in _events(folder):
             if e["event"] == event and e["t"] >= since:
                 return e
+        if time.monotonic() >= end:
+            return None
         time.sleep(0.05)
-    return None
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -138,11 +144,18 @@ def wait_for_hold_end(decode_log: Path, room: int, within_s: float) -> str | Non
         time.sleep(0.5)
 
 
-def _verdict(events: list[dict[str, Any]]) -> tuple[str, str]:
+def _verdict(events: list[dict[str, Any]], hold_timed_out: str | None) -> tuple[str, str]:
     failed = next((e for e in events if e["event"] == "failed_send"), None)
     landed = next((e for e in events if e["event"] == "late_write"), None)
     if failed is None or landed is None:
         return "INCONCLUSIVE", "the failed send or its late write is not in the hook's log"
+    if hold_timed_out is not None:
+        return "INCONCLUSIVE", (
+            "not staged: decode's hold of the failed request ended on its timeout before the write landed "
+            f"({hold_timed_out[:200]}); the next request came too late on this machine, rerun the test"
+        )
+    if landed["trigger"] == "bound":
+        return "INCONCLUSIVE", "not staged: the test never signalled the landing; the hook's outer bound landed it"
     a = failed["pages"]
     sends = [e for e in events if e["event"] == "send" and e["t"] <= landed["t"]]
     if landed["trigger"] == "overlap":
@@ -153,16 +166,13 @@ def _verdict(events: list[dict[str, Any]]) -> tuple[str, str]:
         )
     victim = [e for e in sends if e.get("phase") == "B"]
     if not victim:
-        return "INCONCLUSIVE", (
-            f"the next request was not transferred within the hook's {landed['t'] - failed['t']:.0f} s: "
-            "nothing observed (a slower machine needs a longer DEADLINE_S in _late_write.py)"
-        )
+        return "INCONCLUSIVE", "the next request's KV send is not in the hook's log before the landing"
     if not any(v["pages"]["lo"] < a["lo"] for v in victim):
         return "INCONCLUSIVE", "the next request's pages did not come from a merged free list: reuse was not forced"
     return "RETIRED", (
         f"the next request's pages came from the merged free list around the held {a['n']} pages "
-        f"({a['lo']}..{a['hi']}) and none of them; the write landed in the held pages "
-        f"{landed['t'] - failed['t']:.0f} s after the failure"
+        f"({a['lo']}..{a['hi']}) and none of them; the write landed in the held pages after the next "
+        f"request was answered ({landed['t'] - failed['t']:.0f} s after the failure)"
     )
 
 
@@ -170,7 +180,7 @@ def provoke(router: str, folder: Path, decode_log: Path, pool: int) -> RaceResul
     """Run A (its send fails, its write lands late), then R and B (module docstring) on fresh pools."""
     sizes = {"pool": pool, "a": int(pool * 0.29), "b": int(pool * 0.37)}
     assert sizes["a"] + sizes["b"] < pool < sizes["a"] + 2 * sizes["b"], sizes
-    if _wait_for(folder, "installed", 0.0, 1.0) is None:
+    if _wait_for(folder, "installed", 0.0, HOOK_WAIT_S) is None:
         raise AssertionError(f"the late-write hook is not loaded in the prefill (no 'installed' in {folder})")
     log_at = decode_log.stat().st_size
     start = time.time()
@@ -190,13 +200,19 @@ def provoke(router: str, folder: Path, decode_log: Path, pool: int) -> RaceResul
         (folder / "phase").write_text("B")
         victim = _output_ids(*_generate(client, router, b_prompt), "the next request B")
         (folder / "phase").write_text("")
-    _wait_for(folder, "late_write", start, HOOK_WAIT_S)
+    room = failed_room(decode_log, log_at)
+    # Read before the landing: a hold that already ended on the clock means the race was not staged.
+    hold_timed_out = wait_for_hold_end(decode_log, room, 0.0) if room is not None else None
+    if _wait_for(folder, "late_write", start, 0.0) is None:  # B's send did not land it: the signal does
+        (folder / "land").write_text("B was answered\n")
+        if _wait_for(folder, "late_write", start, HOOK_WAIT_S) is None:
+            raise AssertionError(f"the late write never landed after the test's signal: {_events(folder)}")
     events = [e for e in _events(folder) if e["t"] >= start]
-    outcome, why = _verdict(events)
+    outcome, why = _verdict(events, hold_timed_out)
     return RaceResult(
         outcome=outcome,
         why=why,
-        failed_room=failed_room(decode_log, log_at),
+        failed_room=room,
         answer_changed=victim != reference,
         sizes=sizes,
         a_status=a_status,

@@ -154,7 +154,10 @@ def test_a_real_prefill_restarted_with_a_smaller_pool_flips_the_watch(real_pair:
     assert "pool-context.headroom" in after.split("full gate (change)", 1)[1][:4000]
     # The flip: 1 and 503, the first pass begun after the worker answered re-gated at once.
     assert verdict == 1 and res.status_code == 503 and "pool-context.headroom" in doc["reason"], doc["reason"]
-    assert t_up is not None and t_up <= flip.t, figures
+    # The sampler saw the restarted worker's pool; when it saw it is only an upper bound on when the
+    # worker first answered (a starved sampler samples late), so the order against the flip is not
+    # asserted: the log above shows the change read before the gate it triggered (issue 33).
+    assert t_up is not None, figures
     assert len(tl.passes_between(t_up, flip.t)) <= 2, figures
     # Fail closed in between: once the watch saw the worker go, no verdict passed (the real router keeps
     # sending requests to the stopped prefill: its 502s fail the probes and the gate is 1, not 4).
