@@ -286,11 +286,16 @@ def test_fixes_and_check_agree_on_every_version_string(
 ) -> None:
     w = worker(payload_server, version)
     fixes = runner.invoke(app, ["fixes", "--version", version, "--format", "json"])
-    by_url = runner.invoke(app, ["fixes", "--url", w.url, "--format", "json"])
+    # --no-strict: the label's own verdict, as check --trust-version judges it.
+    by_url = runner.invoke(app, ["fixes", "--url", w.url, "--no-strict", "--format", "json"])
     assert VERDICT[ExitStatus(fixes.exit_code)] == VERDICT[ExitStatus(by_url.exit_code)] == expected, fixes.output
     _, doc, _ = check("--prefill-url", w.url, "--trust-version")
     f = release(doc)
     assert f["outcome"] == expected, f["summary"]
+    # At the defaults, fixes --url and check agree on the one node: a label alone never passes either.
+    plain = runner.invoke(app, ["fixes", "--url", w.url, "--format", "json"])
+    _, untrusted, _ = check("--prefill-url", w.url, "--no-probes")
+    assert VERDICT[ExitStatus(plain.exit_code)] == release(untrusted)["outcome"], plain.output
     correctness = [
         x
         for x in json.loads(fixes.stdout)["findings"]
