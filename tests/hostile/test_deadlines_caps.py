@@ -109,7 +109,7 @@ def servers() -> Iterator[Callable[..., ScriptedServer]]:
 def check(tmp_path: Path, prefill: str, decode: str, *extra: str) -> tuple[int, dict[str, Any], float]:
     out = tmp_path / "report.json"
     args = ["check", "--prefill-url", prefill, "--decode-url", decode, "-q", "-f", "json", "-o", str(out)]
-    args += ["--trust-version", "--deferred-release-env", *extra]
+    args += ["--trust-version", "--deferred-release", *extra]
     t0 = time.monotonic()
     res = runner.invoke(app, args)
     elapsed = time.monotonic() - t0
