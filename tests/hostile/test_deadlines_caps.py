@@ -365,8 +365,8 @@ def test_help_shows_the_documented_deadlines() -> None:
     res = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0
     text = " ".join(res.output.split())
-    assert f"whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g})" in text, text
-    assert f"(default {DEFAULT_READ_DEADLINE:g})" in text
+    assert f"whole metadata answer may take, body included (default: {DEFAULT_TIMEOUT:g})" in text, text
+    assert f"(default: {DEFAULT_READ_DEADLINE:g})" in text
 
 
 # --- any pacing, any size -----------------------------------------------------------------------
