@@ -2,7 +2,7 @@
 `kvgate check` at its defaults, run after run, while the other core is kept busy.
 
 It starts `kvgate sim up` (defaults, except a healthy prefill pool of 1.25 x the context and the
-defenses observable: `--expose-env-vars --deferred-release on`), a bounded busy-loop process (it ends
+defenses observable: `--expose-env-vars --deferred-release`), a bounded busy-loop process (it ends
 on its own after --busy-s, and is stopped at the end), and runs `kvgate check --trust-version` (the
 simulator runs no sglang code, so its release label is the evidence) N times through the real CLI.
 It prints the pass rate and every non-pass reason. Not a timed test: the figures are what one run saw.
@@ -35,10 +35,10 @@ BUSY = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < 
 
 def start_sim(emulate: str, log_dir: Path, e2e_factor: float = 0.0) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     """`kvgate sim up` at its defaults with a healthy pool; returns the process and its URLs."""
-    argv = [*KVGATE, "sim", "up", "--emulate", emulate, "--prefill-pool", "10240"]
+    argv = [*KVGATE, "sim", "up", "--release", emulate, "--prefill-pool", "10240"]
     if e2e_factor:
         argv += ["--e2e-factor", f"{e2e_factor:g}"]
-    argv += ["--expose-env-vars", "--deferred-release", "on", "--log-dir", str(log_dir)]
+    argv += ["--expose-env-vars", "--deferred-release", "--log-dir", str(log_dir)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     deadline = time.monotonic() + 180
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     load = "the other core busy" if busy is not None else "no extra load"
     slow = f", --e2e-factor {args.e2e_factor:g}" if args.e2e_factor else ""
     print(
-        f"sim up --emulate {args.emulate}{slow} (healthy pool, defenses exposed), kvgate check at defaults, {load}: "
+        f"sim up --release {args.emulate}{slow} (healthy pool, defenses exposed), kvgate check at defaults, {load}: "
         f"{passed}/{args.runs} passed; exit codes {dict(sorted(codes.items()))}"
     )
     print("non-pass reasons:", "none" if not reasons else "")

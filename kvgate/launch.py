@@ -70,10 +70,10 @@ class PDLaunchPlan:
         if self.prefill < 1 or self.decode < 1 or self.tp_size < 1:
             raise UsageError("need at least one prefill and one decode worker, and --tp-size >= 1")
         if self.engine == "sim" and self.emulate is None:
-            raise UsageError("--engine sim needs --emulate (the SGLang release to reproduce)")
+            raise UsageError("--engine sim needs --release (the SGLang release to reproduce)")
         if self.release is not None and not (self.engine == "sglang" and self.device == "cpu"):
             raise UsageError(
-                "--release picks kvgate's CPU environment of a release: only with --engine sglang --device cpu"
+                "--release with --engine sglang picks kvgate's CPU environment of a release: only with --device cpu"
             )
         if self.site_packages is not None:
             if self.release is None:

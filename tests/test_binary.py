@@ -109,7 +109,7 @@ def test_binary_runs_without_the_venv(
 def test_binary_runs_on_every_supported_python(
     binary: Path, bare_env: dict[str, str], tmp_path: Path, version: str
 ) -> None:
-    """The done-when of issue 23: `dist/kvgate fixes --version 0.5.22` exits 0 under each CPython 3.10-3.13,
+    """The done-when of issue 23: `dist/kvgate fixes --release 0.5.22` exits 0 under each CPython 3.10-3.13,
     and writes its report; the file carries no compiled module that would tie it to one of them."""
     py = need_python(version)
     report = tmp_path / "fixes.json"
@@ -118,7 +118,7 @@ def test_binary_runs_on_every_supported_python(
             py,
             str(binary),
             "fixes",
-            "--version",
+            "--release",
             "0.5.22",
             "-f",
             "table",
@@ -172,7 +172,7 @@ def test_binary_start_failure_exits_5(binary: Path, bare_env: dict[str, str], tm
     assert _run(binary, env, "--version", cwd=tmp_path).returncode == 0
     (cli,) = root.glob("kvgate-*/kvgate/cli.py")
     cli.write_text("raise ImportError('cannot import name ArgsKwargs')\n")
-    res = _run(binary, env, "fixes", "--version", "0.5.22", cwd=tmp_path)
+    res = _run(binary, env, "fixes", "--release", "0.5.22", cwd=tmp_path)
     assert res.returncode == ExitStatus.INTERNAL_ERROR, res.stdout + res.stderr
     assert "could not start" in res.stderr and "ArgsKwargs" in res.stderr and "Traceback" not in res.stderr
 
@@ -191,7 +191,7 @@ def test_binary_runs_from_a_read_only_unpacked_copy(binary: Path, bare_env: dict
         p.chmod(0o555 if p.is_dir() else 0o444)
     try:
         res = subprocess.run(
-            [py, str(binary), "fixes", "--version", "0.5.22"], env=env, capture_output=True, text=True, cwd=tmp_path
+            [py, str(binary), "fixes", "--release", "0.5.22"], env=env, capture_output=True, text=True, cwd=tmp_path
         )
         assert res.returncode == 0, res.stdout + res.stderr
     finally:
@@ -227,7 +227,7 @@ def test_binary_gates_a_simulated_deployment(
     args = [a for u in dep.prefill_urls for a in ("--prefill-url", u)]
     args += [a for u in dep.decode_urls for a in ("--decode-url", u)]
     # What this test is about is the single file gating for real, not probe sensitivity: the simulator
-    # runs no sglang code (--trust-version), does not expose its env (--deferred-release-env), and its
+    # runs no sglang code (--trust-version), does not expose its env (--deferred-release), and its
     # 8k context is too short for the latency test, so doubt is opted out of, as the report then says.
     res = _run(
         binary,
@@ -240,7 +240,7 @@ def test_binary_gates_a_simulated_deployment(
         "8",
         "-q",
         "--trust-version",
-        "--deferred-release-env",
+        "--deferred-release",
         "--no-strict",
         "-f",
         "table",
@@ -268,10 +268,10 @@ def test_binary_gates_a_simulated_deployment(
 
 
 def test_readme_claims_what_this_file_measures(binary: Path, bare_env: dict[str, str], tmp_path: Path) -> None:
-    """The README's sentences about dist/kvgate: the interpreters, its size, the unpacked size, where it unpacks."""
+    """docs/usage.md's sentences about dist/kvgate: the interpreters, its size, the unpacked size, where it unpacks."""
     import re
 
-    text = " ".join((ROOT / "README.md").read_text().split())
+    text = " ".join((ROOT / "docs" / "usage.md").read_text().split())
     section = text.split("### One file for pipelines", 1)[1].split("### ", 1)[0]
     assert "CPython 3.10, 3.11, 3.12 and 3.13" in section and SUPPORTED == ("3.10", "3.11", "3.12", "3.13")
     file_mb = float(re.search(r"a zipapp, about (\d+(?:\.\d+)?) MB", section).group(1))  # type: ignore[union-attr]

@@ -69,7 +69,9 @@ def test_help_of_every_command_is_readable_at_80_columns() -> None:
 
 
 def _readme_invocations() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
+    from tests.test_readme_drift import docs_text
+
+    text = docs_text()  # the README and the pages that moved out of it to docs/
     blocks = re.findall(r"```(?:console|bash|sh|shell)\n(.*?)```", text, flags=re.S)
     calls = []
     for block in blocks:
@@ -120,7 +122,7 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
 
 def test_usage_errors_read_the_same_in_every_command(tmp_path: Path) -> None:
     """A usage error found after the flags parse: `kvgate: error: ...` on stderr, exit 2, and the report."""
-    cases = [["check", "--prefill-url", "ftp://x"], ["fixes", "--rev", "HEAD"], ["backport", "--to", "v0.5.20"]]
+    cases = [["check", "--prefill-url", "ftp://x"], ["fixes", "--rev", "HEAD"], ["backport", "--release", "v0.5.20"]]
     for argv in cases:
         out = tmp_path / f"{argv[0]}.json"
         res = runner.invoke(
@@ -139,8 +141,8 @@ def test_usage_errors_read_the_same_in_every_command(tmp_path: Path) -> None:
 def test_usage_errors_exit_2_without_a_traceback_in_every_command() -> None:
     cases = [
         ["check", "--prefill-url", "http://x", "-o", "a", "-o", "b"],
-        ["fixes", "--version", "0.5.20", "-o", "a", "-o", "b"],
-        ["backport", "--to", "v0.5.20", "-o", "a", "-o", "b"],
+        ["fixes", "--release", "0.5.20", "-o", "a", "-o", "b"],
+        ["backport", "--release", "v0.5.20", "-o", "a", "-o", "b"],
     ]
     for argv in cases:
         res = runner.invoke(app, argv)
@@ -179,8 +181,8 @@ def test_every_command_takes_quiet() -> None:
 
 
 def test_quiet_fixes_prints_no_progress_and_the_same_report() -> None:
-    loud = runner.invoke(app, ["fixes", "--version", "0.5.22"])
-    quiet = runner.invoke(app, ["fixes", "--version", "0.5.22", "-q"])
+    loud = runner.invoke(app, ["fixes", "--release", "0.5.22"])
+    quiet = runner.invoke(app, ["fixes", "--release", "0.5.22", "-q"])
     assert loud.exit_code == quiet.exit_code == 0
     assert quiet.stderr == "" and quiet.stdout.splitlines()[0] == loud.stdout.splitlines()[0]
 
@@ -205,11 +207,11 @@ def test_a_flag_validation_error_writes_every_requested_report(tmp_path: Path) -
 
 def test_flag_errors_report_in_every_reporting_command(tmp_path: Path) -> None:
     cases = {
-        "fixes": ["fixes", "--version", "0.5.22", "--timeout", "0"],
+        "fixes": ["fixes", "--release", "0.5.22", "--timeout", "0"],
         "plan": ["plan", "--tp", "0"],
-        "backport": ["backport", "--to", "v0.5.20", "--probe-timeout", "0"],
+        "backport": ["backport", "--release", "v0.5.20", "--probe-timeout", "0"],
         "unknown": ["check", "--no-such-flag"],
-        "value": ["fixes", "-f", "json", "-o", "{out}", "--version"],
+        "value": ["fixes", "-f", "json", "-o", "{out}", "--release"],
     }
     for name, argv in cases.items():
         out = tmp_path / f"{name}.json"

@@ -133,7 +133,7 @@ def test_router_state_of_a_worker_is_a_finding(
             R.smg_entry(d2.url, "decode", status=status, healthy=healthy),
         ),
     )
-    res = check("--router-url", r.url, "--format", "json", "--strict", "--deferred-release-env")
+    res = check("--router-url", r.url, "--format", "json", "--strict", "--deferred-release")
     states = [f for f in findings(res) if f["check"] == "router-status" and f["outcome"] != "passed"]
     assert len(states) == 1 and states[0]["outcome"] == outcome and d2.url in states[0]["node"]
     assert status in states[0]["summary"]

@@ -1,8 +1,9 @@
-"""README.md and examples/ cannot drift: every `kvgate` command they show is accounted for.
+"""README.md, docs/usage.md, docs/reference.md and examples/ cannot drift: every `kvgate` command they
+show is accounted for.
 
-Each command line shown in a code block of README.md or in examples/ is either
+Each command line shown in a code block of those pages or in examples/ is either
 - RUN here, in-process, with its documented exit code and the lines the text quotes asserted (RUNS;
-  the quoted lines must be in README.md too, so text and test cannot part), or
+  the quoted lines must be in those pages too, so text and test cannot part), or
 - REAL: it needs the real SGLang server on CPU; tests/real/test_readme_real.py runs it in the real tier, or
 - marked, by a rule anyone adding a section gets for free, as needing what this machine has not got:
   a running deployment (a URL that is not local), the operator's files or cluster (a path or a
@@ -28,15 +29,24 @@ from tests.test_examples import example_commands, shell_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# The pages whose commands are tested: the README (quick start) and what moved out of it to docs/.
+DOCS = (README, ROOT / "docs" / "usage.md", ROOT / "docs" / "reference.md")
+
+
+def docs_text() -> str:
+    return "\n".join(p.read_text() for p in DOCS)
+
+
 runner = CliRunner()
 
 
 def readme_commands() -> list[tuple[str, list[str]]]:
-    """(source, argv) of every kvgate command in README.md's shell/console blocks and in examples/."""
+    """(source, argv) of every kvgate command in the DOCS pages' shell/console blocks and in examples/."""
     out: list[tuple[str, list[str]]] = []
-    for block in re.findall(r"```(?:bash|sh|console|shell)\n(.*?)```", README.read_text(), flags=re.S):
-        text = "\n".join(line.strip().removeprefix("$ ") for line in block.splitlines())
-        out += [("README.md", argv) for argv in shell_commands(text)]
+    for page in DOCS:
+        for block in re.findall(r"```(?:bash|sh|console|shell)\n(.*?)```", page.read_text(), flags=re.S):
+            text = "\n".join(line.strip().removeprefix("$ ") for line in block.splitlines())
+            out += [(str(page.relative_to(ROOT)), argv) for argv in shell_commands(text)]
     return out + example_commands()
 
 
@@ -88,7 +98,7 @@ PLAN = (
     "--format markdown"
 )
 RUNS: dict[str, Expect] = {
-    "drill --emulate 0.5.19": Expect(
+    "drill --release 0.5.19": Expect(
         (1,),
         "The gate must fail (exit 1)",
         quoted=("kvgate drill: GATE FAILED: do not promote (exit 1)",),
@@ -120,10 +130,10 @@ RUNS: dict[str, Expect] = {
         ),
     ),
     "check --headroom -1 --format json --output r.json": Expect((2,), "# exit 2; r.json has verdict usage_error"),
-    "fixes --version 0.5.20": Expect((1,), "Exit 1 when a correctness fix is missing"),
+    "fixes --release 0.5.20": Expect((1,), "Exit 1 when a correctness fix is missing"),
     # The simulator emulating a healthy 0.5.22: never blocked; 3 only where the 8k context is too short for
     # the latency probe to observe anything (strict by default), as the README says of inconclusive checks.
-    "up --engine sim --emulate 0.5.22 --model-path toy --gate": Expect(
+    "up --engine sim --release 0.5.22 --model-path toy --gate": Expect(
         (0, 3), "with `--gate` gates them and exits with the gate's status", slow=True
     ),
     "--version": Expect((0,), "RUN kvgate --version"),
@@ -156,7 +166,7 @@ def test_the_rules_mark_what_they_should() -> None:
     assert why_not_here(["check", "--router-url", "http://router:8000"]).startswith("deployment")  # type: ignore[union-attr]
     assert why_not_here(["check", "--router-url", "http://127.0.0.1:8000"]) is None
     assert why_not_here(["fixes", "--repo", "~/src/sglang"]).startswith("environment")  # type: ignore[union-attr]
-    assert why_not_here(["fixes", "--version", "0.5.20"]) is None
+    assert why_not_here(["fixes", "--release", "0.5.20"]) is None
 
 
 def _params() -> list[object]:
@@ -170,12 +180,12 @@ def _params() -> list[object]:
 def test_shown_command_does_what_the_text_says(
     command: str, expect: Expect, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text = README.read_text() + "".join(p.read_text() for p in (ROOT / "examples").rglob("Dockerfile"))
+    text = docs_text() + "".join(p.read_text() for p in (ROOT / "examples").rglob("Dockerfile"))
     assert expect.says in " ".join(text.split()), f"the text no longer says {expect.says!r}"
     for line in expect.quoted:
         assert line in text, f"the text no longer quotes {line!r}"
     for h in expect.headlines:
-        assert h in README.read_text(), f"the README's report no longer shows {h!r}"
+        assert h in docs_text(), f"the README's report no longer shows {h!r}"
     argv = shlex.split(command)
     if argv[:1] != ["--version"] and argv[:1] != ["schema"]:
         argv += [] if "-q" in argv else ["-q"]

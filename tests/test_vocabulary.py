@@ -1,8 +1,10 @@
 """One name for one idea: walk every command's options (what `--help` shows) and fail on two spellings
-of one idea across commands; kvgate answers an unknown command and a missing argument its own way."""
+of one idea across commands, on a placeholder that is a Python type (`<list[str]>`) and on a second
+style of defaults; kvgate answers an unknown command and a missing argument its own way."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -19,7 +21,12 @@ SYNONYMS: tuple[tuple[str, ...], ...] = (
     ("--format", "--fmt"),
     ("--output", "--out"),
     ("--token-env", "--token-var"),
+    # A SGLang release: drill, up, sim up, plan, backport (`--to` was its spelling), fixes (`--version`).
+    ("--release", "--emulate", "--to", "--version", "--sglang-version"),
+    ("--deferred-release", "--deferred-release-env", "--deferred"),
 )
+# Not a spelling of an idea above: `kvgate --version` prints kvgate's own version.
+NOT_SYNONYMS = {("kvgate", "--version")}
 
 
 def _commands(cmd: Any = None, path: str = "kvgate") -> list[tuple[str, Any]]:
@@ -39,7 +46,7 @@ def test_one_spelling_per_idea_across_every_command() -> None:
     assert len(commands) >= 10
     used: dict[str, set[str]] = {}
     for path, cmd in commands:
-        for opt in _shown(cmd):
+        for opt in _shown(cmd) - {o for p, o in NOT_SYNONYMS if p == path}:
             used.setdefault(opt, set()).add(path)
     for group in SYNONYMS:
         spelled = [o for o in group if o in used]
@@ -74,3 +81,71 @@ def test_old_spellings_still_work_and_say_so(tmp_path: Any) -> None:
     assert res.exit_code == 2 and "deprecated spelling of --context-length" in res.stderr
     res = runner.invoke(app, ["check", "--context-len", "8", "--headroom", "1.5", "-f", "json", "-o", str(out)])
     assert "--context-len is deprecated; use --context-length" in res.stderr
+
+
+def _helps() -> list[tuple[str, str]]:
+    out = []
+    for path, _cmd in _commands():
+        res = runner.invoke(app, [*path.split()[1:], "--help"], terminal_width=200, env={"COLUMNS": "200"})
+        out.append((path, " ".join(res.output.split())))
+    return out
+
+
+def test_every_placeholder_says_what_goes_there() -> None:
+    """URL, PATH, N, SECONDS, a choice list: never a Python type such as `<list[str]>` or `<float range>`."""
+    for path, text in _helps():
+        assert "<list[" not in text, (path, re.findall(r"<list\[[^>]*>", text))
+        typed = re.findall(r"--[a-z-]+ <[^>]*>", text)
+        assert not typed, (path, typed)
+
+
+def test_one_style_of_defaults() -> None:
+    """A default is said `(default: X)` in the option's help: never typer's `[default: X]`, never `(default X)`."""
+    for path, text in _helps():
+        assert "[default:" not in text, (path, re.findall(r"\[default:[^\]]*\]", text))
+        assert not re.search(r"\(default [^)]", text), (path, re.findall(r"\(default [^)]*\)", text))
+
+
+@pytest.mark.parametrize(
+    ("argv", "old", "new", "then"),
+    [
+        (["drill", "--emulate", "0.4.0"], "--emulate", "--release", "'0.4.0': choose one of"),
+        # the real server's release with no --device cpu: the value reached the plan, which refuses it
+        (["up", "--emulate", "0.5.22"], "--emulate", "--release", "only with --device cpu"),
+        (["backport", "--to", "v0.4.0"], "--to", "--release", "v0.4.0"),
+        (["fixes", "--version", "0.5.20"], "--version", "--release", ""),
+        (
+            ["check", "--deferred-release-env", "--prefill-url", "ftp://x"],
+            "--deferred-release-env",
+            "--deferred-release",
+            "ftp://x",
+        ),
+    ],
+)
+def test_old_release_spellings_still_work_and_say_so(
+    argv: list[str], old: str, new: str, then: str, tmp_path: Any
+) -> None:
+    """The old spelling still means what it meant (the command reads its value), warned once on stderr."""
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, [*argv, "-f", "json", "-o", str(out)])
+    assert f"kvgate: warning: {old} is deprecated; use {new}" in res.stderr, res.stderr
+    assert res.stderr.count("warning") == 1
+    assert then in res.stderr, res.stderr
+    if argv[0] == "fixes":  # 0.5.20 judged: a correctness fix is missing
+        assert res.exit_code == 1 and "0.5.20" in out.read_text(), res.output
+    both = runner.invoke(app, [*argv[:1], old, *argv[argv.index(old) + 1 :][:1], new, "x", "-f", "json"])
+    if old != "--deferred-release-env":
+        assert both.exit_code == 2 and f"{old} is the deprecated spelling of {new}" in both.stderr, both.stderr
+
+
+def test_sim_up_old_deferred_form_is_the_one_flag_pair() -> None:
+    """`sim up --deferred-release on|off|default` (its old form) reads as --deferred-release / --no-... / neither."""
+    from kvgate.sim.cli import _SimUpCommand
+
+    cmd = typer.main.get_command(app).commands["sim"].commands["up"]  # type: ignore[attr-defined]
+    assert isinstance(cmd, _SimUpCommand)
+    for old, want in (("on", True), ("off", False), ("default", None)):
+        ctx = cmd.make_context("up", ["--deferred-release", old, "--prefill", "2"], resilient_parsing=True)
+        assert ctx.params["deferred_release"] is want and ctx.params["prefill"] == 2, (old, ctx.params)
+    ctx = cmd.make_context("up", ["--no-deferred-release"], resilient_parsing=True)
+    assert ctx.params["deferred_release"] is False

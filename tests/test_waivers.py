@@ -76,7 +76,7 @@ def test_waived_failure_does_not_block_but_stays_in_every_report(
         )
     )
     # One node: the checksum check cannot be judged (inconclusive); this test is about the waived failure.
-    base = ["check", "-q", "--prefill-url", srv.url, "--profile", str(prof), "--deferred-release-env", "--no-strict"]
+    base = ["check", "-q", "--prefill-url", srv.url, "--profile", str(prof), "--deferred-release", "--no-strict"]
     res = runner.invoke(
         app, base + ["-f", "json", "-o", str(tmp_path / "r.json"), "-f", "junit", "-o", str(tmp_path / "r.xml")]
     )

@@ -212,7 +212,7 @@ def _backport_command() -> str:
     from kvgate.catalogue.series import available
 
     releases = ", ".join("v" + r for r in available())
-    return f"kvgate backport --to RELEASE --site-packages PATH (or --repo PATH); RELEASE: {releases}"
+    return f"kvgate backport --release RELEASE --site-packages PATH (or --repo PATH); RELEASE: {releases}"
 
 
 def remedy_for(cat: Catalogue, status: FixStatus) -> str:
@@ -310,7 +310,7 @@ def to_findings(
                     summary,
                     *ev,
                     remedy="the marker claims a backport whose code is "
-                    "not there: re-apply it (kvgate backport --to <release> ...) or remove the marker",
+                    "not there: re-apply it (kvgate backport --release <release> ...) or remove the marker",
                 )
             )
         elif s.presence is Presence.UNKNOWN:

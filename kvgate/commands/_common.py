@@ -247,6 +247,8 @@ def with_anchors(report: Report, **files: str | Path | None) -> Report:
 
 
 CONTEXT_LENGTH_HELP = "Advertised context length the pool must hold (default: the engine's)."
+# A SGLang release is `--release R` on every command (`--emulate`, `--to`, `--version`: hidden old spellings).
+RELEASE_METAVAR = "R"
 
 
 def deprecated_alias(new: str, old: str, value: Any, old_value: Any) -> Any:
@@ -268,8 +270,91 @@ class _KvgateUsage(_CLICK_USAGE_ERROR):  # type: ignore[misc,valid-type]
         sinks.echo(f"Try '{prog} --help' for help.", err=True)
 
 
+# Metavars by what an option names (the first match wins), then by its type: never `<list[str]>`.
+_METAVAR_BY_NAME: tuple[tuple[str, str], ...] = (
+    ("url", "URL"),
+    ("listen", "HOST:PORT"),
+    ("token-env", "VAR"),
+    ("python", "CMD"),
+    ("profile", "PROFILE"),
+    ("engine", "sim|sglang"),
+    ("ib-device", "DEVICE"),
+    ("device", "gpu|cpu"),
+    ("transfer-backend", "BACKEND"),
+    ("backend", "BACKEND"),
+    ("kv-cache-dtype", "DTYPE"),
+    ("model-arch", "ARCH"),
+    ("model-path", "PATH"),
+    ("worker-arg", "ARG"),
+    ("rev", "REV"),
+    ("fixed-by", "SERIES"),
+    ("waiver", "CHECK"),
+    ("deadline", "SECONDS"),
+    ("timeout", "SECONDS"),
+    ("interval", "SECONDS"),
+    ("max-age", "SECONDS"),
+    ("regate-every", "SECONDS"),
+)
+
+
+def _metavar(param: Any) -> str | None:
+    """The placeholder `--help` shows for a value: what it is (URL, PATH, N, SECONDS), never a Python type."""
+    if param.metavar is not None or getattr(param, "is_flag", False) or getattr(param, "count", False):
+        return None
+    opt = max(param.opts, key=len).lstrip("-")
+    for key, metavar in _METAVAR_BY_NAME:
+        if key in opt:
+            return metavar
+    desc = param.type_descriptor  # typer's own reading of the annotation (typer vendors click)
+    if desc.choices:
+        return "|".join(str(getattr(c, "value", c)) for c in desc.choices)
+    ann = desc.annotation
+    if desc.is_list:
+        ann = ann.__args__[0]
+    if desc.is_path or ann is Path or opt.endswith(("dir", "baseline", "config", "output", "anchor", "packages")):
+        return "PATH"
+    if ann is int:
+        return "N"
+    if ann is float:
+        return "X"
+    return "TEXT"
+
+
+def _default_said(param: Any) -> None:
+    """One style of defaults: `(default: X)` in the help; never typer's `[default: X]` beside it."""
+    help_text = param.help or ""
+    help_text = help_text.replace("(default ", "(default: ").replace("(default: :", "(default:")
+    default = param.default
+    shown = default not in (None, False, (), []) and not getattr(param, "is_flag", False)
+    if shown and "default" not in help_text and not callable(default):
+        value = (
+            f"{default:g}" if isinstance(default, float) and abs(default) < 1e6 else getattr(default, "value", default)
+        )
+        value = int(value) if isinstance(value, float) and value.is_integer() else value
+        help_text = (
+            f"{help_text.rstrip()[:-1] if help_text.rstrip().endswith('.') else help_text.rstrip()} (default: {value})."
+        )
+    param.help = help_text
+    param.show_default = False
+
+
+def one_vocabulary(cmd: Any) -> None:
+    """Every option of `cmd` and its subcommands with a real metavar and one style of defaults."""
+    for param in getattr(cmd, "params", ()):
+        if isinstance(param, typer.core.TyperOption) and not param.hidden:
+            param.metavar = param.metavar or _metavar(param)
+            _default_said(param)
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        one_vocabulary(sub)
+
+
 class KvgateGroup(TyperGroup):
-    """The command groups: an unknown command or a missing argument answers as every kvgate error does."""
+    """The command groups: an unknown command or a missing argument answers as every kvgate error does;
+    every option shows a real metavar and its default one way (one_vocabulary)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        one_vocabulary(self)
 
     def invoke(self, ctx: Any) -> Any:
         try:

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import QUIET_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands._common import (
+    QUIET_HELP,
+    RELEASE_METAVAR,
+    VERBOSE_HELP,
+    deprecated_alias,
+    fatal_report,
+    finish,
+    handle_errors,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, info, passed
 from kvgate.formats import ReportFormat
@@ -23,7 +31,10 @@ GATE = "backport"
 
 @handle_errors
 def backport(
-    to: str = typer.Option(..., "--to", help="Release whose series to use, e.g. v0.5.20."),
+    release: str | None = typer.Option(
+        None, "--release", metavar=RELEASE_METAVAR, help="Release whose series to use, e.g. v0.5.20 (required)."
+    ),
+    to_old: str | None = typer.Option(None, "--to", hidden=True),
     repo: Path | None = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
     site_packages: Path | None = typer.Option(
         None, "--site-packages", help="A site-packages directory holding the installed sglang/."
@@ -66,6 +77,9 @@ def backport(
     try:
         if sum((check, verify, revert)) > 1:
             raise UsageError("--check, --verify and --revert are mutually exclusive")
+        to = deprecated_alias("--release", "--to", release, to_old)
+        if to is None:
+            raise UsageError("give --release R: the release whose backport series to apply, e.g. v0.5.20")
         series = load_series(to)
         target, probe_python, probe_path = _target(repo, site_packages, python)
         if action == "verify":
@@ -137,7 +151,9 @@ def _verify(
             findings.append(info(GATE, p.id, node, f"not applied (opt-in, --with-hardening): {p.title}"))
         else:
             findings.append(
-                failed(GATE, p.id, node, f"not applied: {p.title}", remedy=f"kvgate backport --to {series.name} ...")
+                failed(
+                    GATE, p.id, node, f"not applied: {p.title}", remedy=f"kvgate backport --release {series.name} ..."
+                )
             )
     with tempfile.TemporaryDirectory(prefix="kvgate-verify-") as tmp:
         if python is None:
@@ -195,7 +211,7 @@ def _verify(
                 node,
                 f"{adm.status}: rejected request admitted or a control case misbehaved",
                 *ev,
-                remedy=f"kvgate backport --to {series.name}",
+                remedy=f"kvgate backport --release {series.name}",
             )
         )
     if "kvgate-retire-aborted-results" in {p.id for p in series.patches}:
@@ -350,7 +366,7 @@ def _lifetime_findings(
                     node,
                     f"NOT RETIRED ({case.outcome}): {case.why}",
                     *ev,
-                    remedy=f"kvgate backport --to {series.name} ...",
+                    remedy=f"kvgate backport --release {series.name} ...",
                 )
             )
     return findings, statuses

@@ -84,9 +84,12 @@ def check(
     ),
     deferred_release_env: bool | None = typer.Option(
         None,
-        "--deferred-release-env/--no-deferred-release-env",
+        "--deferred-release/--no-deferred-release",
         help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not "
         "expose it.",
+    ),
+    deferred_release_old: bool | None = typer.Option(
+        None, "--deferred-release-env/--no-deferred-release-env", hidden=True
     ),
     model_arch: str | None = typer.Option(
         None, "--model-arch", help="Model architecture (e.g. GlmMoeDsaForCausalLM) when workers do not report it."
@@ -148,6 +151,9 @@ def check(
     pairs = pair_outputs(list(fmt), list(output))
     try:
         context_len = deprecated_alias("--context-length", "--context-len", context_len, context_len_old)
+        deferred_release_env = deprecated_alias(
+            "--deferred-release", "--deferred-release-env", deferred_release_env, deferred_release_old
+        )
         options = check_options(
             prefill_url,
             decode_url,

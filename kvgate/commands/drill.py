@@ -4,7 +4,7 @@ Starts a PD deployment of the release to reproduce behind the real smg router: t
 (`--engine sim`, the incident's own pool and context), or the REAL SGLang server of that release on
 this CPU (`--engine sglang`: kvgate's CPU environment and tiny model, a context of 8,192 and a prefill
 pool of 4,096, the incident's shape scaled down). Runs every gate of `kvgate check` against it, tears
-it down, and exits as `check` would. With `--emulate 0.5.19` the gate must fail.
+it down, and exits as `check` would. With `--release 0.5.19` the gate must fail.
 """
 
 from __future__ import annotations
@@ -17,9 +17,11 @@ from typing import Any
 import typer
 
 from kvgate.commands._common import (
+    RELEASE_METAVAR,
     SARIF_ANCHOR_OPTION,
     STRICT_HELP,
     VERBOSE_HELP,
+    deprecated_alias,
     fatal_report,
     finish,
     handle_errors,
@@ -91,20 +93,23 @@ def _deployment(
 
 @handle_errors
 def drill(
-    emulate: str = typer.Option("0.5.19", "--emulate", help="SGLang release to reproduce (0.5.19-0.5.23)."),
+    release: str | None = typer.Option(
+        None, "--release", metavar=RELEASE_METAVAR, help="SGLang release to reproduce, 0.5.19-0.5.23 (default 0.5.19)."
+    ),
+    emulate_old: str | None = typer.Option(None, "--emulate", hidden=True),
     engine: str = typer.Option("sim", "--engine", help="sim (the simulator) or sglang (the real server on CPU)."),
     context_length: int | None = typer.Option(
-        None, "--context-length", min=16, help="Context of every worker [sim: 1,048,576; sglang: 8,192]."
+        None, "--context-length", min=16, help="Context of every worker (default: sim 1,048,576, sglang 8,192)."
     ),
     prefill_pool: int | None = typer.Option(
-        None, "--prefill-pool", min=16, help="Prefill KV pool in tokens [sim: 681,280; sglang: 4,096]."
+        None, "--prefill-pool", min=16, help="Prefill KV pool in tokens (default: sim 681,280, sglang 4,096)."
     ),
     decode_pool: int | None = typer.Option(
-        None, "--decode-pool", min=16, help="Decode KV pool in tokens [sim: 2,097,152; sglang: 10,240]."
+        None, "--decode-pool", min=16, help="Decode KV pool in tokens (default: sim 2,097,152, sglang 10,240)."
     ),
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
-    page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size [sim: 16; sglang: 1]."),
+    page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size (default: sim 16, sglang 1)."),
     skip_tokenizer_init: bool = typer.Option(
         False, "--skip-tokenizer-init", help="sglang engine: workers answer output_ids only."
     ),
@@ -148,8 +153,9 @@ def drill(
             require_sim("kvgate drill")
         from kvgate.upstream import RELEASES
 
+        emulate: str = deprecated_alias("--release", "--emulate", release, emulate_old) or "0.5.19"
         if emulate not in RELEASES:
-            raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(RELEASES)}")
+            raise UsageError(f"--release {emulate!r}: choose one of {', '.join(RELEASES)}")
         if engine not in DEFAULTS:
             raise UsageError(f"--engine {engine!r}: choose one of {', '.join(DEFAULTS)}")
         d = DEFAULTS[engine]

@@ -11,8 +11,10 @@ import typer
 
 from kvgate.commands._common import (
     QUIET_HELP,
+    RELEASE_METAVAR,
     SARIF_ANCHOR_OPTION,
     VERBOSE_HELP,
+    deprecated_alias,
     fatal_report,
     finish,
     handle_errors,
@@ -87,7 +89,10 @@ def _with_missing_files(findings: list[Finding], a: Assessment, scan: CodeScan |
 
 @handle_errors
 def fixes(
-    version: str | None = typer.Option(None, "--version", help="Judge a release string (PEP 440), e.g. 0.5.20."),
+    version: str | None = typer.Option(
+        None, "--release", metavar=RELEASE_METAVAR, help="Judge a release string (PEP 440), e.g. 0.5.20."
+    ),
+    version_old: str | None = typer.Option(None, "--version", hidden=True),
     repo: Path | None = typer.Option(None, "--repo", help="An sglang git checkout (python/sglang layout)."),
     rev: str | None = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
     site_packages: str | None = typer.Option(
@@ -142,10 +147,11 @@ def fixes(
 
     pairs = pair_outputs(list(formats), list(outputs))
     try:
+        version = deprecated_alias("--release", "--version", version, version_old)
         chosen = [
             name
             for name, val in (
-                ("--version", version),
+                ("--release", version),
                 ("--repo", repo),
                 ("--site-packages", site_packages),
                 ("--python", python),
@@ -157,7 +163,7 @@ def fixes(
         probe_pair = probe and set(chosen) == {"--site-packages", "--python"} and site_packages != "auto"
         if len(chosen) > 1 and not probe_pair:
             raise UsageError(
-                f"give one of --version, --repo, --site-packages, --python, --url (got {', '.join(chosen)})"
+                f"give one of --release, --repo, --site-packages, --python, --url (got {', '.join(chosen)})"
             )
         if probe and (python is None or len(command_argv(python)) != 1):
             raise UsageError(

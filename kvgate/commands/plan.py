@@ -47,7 +47,7 @@ def plan(
         None, "--max-total-tokens", min=1, help="The workers' pool cap, if any."
     ),
     release: str | None = typer.Option(
-        None, "--release", help="SGLang release whose sizing code to follow (default 0.5.23)."
+        None, "--release", metavar="R", help="SGLang release whose sizing code to follow (default 0.5.23)."
     ),
     gpu_sm: int | None = typer.Option(
         None, "--gpu-sm", help="GPU compute capability x10 (90 Hopper, 100 Blackwell); decides DSA's auto KV dtype."

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvgate import sinks
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors, resolve_strict
+from kvgate.commands._common import (
+    RELEASE_METAVAR,
+    STRICT_HELP,
+    VERBOSE_HELP,
+    deprecated_alias,
+    fatal_report,
+    finish,
+    handle_errors,
+    resolve_strict,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
@@ -39,12 +48,15 @@ def up(
     engine: str = typer.Option("sglang", "--engine", help="sglang (real workers) or sim (the simulator)."),
     device: str = typer.Option("gpu", "--device", help="gpu, or cpu: the real server on this CPU (needs --release)."),
     release: str | None = typer.Option(
-        None, "--release", help="With --device cpu: the SGLang release to run (0.5.19-0.5.23)."
+        None,
+        "--release",
+        metavar=RELEASE_METAVAR,
+        help="SGLang release, 0.5.19-0.5.23: to reproduce (--engine sim) or to run (--device cpu).",
     ),
     skip_tokenizer_init: bool = typer.Option(
         False, "--skip-tokenizer-init", help="Workers take input_ids and answer output_ids only."
     ),
-    emulate: str | None = typer.Option(None, "--emulate", help="With --engine sim: the release to reproduce."),
+    emulate_old: str | None = typer.Option(None, "--emulate", hidden=True),
     ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
     log_dir: Path | None = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
     gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
@@ -67,6 +79,8 @@ def up(
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
+    release = deprecated_alias("--release", "--emulate", release, emulate_old)
+    emulate, release = (release, None) if engine == "sim" else (None, release)
     plan = PDLaunchPlan(
         model_path=model_path,
         prefill=prefill,

@@ -64,8 +64,11 @@ def watch(
     keep_going: bool = typer.Option(False, "--keep-going", help="Full gates run every probe, even after a leak."),
     deferred_release_env: bool | None = typer.Option(
         None,
-        "--deferred-release-env/--no-deferred-release-env",
+        "--deferred-release/--no-deferred-release",
         help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to, when workers do not expose it.",
+    ),
+    deferred_release_old: bool | None = typer.Option(
+        None, "--deferred-release-env/--no-deferred-release-env", hidden=True
     ),
     model_arch: str | None = typer.Option(None, "--model-arch", help="Model architecture, when workers do not say."),
     site_packages: str | None = typer.Option(
@@ -101,6 +104,9 @@ def watch(
 
     host, port = parse_listen(listen)
     context_len = deprecated_alias("--context-length", "--context-len", context_len, context_len_old)
+    deferred_release_env = deprecated_alias(
+        "--deferred-release", "--deferred-release-env", deferred_release_env, deferred_release_old
+    )
     intervals = deprecated_alias("--stop-after", "--intervals", intervals, intervals_old)
     options = check_options(
         [],

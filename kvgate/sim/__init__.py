@@ -89,9 +89,9 @@ emits that digest byte by byte (cyclically) for `max_new_tokens` tokens. So put 
 own line; filler lines that repeat collapse to one line. Prefill time = prompt tokens / prefill
 speed, in chunks of `chunked_prefill_size`. Deterministic: no sampling randomness.
 
-Command line: `kvgate sim up [--emulate 0.5.20] [--prefill N --decode M] [--context-length C]
+Command line: `kvgate sim up [--release 0.5.20] [--prefill N --decode M] [--context-length C]
 [--prefill-pool P] [--decode-pool D] [--page-size S] [--waiting-timeout T]
-[--deferred-release on|off|default]` prints the URLs and one JSON line
+[--deferred-release | --no-deferred-release]` prints the URLs and one JSON line
 `{"router": URL, "prefill": [URL], "decode": [URL]}`, then stays up until Ctrl-C/SIGTERM.
 One worker alone: `python -m kvgate.sim worker --disaggregation-mode prefill|decode --port P
 --disaggregation-bootstrap-port B --context-length C --max-total-tokens POOL --page-size S --emulate V`.

@@ -9,11 +9,11 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable
-from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+from typer.core import TyperCommand
 
 from kvgate import sinks
 from kvgate.errors import InternalError, KvgateError, UsageError
@@ -30,12 +30,33 @@ sim_app = typer.Typer(
 )
 
 
-class Deferred(str, Enum):
-    """--deferred-release: SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE for every worker."""
+class _SimUpCommand(TyperCommand):
+    """`sim up`, reading the old `--deferred-release on|off|default` form as the one flag pair every command
+    shows (`--deferred-release` / `--no-deferred-release`, absent: the release's default), said once."""
 
-    on = "on"
-    off = "off"
-    default = "default"
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
+        new: list[str] = []
+        rest = list(args)
+        while rest:
+            arg = rest.pop(0)
+            value = arg.split("=", 1)[1] if arg.startswith("--deferred-release=") else None
+            if arg == "--deferred-release" and rest and rest[0] in _OLD_DEFERRED:
+                value = rest.pop(0)
+            if value in _OLD_DEFERRED:
+                flag = _OLD_DEFERRED[value]
+                typer.echo(
+                    f"kvgate: warning: --deferred-release {value} is deprecated; use {flag or 'neither flag'}", err=True
+                )
+                new += [flag] if flag else []
+                continue
+            new.append(arg)
+            if arg == "--":
+                new += rest
+                break
+        return super().make_context(info_name, new, parent=parent, **extra)
+
+
+_OLD_DEFERRED = {"on": "--deferred-release", "off": "--no-deferred-release", "default": ""}
 
 
 def _exit_on_errors(func: F) -> F:
@@ -57,10 +78,13 @@ def _exit_on_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@sim_app.command("up")
+@sim_app.command("up", cls=_SimUpCommand)
 @_exit_on_errors
 def up(
-    emulate: str = typer.Option("0.5.20", help="SGLang release to reproduce: 0.5.19 .. 0.5.23."),
+    release: str | None = typer.Option(
+        None, "--release", metavar="R", help="SGLang release to reproduce, 0.5.19-0.5.23 (default 0.5.20)."
+    ),
+    emulate_old: str | None = typer.Option(None, "--emulate", hidden=True),
     fixed_by: str | None = typer.Option(
         None, help="kvgate-backport or kvgate-backport-hardened: emulate kvgate's backport on 0.5.19/0.5.20."
     ),
@@ -74,8 +98,10 @@ def up(
     waiting_timeout: float | None = typer.Option(
         None, help="Decode waiting timeout in seconds (SGLANG_DISAGGREGATION_WAITING_TIMEOUT; SGLang: 300)."
     ),
-    deferred_release: Deferred = typer.Option(
-        Deferred.default, help="Deferred decode KV release: on, off, or the release's default."
+    deferred_release: bool | None = typer.Option(
+        None,
+        "--deferred-release/--no-deferred-release",
+        help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's).",
     ),
     prefill_tokens_per_s: float = typer.Option(2_000_000.0, help="Simulated prefill speed (0 = instant)."),
     decode_tokens_per_s: float = typer.Option(0.0, help="Simulated decode speed (0 = as fast as possible)."),
@@ -101,8 +127,13 @@ def up(
     from kvgate.upstream import RELEASES
 
     require_sim("kvgate sim up")
+    if release is not None and emulate_old is not None:
+        raise UsageError("--emulate is the deprecated spelling of --release: give --release only")
+    if emulate_old is not None:
+        typer.echo("kvgate: warning: --emulate is deprecated; use --release", err=True)
+    emulate = release or emulate_old or "0.5.20"
     if emulate not in RELEASES:
-        raise UsageError(f"--emulate {emulate!r}: choose one of {', '.join(RELEASES)}")
+        raise UsageError(f"--release {emulate!r}: choose one of {', '.join(RELEASES)}")
     from kvgate.sim.releases import get_release
 
     try:
@@ -126,7 +157,7 @@ def up(
         page_size=page_size,
         chunked_prefill_size=chunked_prefill_size,
         waiting_timeout=waiting_timeout,
-        deferred_release=None if deferred_release is Deferred.default else deferred_release is Deferred.on,
+        deferred_release=deferred_release,
         prefill_tokens_per_s=prefill_tokens_per_s,
         decode_tokens_per_s=decode_tokens_per_s,
         transfer_tokens_per_s=transfer_tokens_per_s,

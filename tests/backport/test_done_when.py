@@ -24,13 +24,13 @@ REJECT = "Input length (8 tokens) exceeds the maximum allowed length (4 tokens).
 def test_repo_apply_verify_fixes_and_no_op(checkout: Callable[[str], Path], cpu_envs: Callable[[str], CpuEnv]) -> None:
     cpu_envs("0.5.20")  # --verify runs the probe in the cached CPU environment
     repo = checkout("0.5.20")
-    unpatched = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])
+    unpatched = runner.invoke(app, ["backport", "--release", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])
     assert unpatched.exit_code == 1, unpatched.output  # not applied, and the real doors admit the rejection
     assert json.loads(unpatched.stdout)["target"]["probe_status"] == "ADMITTED"
 
-    applied = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo)])
+    applied = runner.invoke(app, ["backport", "--release", "v0.5.20", "--repo", str(repo)])
     assert applied.exit_code == 0, applied.output
-    verify = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])
+    verify = runner.invoke(app, ["backport", "--release", "v0.5.20", "--repo", str(repo), "--verify", "-f", "json"])
     assert verify.exit_code == 0, verify.output
     doc = json.loads(verify.stdout)
     assert doc["target"]["probe_status"] == "RETIRED"
@@ -47,7 +47,7 @@ def test_repo_apply_verify_fixes_and_no_op(checkout: Callable[[str], Path], cpu_
     for patch_id in ("kvgate-admission-door", "kvgate-deferred-release-default"):
         assert found[patch_id].startswith("present"), (patch_id, found.get(patch_id))
 
-    again = runner.invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(repo)])
+    again = runner.invoke(app, ["backport", "--release", "v0.5.20", "--repo", str(repo)])
     assert again.exit_code == 0 and "already applied" in again.stdout
 
 
@@ -55,7 +55,7 @@ def test_site_packages_apply_verify_with_hardening_and_revert(site: Callable[[st
     env = site("0.5.20")
     root = env.site_packages
     pristine = tree_digest(root)
-    args = ["backport", "--to", "v0.5.20", "--site-packages", str(root)]
+    args = ["backport", "--release", "v0.5.20", "--site-packages", str(root)]
     assert runner.invoke(app, [*args, "--with-hardening"]).exit_code == 0
     verify = runner.invoke(app, [*args, "--verify", "--python", env.python, "-f", "json"])
     assert verify.exit_code == 0, verify.output
@@ -69,7 +69,7 @@ def test_site_packages_apply_verify_with_hardening_and_revert(site: Callable[[st
 
 def test_v0_5_19_site_verify_runs_all_three_probes(site: Callable[[str], CpuEnv]) -> None:
     env = site("0.5.19")
-    args = ["backport", "--to", "v0.5.19", "--site-packages", str(env.site_packages)]
+    args = ["backport", "--release", "v0.5.19", "--site-packages", str(env.site_packages)]
     assert runner.invoke(app, [*args, "--with-hardening"]).exit_code == 0
     verify = runner.invoke(app, [*args, "--verify", "--python", env.python, "-f", "json"])
     assert verify.exit_code == 0, verify.output
@@ -92,7 +92,7 @@ def test_issue_21_backported_install_passes_fixes_and_markers_alone_do_not(
     markers = tmp_path / "markers-only"
     shutil.copytree(root, markers, symlinks=True)
     assert runner.invoke(app, ["fixes", "--site-packages", str(root)]).exit_code == 1
-    applied = runner.invoke(app, ["backport", "--to", f"v{release}", "--site-packages", str(root)])
+    applied = runner.invoke(app, ["backport", "--release", f"v{release}", "--site-packages", str(root)])
     assert applied.exit_code == 0, applied.output
     fixes = runner.invoke(app, ["fixes", "--site-packages", str(root), "--format", "json"])
     assert fixes.exit_code == 0, fixes.output

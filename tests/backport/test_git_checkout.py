@@ -32,7 +32,7 @@ def _kvgate(*args: str):  # type: ignore[no-untyped-def]
 def test_apply_commits_each_patch_with_its_trailer_then_is_a_no_op(checkout: Callable[[str], Path]) -> None:
     repo = checkout("0.5.20")
     base = _git(repo, "rev-parse", "HEAD")
-    res = _kvgate("--to", "v0.5.20", "--repo", str(repo), "--with-hardening", "--format", "json")
+    res = _kvgate("--release", "v0.5.20", "--repo", str(repo), "--with-hardening", "--format", "json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert [f["summary"].split(":")[0] for f in doc["findings"]] == ["applied"] * len(load_series("0.5.20").patches)
@@ -47,7 +47,7 @@ def test_apply_commits_each_patch_with_its_trailer_then_is_a_no_op(checkout: Cal
         for f in files:
             assert f"{MARKER_PREFIX}{patch.id}" in (repo / f).read_text()
     head = _git(repo, "rev-parse", "HEAD")
-    again = _kvgate("--to", "v0.5.20", "--repo", str(repo), "--with-hardening")
+    again = _kvgate("--release", "v0.5.20", "--repo", str(repo), "--with-hardening")
     assert again.exit_code == 0 and "already applied" in again.stdout
     assert _git(repo, "rev-parse", "HEAD") == head and _git(repo, "status", "--porcelain") == ""
 
@@ -55,7 +55,7 @@ def test_apply_commits_each_patch_with_its_trailer_then_is_a_no_op(checkout: Cal
 def test_check_changes_nothing(checkout: Callable[[str], Path]) -> None:
     repo = checkout("0.5.20")
     before = (_git(repo, "rev-parse", "HEAD"), _git(repo, "branch", "--list"))
-    res = _kvgate("--to", "v0.5.20", "--repo", str(repo), "--check", "--format", "json")
+    res = _kvgate("--release", "v0.5.20", "--repo", str(repo), "--check", "--format", "json")
     assert res.exit_code == 0, res.output
     mandatory = len(load_series("0.5.20").select(False))
     assert [f["summary"].split(":")[0] for f in json.loads(res.stdout)["findings"]] == ["would apply"] * mandatory
@@ -66,7 +66,7 @@ def test_dirty_tree_is_refused_with_exit_2(checkout: Callable[[str], Path]) -> N
     repo = checkout("0.5.20")
     f = repo / "python/sglang/srt/disaggregation/prefill.py"
     f.write_text(f.read_text() + "\n# local edit\n")
-    res = _kvgate("--to", "v0.5.20", "--repo", str(repo))
+    res = _kvgate("--release", "v0.5.20", "--repo", str(repo))
     assert res.exit_code == 2
     assert "uncommitted changes" in res.stderr and "python/sglang/srt/disaggregation/prefill.py" in res.stderr
     assert _git(repo, "rev-parse", "--abbrev-ref", "HEAD") == "main"
@@ -78,7 +78,7 @@ def test_hash_mismatch_is_refused_naming_the_file(checkout: Callable[[str], Path
     f.write_text(f.read_text() + "\n# a committed local change\n")
     _git(repo, "commit", "-qam", "local change")
     before = tree_digest(repo / "python")
-    res = _kvgate("--to", "v0.5.20", "--repo", str(repo), "--with-hardening")
+    res = _kvgate("--release", "v0.5.20", "--repo", str(repo), "--with-hardening")
     assert res.exit_code == 2
     assert "python/sglang/srt/environ.py" in res.stderr and "sha256" in res.stderr
     assert tree_digest(repo / "python") == before
@@ -88,7 +88,7 @@ def test_hash_mismatch_is_refused_naming_the_file(checkout: Callable[[str], Path
 def test_wrong_release_is_refused(checkout: Callable[[str], Path]) -> None:
     repo = checkout("0.5.21")  # 0.5.21+ carry the fixes upstream; the 0.5.20 series must not touch them
     before = tree_digest(repo / "python")
-    res = _kvgate("--to", "v0.5.20", "--repo", str(repo))
+    res = _kvgate("--release", "v0.5.20", "--repo", str(repo))
     assert res.exit_code == 2 and "does not match sglang 0.5.20" in res.stderr
     assert tree_digest(repo / "python") == before
 
@@ -96,10 +96,10 @@ def test_wrong_release_is_refused(checkout: Callable[[str], Path]) -> None:
 def test_v0_5_19_series_applies_to_0_5_19_and_reverts(checkout: Callable[[str], Path]) -> None:
     repo = checkout("0.5.19")
     before = tree_digest(repo / "python")
-    res = _kvgate("--to", "v0.5.19", "--repo", str(repo), "--with-hardening", "--format", "json")
+    res = _kvgate("--release", "v0.5.19", "--repo", str(repo), "--with-hardening", "--format", "json")
     assert res.exit_code == 0, res.output
     assert [f["check"] for f in json.loads(res.stdout)["findings"]] == [p.id for p in load_series("0.5.19").patches]
-    rev = _kvgate("--to", "v0.5.19", "--repo", str(repo), "--revert")
+    rev = _kvgate("--release", "v0.5.19", "--repo", str(repo), "--revert")
     assert rev.exit_code == 0, rev.output
     assert tree_digest(repo / "python") == before  # restored byte for byte, history kept
     assert "Kvgate-Revert:" in _git(repo, "log", "-1", "--format=%B")

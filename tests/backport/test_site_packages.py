@@ -33,7 +33,7 @@ def test_apply_is_atomic_marked_idempotent_and_reverts_byte_for_byte(site: Calla
     env = site("0.5.20")
     root = env.site_packages
     pristine = tree_digest(root)
-    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--with-hardening", "--format", "json")
+    res = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "--with-hardening", "--format", "json")
     assert res.exit_code == 0, res.output
     marker = json.loads((root / "sglang/.kvgate-backport/applied.json").read_text())
     assert [p["id"] for p in marker["patches"]] == [p.id for p in load_series("0.5.20").patches]
@@ -44,13 +44,13 @@ def test_apply_is_atomic_marked_idempotent_and_reverts_byte_for_byte(site: Calla
     assert f"{MARKER_PREFIX}kvgate-admission-door" in door
     patched = tree_digest(root)
     # --verify without --python: the cached CPU environment imports only sglang/ from this folder.
-    verify = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--verify", "--format", "json")
+    verify = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "--verify", "--format", "json")
     assert verify.exit_code == 0, verify.output
     assert json.loads(verify.stdout)["target"]["probe_status"] == "RETIRED"
-    again = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--with-hardening")
+    again = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "--with-hardening")
     assert again.exit_code == 0 and "already applied" in again.stdout
     assert tree_digest(root) == patched
-    rev = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
+    rev = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "--revert")
     assert rev.exit_code == 0, rev.output
     assert tree_digest(root) == pristine
 
@@ -60,7 +60,7 @@ def test_corrupted_target_file_leaves_the_install_byte_identical(site: Callable[
     victim = root / "sglang/srt/disaggregation/nixl/conn.py"  # touched only by the second patch
     victim.write_bytes(victim.read_bytes().replace(b"class NixlKVManager", b"class NixlKVManagr", 1))
     before = tree_digest(root)
-    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root))
+    res = _kvgate("--release", "v0.5.20", "--site-packages", str(root))
     assert res.exit_code == 2
     assert "sglang/srt/disaggregation/nixl/conn.py" in res.stderr
     assert tree_digest(root) == before
@@ -117,7 +117,7 @@ def test_a_full_disk_is_not_a_usage_error(
 
     monkeypatch.setattr(engine.os, "replace", full)
     out = tmp_path / "r.json"
-    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "-f", "json", "-o", str(out))
+    res = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "-f", "json", "-o", str(out))
     assert res.exit_code == ExitStatus.TRANSPORT_ERROR == 4, res.output
     doc = json.loads(out.read_text())
     assert doc["exit_status"] == 4 and doc["verdict"] == "transport_error"
@@ -128,7 +128,7 @@ def test_a_full_disk_is_not_a_usage_error(
 def test_python_interpreter_finds_its_install(site: Callable[[str], CpuEnv], monkeypatch: pytest.MonkeyPatch) -> None:
     env = site("0.5.20")
     monkeypatch.setenv("PYTHONPATH", str(env.site_packages))
-    res = _kvgate("--to", "v0.5.20", "--python", env.python, "--check", "--format", "json")
+    res = _kvgate("--release", "v0.5.20", "--python", env.python, "--check", "--format", "json")
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert doc["target"]["root"] == str(env.site_packages.resolve())
@@ -137,7 +137,7 @@ def test_python_interpreter_finds_its_install(site: Callable[[str], CpuEnv], mon
 
 def test_revert_without_a_backport_is_refused(site: Callable[[str], CpuEnv]) -> None:
     root = site("0.5.20").site_packages
-    res = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
+    res = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "--revert")
     assert res.exit_code == 2 and "no kvgate backport recorded" in res.stderr
 
 
@@ -163,6 +163,6 @@ def test_until_applies_a_prefix_then_continues_and_reverts(site: Callable[[str],
     assert [p.id for p in rest.patches if p.status == "applied"] == ids[4:6]
     marker = json.loads((root / "sglang/.kvgate-backport/applied.json").read_text())
     assert [p["id"] for p in marker["patches"]] == ids[:6]
-    rev = _kvgate("--to", "v0.5.20", "--site-packages", str(root), "--revert")
+    rev = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "--revert")
     assert rev.exit_code == 0, rev.output
     assert tree_digest(root) == pristine

@@ -24,7 +24,7 @@ runner = CliRunner()
 def _applied(tmp_path: Path, release: str, *extra: str) -> Path:
     site = tmp_path / f"site-{release}"
     copy_signature_tree(release, site / "sglang")
-    res = runner.invoke(app, ["backport", "--to", f"v{release}", "--site-packages", str(site), *extra])
+    res = runner.invoke(app, ["backport", "--release", f"v{release}", "--site-packages", str(site), *extra])
     assert res.exit_code == 0, res.output
     return site
 

@@ -87,7 +87,7 @@ def _clone_at_0_5_20(sglang_repo: Path, dest: Path) -> Any:
 def test_backport_applied_in_a_commit_is_recognised_by_its_code(sglang_repo: Path, tmp_path: Path) -> None:
     clone = tmp_path / "clone"
     _clone_at_0_5_20(sglang_repo, clone)
-    res = CliRunner().invoke(app, ["backport", "--to", "v0.5.20", "--repo", str(clone)])
+    res = CliRunner().invoke(app, ["backport", "--release", "v0.5.20", "--repo", str(clone)])
     assert res.exit_code == 0, res.output
     a = assess_checkout(clone, "HEAD")
     assert a.reads_as() == (

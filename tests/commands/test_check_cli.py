@@ -73,12 +73,12 @@ def test_doubled_pool_passes(payload_server: Callable[..., PayloadServer]) -> No
     p = worker(payload_server, "0.5.23", mode="prefill", pool=2_040_000)
     d = worker(payload_server, "0.5.23", mode="decode", pool=2_040_000)
     # A payload server runs no sglang code: its version string is all there is to go on.
-    res = run("--prefill-url", p.url, "--decode-url", d.url, "--deferred-release-env", "--trust-version")
+    res = run("--prefill-url", p.url, "--decode-url", d.url, "--deferred-release", "--trust-version")
     assert res.exit_code == ExitStatus.PASSED, res.output
     # the explicit opt-out of the probes (run() adds --no-probes without a router) is in the verdict line
     assert res.stdout.startswith("kvgate check: PASSED; probes opted out (--no-probes) (exit 0)")
     assert "2,040,000" not in res.stdout  # passed checks are one digest line by default
-    res = run("--prefill-url", p.url, "--decode-url", d.url, "--verbose", "--trust-version", "--deferred-release-env")
+    res = run("--prefill-url", p.url, "--decode-url", d.url, "--verbose", "--trust-version", "--deferred-release")
     assert "max_total_num_tokens = 2,040,000" in res.stdout and "(exit 0)" in res.stdout
 
 
@@ -87,7 +87,7 @@ def test_without_a_router_the_probes_are_doubt_unless_opted_out(payload_server: 
     with the remedy; an explicit --no-probes is an info finding, in the verdict line, and passes."""
     p = worker(payload_server, "0.5.23", mode="prefill", pool=2_040_000)
     d = worker(payload_server, "0.5.23", mode="decode", pool=2_040_000)
-    common = ["--prefill-url", p.url, "--decode-url", d.url, "--deferred-release-env", "--trust-version"]
+    common = ["--prefill-url", p.url, "--decode-url", d.url, "--deferred-release", "--trust-version"]
     res = run("--probes", *common, "--format", "json")
     assert res.exit_code == ExitStatus.INCONCLUSIVE, res.output
     setup = [f for f in json.loads(res.stdout)["findings"] if f["id"] == "probes.setup"]

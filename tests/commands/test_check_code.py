@@ -70,7 +70,7 @@ def patched_0_5_20(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real 0.5.20 source with kvgate's real v0.5.20 series applied by `kvgate backport`."""
     site = tmp_path_factory.mktemp("patched") / "site"
     copy_signature_tree("0.5.20", site / "sglang")
-    res = runner.invoke(app, ["backport", "--to", "v0.5.20", "--site-packages", str(site)])
+    res = runner.invoke(app, ["backport", "--release", "v0.5.20", "--site-packages", str(site)])
     assert res.exit_code == 0, res.output
     return site
 
@@ -285,7 +285,7 @@ def test_fixes_and_check_agree_on_every_version_string(
     payload_server: Callable[..., PayloadServer], version: str, expected: str
 ) -> None:
     w = worker(payload_server, version)
-    fixes = runner.invoke(app, ["fixes", "--version", version, "--format", "json"])
+    fixes = runner.invoke(app, ["fixes", "--release", version, "--format", "json"])
     # --no-strict: the label's own verdict, as check --trust-version judges it.
     by_url = runner.invoke(app, ["fixes", "--url", w.url, "--no-strict", "--format", "json"])
     assert VERDICT[ExitStatus(fixes.exit_code)] == VERDICT[ExitStatus(by_url.exit_code)] == expected, fixes.output

@@ -24,7 +24,7 @@ def _findings(path: Path) -> list[dict]:
 
 def test_drill_on_leaky_release_fails_with_the_leak(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    res = runner.invoke(app, ["drill", "--emulate", "0.5.19", *SCALED, "-q", "-f", "json", "-o", str(out)])
+    res = runner.invoke(app, ["drill", "--release", "0.5.19", *SCALED, "-q", "-f", "json", "-o", str(out)])
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     failed = {(f["gate"], f["check"]) for f in _findings(out) if f["outcome"] == "failed"}
     assert ("pool-context", "headroom") in failed
@@ -43,7 +43,7 @@ def test_readme_main_command_shows_the_leak_in_the_first_lines() -> None:
     blocks = readme.split("## Quick start", 1)[1].split("```bash\n")[1:]
     block = next(b.split("```", 1)[0] for b in blocks if "kvgate drill" in b.split("```", 1)[0])
     argv = shlex.split(re.search(r"kvgate (drill[^&\n]*)", block).group(1))  # type: ignore[union-attr]
-    assert argv[:3] == ["drill", "--emulate", "0.5.19"], argv
+    assert argv[:3] == ["drill", "--release", "0.5.19"], argv
     res = runner.invoke(app, [*argv, "-q"], env={"COLUMNS": "80"})
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     first = res.stdout.splitlines()[:8]
@@ -58,7 +58,7 @@ def test_drill_on_fixed_release_with_doubled_pool_passes(tmp_path: Path) -> None
         app,
         [
             "drill",
-            "--emulate",
+            "--release",
             "0.5.22",
             "--context-length",
             "65536",

@@ -72,7 +72,7 @@ def test_unexpected_crash_in_fixes_writes_the_report_and_exits_5(
     import kvgate.catalogue as cmd  # `fixes` imports the catalogue when it runs (a light --help)
 
     monkeypatch.setattr(cmd, "assess_version", lambda *a, **k: 1 / 0)
-    res, doc = _invoke(tmp_path, "fixes", "--version", "0.5.22")
+    res, doc = _invoke(tmp_path, "fixes", "--release", "0.5.22")
     assert res.exit_code == doc["exit_status"] == ExitStatus.INTERNAL_ERROR
     assert "ZeroDivisionError" in doc["findings"][0]["summary"]
 

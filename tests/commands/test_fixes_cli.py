@@ -42,31 +42,31 @@ def _presence(doc: dict) -> dict[str, str]:
 
 
 def test_version_0_5_20_fails_with_36988_present_and_38935_absent() -> None:
-    code, doc = _json("--version", "0.5.20")
+    code, doc = _json("--release", "0.5.20")
     assert code == 1 and doc["exit_status"] == 1
     p = _presence(doc)
     assert p["pr-36988"] == "present" and p["pr-38935"] == "absent"
     failed = {f["check"] for f in doc["findings"] if f["outcome"] == "failed"}
     assert "pr-38935" in failed and "pr-36988" not in failed
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
-    assert "kvgate backport --to" in door["remedy"]
+    assert "kvgate backport --release" in door["remedy"]
     assert not any(c.startswith("kvgate-") for c in p), "backports are not shown for a bare version"
 
 
 @pytest.mark.parametrize("version, code", [("0.5.19", 1), ("0.5.20", 1), ("0.5.21", 1), ("0.5.22", 0), ("0.5.23", 0)])
 def test_exit_status_per_release(version: str, code: int) -> None:
-    assert _run("--version", version).exit_code == code
+    assert _run("--release", version).exit_code == code
 
 
 def test_table_shows_fix_class_presence_and_how() -> None:
-    res = _run("--version", "0.5.20")
+    res = _run("--release", "0.5.20")
     out = res.stdout
     assert "pr-38935" in out and "absent" in out and "admission" in out and "by version" in out
     assert out.startswith("kvgate fixes: GATE FAILED: do not promote (exit 1)")
 
 
 def test_garbage_version_exits_2_with_a_clear_message() -> None:
-    res = _run("--version", "garbage")
+    res = _run("--release", "garbage")
     assert res.exit_code == 2
     assert "not a PEP 440 version" in res.stderr
     # The report is written before the exit, as in every command: the verdict, then the one error.
@@ -75,24 +75,24 @@ def test_garbage_version_exits_2_with_a_clear_message() -> None:
 
 
 def test_post_release_is_unknown_not_passed() -> None:
-    code, doc = _json("--version", "0.5.20.post1")
+    code, doc = _json("--release", "0.5.20.post1")
     assert code == 3  # nothing known to be missing, but the door is unknown: never a silent pass
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
     assert door["outcome"] == "inconclusive"
     assert "pr-38935" in doc["target"]["unproven_correctness"]
     # --no-strict opts out of doubt about informational entries, never about a correctness fix
-    assert _run("--version", "0.5.20.post1", "--no-strict").exit_code == 3
+    assert _run("--release", "0.5.20.post1", "--no-strict").exit_code == 3
 
 
 def test_dev_version_with_commit() -> None:
-    code, doc = _json("--version", "0.5.21.dev12+g8f3d694")
+    code, doc = _json("--release", "0.5.21.dev12+g8f3d694")
     assert code == 1  # ack-generations is not even in 0.5.21 final
     door = next(f for f in doc["findings"] if f["check"] == "pr-38935")
     assert door["outcome"] == "inconclusive" and "8f3d694" in json.dumps(door["evidence"])
 
 
 def test_mori_backend_makes_the_mori_fix_required() -> None:
-    code, doc = _json("--version", "0.5.21", "--backend", "mori")
+    code, doc = _json("--release", "0.5.21", "--backend", "mori")
     assert code == 1
     failed = {f["check"] for f in doc["findings"] if f["outcome"] == "failed"}
     assert failed == {"ack-generations", "mori-deferred-release"}
@@ -102,12 +102,12 @@ def test_mori_backend_makes_the_mori_fix_required() -> None:
 
 
 def test_two_sources_is_a_usage_error() -> None:
-    res = _run("--version", "0.5.22", "--url", "http://127.0.0.1:1")
+    res = _run("--release", "0.5.22", "--url", "http://127.0.0.1:1")
     assert res.exit_code == 2 and "give one of" in res.stderr
 
 
 def test_rev_without_repo_is_a_usage_error() -> None:
-    assert _run("--rev", "HEAD", "--version", "0.5.22").exit_code == 2
+    assert _run("--rev", "HEAD", "--release", "0.5.22").exit_code == 2
 
 
 def test_missing_site_packages_is_a_usage_error(tmp_path: Path) -> None:
@@ -130,7 +130,7 @@ def test_auto_detect_without_sglang_is_a_usage_error() -> None:
 @pytest.mark.parametrize("fmt", list(ReportFormat))
 def test_every_format_renders(fmt: ReportFormat, tmp_path: Path) -> None:
     out = tmp_path / f"report.{fmt.value}"
-    res = _run("--version", "0.5.20", "--format", fmt.value, "--output", str(out))
+    res = _run("--release", "0.5.20", "--format", fmt.value, "--output", str(out))
     assert res.exit_code == 1
     text = out.read_text()
     assert "pr-38935" in text
@@ -154,7 +154,7 @@ def test_site_packages_real_wheels(version: str, code: int) -> None:
 @pytest.mark.wheels
 def test_site_packages_patched_0_5_20(tmp_path: Path) -> None:
     copy_signature_tree("0.5.20", tmp_path / "site" / "sglang")
-    applied = _run_app("backport", "--to", "v0.5.20", "--site-packages", str(tmp_path / "site"))
+    applied = _run_app("backport", "--release", "v0.5.20", "--site-packages", str(tmp_path / "site"))
     assert applied.exit_code == 0, applied.output
     rc, doc = _json("--site-packages", str(tmp_path / "site"))
     assert rc == 0, doc["target"]  # every correctness fix present or stood in for (issue 21)
@@ -253,7 +253,7 @@ def test_not_sglang_and_bad_json_exit_4(payload_server) -> None:  # type: ignore
 
 
 def test_probe_needs_python(tmp_path: Path) -> None:
-    res = _run("--version", "0.5.22", "--probe")
+    res = _run("--release", "0.5.22", "--probe")
     assert res.exit_code == 2 and "--probe needs --python" in res.stderr
     res = _run("--site-packages", str(tmp_path), "--python", "python3")
     assert res.exit_code == 2 and "give one of" in res.stderr  # the pair is only for --probe
@@ -308,7 +308,7 @@ def test_probe_needs_a_local_interpreter() -> None:
 
 def test_the_backport_remedy_is_a_command_that_parses() -> None:
     """`--to` takes a release (not a tree): the fix text names one that has a series, and the target flag."""
-    rc, doc = _json("--version", "0.5.20")
+    rc, doc = _json("--release", "0.5.20")
     remedies = {f["remedy"] for f in doc["findings"] if f["remedy"] and "kvgate backport" in f["remedy"]}
     assert remedies and all("<sglang tree>" not in r for r in remedies)
-    assert all("kvgate backport --to RELEASE --site-packages PATH" in r and "v0.5.20" in r for r in remedies)
+    assert all("kvgate backport --release RELEASE --site-packages PATH" in r and "v0.5.20" in r for r in remedies)

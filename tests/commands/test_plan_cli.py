@@ -292,7 +292,7 @@ def test_profile_errors_name_the_key(tmp_path: Path) -> None:
 
 
 def test_the_readme_incident_plan_shows_what_the_command_prints() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "usage.md").read_text()
     block = readme.split("### Plan the pool before the GPUs are paid for", 1)[1].split("```console\n", 1)[1]
     first = block.split("\n$ kvgate", 1)[0].replace("\\\n", " ").removeprefix("$ kvgate ").split()
     res = runner.invoke(app, first)

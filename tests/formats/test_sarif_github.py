@@ -67,14 +67,14 @@ def test_fixes(tmp_path: Path, multitool: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
     Path("deploy.yaml").write_text("kind: Deployment\n")
     res = runner.invoke(
-        app, ["fixes", "--version", "0.5.20", "-q", "-f", "sarif", "-o", "f.sarif", "--sarif-anchor", "deploy.yaml"]
+        app, ["fixes", "--release", "0.5.20", "-q", "-f", "sarif", "-o", "f.sarif", "--sarif-anchor", "deploy.yaml"]
     )
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     doc = _accepted(tmp_path / "f.sarif", tmp_path, multitool)
     uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in doc["runs"][0]["results"]}
     assert uris == {"deploy.yaml"}
     again = tmp_path / "g.sarif"
-    assert runner.invoke(app, ["fixes", "--version", "0.5.20", "-q", "-f", "sarif", "-o", str(again)]).exit_code == 1
+    assert runner.invoke(app, ["fixes", "--release", "0.5.20", "-q", "-f", "sarif", "-o", str(again)]).exit_code == 1
     first, second = doc["runs"][0], json.loads(again.read_text())["runs"][0]
     assert [r["partialFingerprints"] for r in first["results"]] == [r["partialFingerprints"] for r in second["results"]]
     assert first["automationDetails"] == second["automationDetails"]
@@ -108,7 +108,7 @@ def test_inconclusive_check(
 def test_leaky_drill(tmp_path: Path, multitool: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GITHUB_WORKSPACE", raising=False)
-    res = runner.invoke(app, ["drill", "--emulate", "0.5.19", *SCALED, "-q", "-f", "sarif", "-o", "d.sarif"])
+    res = runner.invoke(app, ["drill", "--release", "0.5.19", *SCALED, "-q", "-f", "sarif", "-o", "d.sarif"])
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
     doc = _accepted(tmp_path / "d.sarif", tmp_path, multitool)
     assert any(r["ruleId"].startswith("probes.canary.") and r["level"] == "error" for r in doc["runs"][0]["results"])

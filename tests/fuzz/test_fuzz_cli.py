@@ -114,7 +114,7 @@ def _run(workers: dict[str, PayloadServer]) -> tuple[Any, dict[str, Any]]:
                 workers["prefill"].url,
                 "--decode-url",
                 workers["decode"].url,
-                "--deferred-release-env",
+                "--deferred-release",
                 "--timeout",
                 str(TIMEOUT),
                 "--trust-version",  # payload servers run no sglang code

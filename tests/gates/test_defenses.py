@@ -68,7 +68,7 @@ def test_release_failure_names_fix_and_remedy() -> None:
     f = _one(run_defenses_gate([replace(P0, version="0.5.20")]), "release")
     assert f.outcome is Outcome.FAILED
     assert "#38935" in f.summary and "version string 0.5.20 only, code not read" in f.summary
-    assert "upgrade sglang to 0.5.22" in f.remedy and "kvgate backport --to" in f.remedy
+    assert "upgrade sglang to 0.5.22" in f.remedy and "kvgate backport --release" in f.remedy
     assert "kvgate-admission-door" in f.remedy and "--python COMMAND" in f.remedy
 
 

@@ -80,7 +80,7 @@ def test_confirmed_case_2_one_pod_scan_no_longer_vouches_for_a_0_5_19_decode(
     the same run without --python does."""
     p = worker(payload_server, "0.5.22", "prefill")
     d = worker(payload_server, "0.5.19", "decode")
-    base = ["--prefill-url", p.url, "--decode-url", d.url, "--no-strict", "--deferred-release-env"]
+    base = ["--prefill-url", p.url, "--decode-url", d.url, "--no-strict", "--deferred-release"]
     code, doc = check(*base, "--python", remote(wheel("0.5.22")))
     assert code == ExitStatus.GATE_FAILED
     rel = releases(doc)
@@ -101,7 +101,7 @@ def test_one_scan_for_a_fleet_that_reports_its_version_still_works(
     p = worker(payload_server, "0.5.22", "prefill")
     d = worker(payload_server, "0.5.22", "decode")
     code, doc = check(
-        "--prefill-url", p.url, "--decode-url", d.url, "--python", remote(wheel("0.5.22")), "--deferred-release-env"
+        "--prefill-url", p.url, "--decode-url", d.url, "--python", remote(wheel("0.5.22")), "--deferred-release"
     )
     rel = releases(doc)
     assert {f["outcome"] for f in rel.values()} == {"passed"}, [f["summary"] for f in rel.values()]
@@ -136,7 +136,7 @@ def test_a_nodes_own_scan_of_another_release_says_so_plainly(
     d = worker(payload_server, "0.5.22", "decode")
     template = remote(f"{tmp_path}/{{role}}-{{index}}")
     code, doc = check(
-        "--prefill-url", p.url, "--decode-url", d.url, "--python", template, "--deferred-release-env", *strict
+        "--prefill-url", p.url, "--decode-url", d.url, "--python", template, "--deferred-release", *strict
     )
     assert code == ExitStatus.GATE_FAILED
     f = releases(doc)["decode[0]"]

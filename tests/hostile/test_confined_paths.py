@@ -70,7 +70,8 @@ def _hostile(site_path: str) -> dict[str, Any]:
 
 def _revert(site: Path, report: Path) -> Any:
     return runner.invoke(
-        app, ["backport", "--to", "v0.5.20", "--site-packages", str(site), "--revert", "-f", "json", "-o", str(report)]
+        app,
+        ["backport", "--release", "v0.5.20", "--site-packages", str(site), "--revert", "-f", "json", "-o", str(report)],
     )
 
 

@@ -109,7 +109,7 @@ def servers() -> Iterator[Callable[..., ScriptedServer]]:
 def check(tmp_path: Path, prefill: str, decode: str, *extra: str) -> tuple[int, dict[str, Any], float]:
     out = tmp_path / "report.json"
     args = ["check", "--prefill-url", prefill, "--decode-url", decode, "-q", "-f", "json", "-o", str(out)]
-    args += ["--trust-version", "--deferred-release-env", *extra]
+    args += ["--trust-version", "--deferred-release", *extra]
     t0 = time.monotonic()
     res = runner.invoke(app, args)
     elapsed = time.monotonic() - t0
@@ -365,8 +365,8 @@ def test_help_shows_the_documented_deadlines() -> None:
     res = runner.invoke(app, ["check", "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0
     text = " ".join(res.output.split())
-    assert f"whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g})" in text, text
-    assert f"(default {DEFAULT_READ_DEADLINE:g})" in text
+    assert f"whole metadata answer may take, body included (default: {DEFAULT_TIMEOUT:g})" in text, text
+    assert f"(default: {DEFAULT_READ_DEADLINE:g})" in text
 
 
 # --- any pacing, any size -----------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Cases 1-4 of the issue, rebuilt from its description: real loopback workers and routers answering
 SGLang's and smg's shapes (tests/assets), the real CLI in-process, with the metadata-only
 configuration a pipeline uses when probing is forbidden (`--no-probes --trust-version
---deferred-release-env`). Each used to exit 0; each now blocks and names what disagreed. Then a
+--deferred-release`). Each used to exit 0; each now blocks and names what disagreed. Then a
 property: over generated router listings and worker self-descriptions, exit 0 only when every routed
 worker and rank was read and every view agrees.
 """
@@ -27,7 +27,7 @@ from tests.conftest import PayloadServer, Route
 
 runner = CliRunner()
 BIG = 2_040_000
-META_ONLY = ("--no-probes", "--trust-version", "--deferred-release-env")
+META_ONLY = ("--no-probes", "--trust-version", "--deferred-release")
 
 
 def routes(mode: str, *, dp: int = 1, info: dict[str, Any] | None = None, context: int = 1_048_576) -> dict[str, Route]:

@@ -47,7 +47,7 @@ def check(*args: str) -> tuple[int, dict[str, Any], str]:
     # Payload servers run no sglang code and --no-probes is an explicit opt-out: both said explicitly.
     res = runner.invoke(
         app,
-        ["check", "--quiet", "--no-probes", "--trust-version", "--no-strict", "--deferred-release-env", *args]
+        ["check", "--quiet", "--no-probes", "--trust-version", "--no-strict", "--deferred-release", *args]
         + ["--format", "json"],
     )
     return res.exit_code, (json.loads(res.stdout) if res.stdout.startswith("{") else {}), res.stderr

@@ -51,7 +51,7 @@ def test_case5_a_symlink_at_output_tmp_is_not_followed(tmp_path: Path, fmt: Repo
     out.parent.mkdir()
     planted = out.with_name(out.name + ".tmp")
     planted.symlink_to(victim)
-    res = runner.invoke(app, ["fixes", "--version", "0.5.20", "-f", fmt.value, "-o", str(out)])
+    res = runner.invoke(app, ["fixes", "--release", "0.5.20", "-f", fmt.value, "-o", str(out)])
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output  # 0.5.20 lacks correctness fixes
     assert victim.read_text() == VICTIM
     assert planted.is_symlink() and planted.readlink() == victim
@@ -83,7 +83,7 @@ def test_case5_a_symlink_at_the_baselines_temp_name_is_not_followed(
     res = runner.invoke(
         app,
         ["check", "--quiet", "--prefill-url", p.url, "--decode-url", d.url, "--trust-version"]
-        + ["--deferred-release-env", "--write-baseline", str(base), "-f", "json"],
+        + ["--deferred-release", "--write-baseline", str(base), "-f", "json"],
     )
     doc = json.loads(res.stdout)
     write = [f for f in doc["findings"] if f["id"] == "baseline.write"]
@@ -98,7 +98,7 @@ def test_a_symlink_at_the_destination_is_replaced_not_followed(tmp_path: Path) -
     victim = _victim(tmp_path)
     link = tmp_path / "report.json"
     link.symlink_to(victim)
-    res = runner.invoke(app, ["fixes", "--version", "0.5.20", "-f", "json", "-o", str(link)])
+    res = runner.invoke(app, ["fixes", "--release", "0.5.20", "-f", "json", "-o", str(link)])
     assert res.exit_code == 1
     assert victim.read_text() == VICTIM
     assert not link.is_symlink() and json.loads(link.read_text())["command"].startswith("fixes")

@@ -70,7 +70,7 @@ def _check(dep: Any, proxy: MutatingProxy, out: Path) -> tuple[int, dict[str, An
     args += [a for u in dep.decode_urls for a in ("--decode-url", u)]
     # As tests/test_binary.py: the simulator runs no sglang code and does not expose its env, and its 8k
     # context is too short for the latency test, so doubt is opted out of; a failure still exits 1.
-    args += ["--trust-version", "--deferred-release-env", "--no-strict"]
+    args += ["--trust-version", "--deferred-release", "--no-strict"]
     res = runner.invoke(app, args)
     assert out.is_file(), res.output
     return res.exit_code, json.loads(out.read_text())

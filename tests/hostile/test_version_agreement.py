@@ -1,7 +1,7 @@
 """One answer for one version string (issue 20, confirmed case 3): `check` and `fixes` agree on every
 version string, `--no-strict` included; an unknown correctness state blocks in both.
 
-A real loopback worker reports each string in its /server_info; `fixes --version` judges the same
+A real loopback worker reports each string in its /server_info; `fixes --release` judges the same
 string. One function decides both (kvgate.catalogue.assess.correctness_verdict).
 """
 
@@ -49,7 +49,7 @@ def serve(srv: PayloadServer, version: str | None) -> None:
 
 def check(srv: PayloadServer, *args: str) -> tuple[int, dict[str, Any]]:
     res = runner.invoke(
-        app, ["check", "--quiet", "--prefill-url", srv.url, "--deferred-release-env", *args, "--format", "json"]
+        app, ["check", "--quiet", "--prefill-url", srv.url, "--deferred-release", *args, "--format", "json"]
     )
     return res.exit_code, json.loads(res.stdout)
 
@@ -65,7 +65,7 @@ def release(doc: dict[str, Any]) -> dict[str, Any]:
 
 def test_confirmed_case_3_no_strict_no_longer_passes_an_rc(server: PayloadServer) -> None:
     """Rebuilt from the issue: a worker reporting 0.5.22rc1 passed `check --no-strict` while
-    `fixes --version 0.5.22rc1 --no-strict` exits 3. Both exit 3 now, and say why."""
+    `fixes --release 0.5.22rc1 --no-strict` exits 3. Both exit 3 now, and say why."""
     serve(server, "0.5.22rc1")
     code, doc = check(server, "--no-strict")
     assert code == ExitStatus.INCONCLUSIVE
@@ -73,7 +73,7 @@ def test_confirmed_case_3_no_strict_no_longer_passes_an_rc(server: PayloadServer
     assert f["outcome"] == "inconclusive" and f["blocking"] and "unknown: ack-generations" in f["summary"]
     assert "0.5.22rc1" in f["summary"]
     assert "defenses.release" not in " ".join(doc["notes"])  # not listed among what --no-strict let through
-    assert fixes("--version", "0.5.22rc1", "--no-strict") == ExitStatus.INCONCLUSIVE
+    assert fixes("--release", "0.5.22rc1", "--no-strict") == ExitStatus.INCONCLUSIVE
     assert fixes("--url", server.url, "--no-strict") == ExitStatus.INCONCLUSIVE
 
 
@@ -83,7 +83,7 @@ def test_no_strict_still_lets_a_version_string_that_shows_every_fix_through(serv
     code, doc = check(server, "--no-strict")
     assert code == ExitStatus.PASSED
     assert not release(doc)["blocking"] and any("defenses.release" in n for n in doc["notes"])
-    assert fixes("--version", "0.5.22", "--no-strict") == ExitStatus.PASSED
+    assert fixes("--release", "0.5.22", "--no-strict") == ExitStatus.PASSED
 
 
 _RELEASES = st.builds(

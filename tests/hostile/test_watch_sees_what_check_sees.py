@@ -35,7 +35,7 @@ POOL = 40_960
 INTERVAL = 2
 GATE_S = 120.0  # a bound on a metadata-only gate on a busy machine (a wait, not an assertion)
 #: payload servers run no sglang code and probes are off: both said explicitly, as a pipeline would
-OPTS = ["--no-probes", "--trust-version", "--no-strict", "--deferred-release-env"]
+OPTS = ["--no-probes", "--trust-version", "--no-strict", "--deferred-release"]
 
 
 def prefill_routes(rank_pools: list[int], context: int = CONTEXT, **volatile: Any) -> dict[str, Route]:

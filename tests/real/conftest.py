@@ -14,7 +14,7 @@ attention shape). Starting a pair costs 60-90 s on two cores, so the default run
 ten pairs of `CI_SPECS`: one short and one healthy pair per release, chosen so that every value of every
 axis occurs and the healthy pairs cover every pair of values of mode x context x model (a pairwise
 set). `KVGATE_REAL_MATRIX=full` runs `full_specs()`: every healthy combination, 0.5.19's short pool in
-every mode, context and model, and the short pairs of the other releases (README.md says what it costs).
+every mode, context and model, and the short pairs of the other releases (docs/reference.md says what it costs).
 The healthy CI pairs load the late-write TEST hook into their workers (`_late_write.py`, for
 lifetime_race.py), inert until a test arms it; no other pair has it.
 """
@@ -166,7 +166,7 @@ class RealPair:
         """After a test altered the pair, restart every worker with its planned pool: the altered ones,
         and the others too, since a gate on the altered pair (a prefill pool under the context) may
         leave the real decode holding rejected streaming requests' pages for its 300 s waiting timeout
-        (README.md), and the next test would find it starved."""
+        (docs/reference.md), and the next test would find it starved."""
         if not self.altered:
             return
         dep = self.deployment

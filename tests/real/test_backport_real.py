@@ -98,7 +98,7 @@ def test_late_write_race_on_each_release_as_shipped(real_pair: RealPair) -> None
 def test_backported_0_5_20_pair_passes_check_at_the_defaults(tmp_path: Path) -> None:
     server_env_or_skip(SPEC.release)
     site = copy_site_packages(cpu_env(SPEC.release), tmp_path / "site-0.5.20").site_packages
-    applied = runner.invoke(app, ["backport", "--to", "v0.5.20", "--site-packages", str(site)])
+    applied = runner.invoke(app, ["backport", "--release", "v0.5.20", "--site-packages", str(site)])
     assert applied.exit_code == 0, applied.output
     modules = _patched_modules(site)
     assert len(modules) >= 6, modules

@@ -23,7 +23,7 @@ runner = CliRunner()
 def test_drill_on_real_0_5_19_blocks_and_names_the_served_request(tmp_path: Path) -> None:
     server_env_or_skip("0.5.19")
     out = tmp_path / "drill.json"
-    res = runner.invoke(app, ["drill", "--engine", "sglang", "--emulate", "0.5.19", "-q", "-f", "json", "-o", str(out)])
+    res = runner.invoke(app, ["drill", "--engine", "sglang", "--release", "0.5.19", "-q", "-f", "json", "-o", str(out)])
     report = json.loads(out.read_text())
     failed = {f["check"]: f["summary"] for f in report["findings"] if f["outcome"] == "failed"}
     assert res.exit_code == 1, res.output

@@ -1,4 +1,4 @@
-"""The README's real-server commands, exactly as shown, with what the text says of them (real tier).
+"""The real-server commands of the README and docs/usage.md, exactly as shown, with what the text says (real tier).
 
 tests/test_readme_drift.py checks that REAL_COMMANDS is every README command that needs the real server.
 A command another real test already runs with the same flags names that test instead of starting
@@ -20,16 +20,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
 HERE = Path(__file__).resolve().parent
 
-# command as README.md shows it -> (release, the exit codes the text gives it, the real test that runs it)
+# command as README.md or docs/ shows it -> (release, the exit codes the text gives it, the real test that runs it)
 REAL_COMMANDS: dict[str, tuple[str, tuple[int, ...], str | None]] = {
     # "The gate must fail (exit 1)"
-    "drill --engine sglang --emulate 0.5.19": (
+    "drill --engine sglang --release 0.5.19": (
         "0.5.19",
         (1,),
         "test_cli_real.py::test_drill_on_real_0_5_19_blocks_and_names_the_served_request",
     ),
     # "A healthy pool passes on 0.5.22 (exit 0)"
-    "drill --engine sglang --emulate 0.5.22 --prefill-pool 10240": ("0.5.22", (0,), None),
+    "drill --engine sglang --release 0.5.22 --prefill-pool 10240": ("0.5.22", (0,), None),
     # `up --gate` "exits with the gate's status": a healthy 0.5.22 pair passes at the defaults, no profile
     "up --device cpu --release 0.5.22 --context-length 8192 --prefill-pool 10240 --decode-pool 10240 --gate": (
         "0.5.22",

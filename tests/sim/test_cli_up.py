@@ -60,7 +60,7 @@ def _start(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[str], dict]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_sim_up_serves_and_tears_down_without_orphans(tmp_path: Path, sig: signal.Signals) -> None:
-    proc, urls = _start(tmp_path, "--emulate", "0.5.19", "--context-length", "4096", "--prefill-pool", "1024")
+    proc, urls = _start(tmp_path, "--release", "0.5.19", "--context-length", "4096", "--prefill-pool", "1024")
     try:
         assert set(urls) == {"router", "prefill", "decode"} and len(urls["prefill"]) == len(urls["decode"]) == 1
         kids = _children(proc.pid)
@@ -90,7 +90,7 @@ def test_sim_up_serves_and_tears_down_without_orphans(tmp_path: Path, sig: signa
 
 def test_sim_up_rejects_an_unknown_release(tmp_path: Path) -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "kvgate.cli", "sim", "up", "--emulate", "0.4.0"],
+        [sys.executable, "-m", "kvgate.cli", "sim", "up", "--release", "0.4.0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -108,7 +108,7 @@ def test_kvgate_help_does_not_import_torch_or_fastapi() -> None:
 
 def test_sim_up_killed_hard_leaves_no_orphans(tmp_path: Path) -> None:
     """SIGKILL gives `sim up` no chance to clean up: the children die with it (PR_SET_PDEATHSIG)."""
-    proc, _ = _start(tmp_path, "--emulate", "0.5.22")
+    proc, _ = _start(tmp_path, "--release", "0.5.22")
     kids = _children(proc.pid)
     assert len(kids) == 3
     proc.kill()

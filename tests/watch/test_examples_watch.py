@@ -98,7 +98,7 @@ def test_deployment_and_service_validate_against_the_kubernetes_schema() -> None
 
 
 def test_readme_watch_section_names_every_metric() -> None:
-    text = (ROOT / "README.md").read_text().split("## Watch", 1)[1].split("\n## ", 1)[0]
+    text = (ROOT / "docs" / "usage.md").read_text().split("## Watch", 1)[1].split("\n## ", 1)[0]
     named = set(re.findall(r"`(kvgate_\w+)", text))
     assert set(METRIC_NAMES) <= named | {n.removesuffix("_total") for n in named}, set(METRIC_NAMES) - named
     assert all(metric_exists(n) for n in named), sorted(n for n in named if not metric_exists(n))

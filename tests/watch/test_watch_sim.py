@@ -1,7 +1,7 @@
 """`kvgate watch` against the simulator (real worker processes behind the real router), as a real process.
 
 The simulated workers prefill at the observable speed; the full gates run with 4 canary tenants,
-`--trust-version` (the simulator runs no sglang code to read) and `--deferred-release-env` (what an
+`--trust-version` (the simulator runs no sglang code to read) and `--deferred-release` (what an
 operator of 0.5.22 states: its default is on), and the profile makes the long latency sample 2,000
 tokens: at the defaults the simulator's healthy release may come out inconclusive on the latency probe
 (issue 19), which would make a healthy verdict 3, not 0. The profile's `watch:` section sets the
@@ -51,7 +51,7 @@ def _args(router: str, tmp: Path) -> list[str]:
         "--profile",
         str(profile),
         "--trust-version",
-        "--deferred-release-env",
+        "--deferred-release",
         "--tenants",
         "4",
     ]

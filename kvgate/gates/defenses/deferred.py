@@ -80,7 +80,7 @@ def check_deferred(n: DefenseInputs, operator_env: bool | None) -> Finding:
             "deferred decode KV release: the effective env is unknown (no CLI flag, not in server_info)",
             *ev,
             remedy="start workers with SGLANG_EXPOSE_OWN_ENV_VARS=1, or state the value with "
-            "--deferred-release-env / --no-deferred-release-env "
+            "--deferred-release / --no-deferred-release "
             "(profile: defenses.deferred_release_env)",
         )
     if on is False:
