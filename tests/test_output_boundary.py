@@ -60,6 +60,7 @@ NOT_OUTPUT: dict[tuple[str, str], tuple[int, str]] = {
     ("kvgate/sim/transfer.py", "writer.write"): (2, "the simulated KV transfer between simulated workers"),
     ("tools/binary_main.py", "sys.stderr.write"): (1, "the launcher's fixed too-old-Python line, before kvgate"),
     ("tools/build_binary.py", "print"): (1, "build tool: the built file's path and size"),
+    ("tools/busy_run.py", "print"): (2, "test tool: its own run lines (status, wall time, load), no server text"),
     ("tools/build_binary.py", "raw.write"): (1, "build tool: the binary's shebang"),
 }
 for _i in ("config.json", "generation_config.json", "special_tokens_map.json", "tokenizer_config.json"):

@@ -44,7 +44,7 @@ class _SimUpCommand(TyperCommand):
                 value = rest.pop(0)
             if value in _OLD_DEFERRED:
                 flag = _OLD_DEFERRED[value]
-                typer.echo(
+                sinks.echo(
                     f"kvgate: warning: --deferred-release {value} is deprecated; use {flag or 'neither flag'}", err=True
                 )
                 new += [flag] if flag else []
@@ -130,7 +130,7 @@ def up(
     if release is not None and emulate_old is not None:
         raise UsageError("--emulate is the deprecated spelling of --release: give --release only")
     if emulate_old is not None:
-        typer.echo("kvgate: warning: --emulate is deprecated; use --release", err=True)
+        sinks.echo("kvgate: warning: --emulate is deprecated; use --release", err=True)
     emulate = release or emulate_old or "0.5.20"
     if emulate not in RELEASES:
         raise UsageError(f"--release {emulate!r}: choose one of {', '.join(RELEASES)}")
