@@ -8,6 +8,9 @@ time), the calibration sees none of it, and the probe must still cancel one in f
 gives only from its transfer queue ("Decode transfer failed ... Aborted by AbortReq."), acknowledged by
 the decode's /abort_request. The probe runs as `kvgate check` runs it (calibration, plan, tries), through
 the real router, on the healthy pairs.
+
+The file's name sorts it after test_verdicts.py: a pair's tests run in file order, and the late-write
+race (test_backport_real.py) must be a healthy pair's first test, on fresh pools.
 """
 
 from __future__ import annotations
