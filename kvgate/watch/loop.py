@@ -107,6 +107,7 @@ class Watcher:
         self.judged: FleetView | None = None  # the fleet as the last full gate judged it
         self.probes: ScheduledProbes | None = None
         self.probes_note = "no full gate yet"
+        self._probe_problem: str | None = None  # why the last scheduled probe was not served
         self.pending: str | None = "start"
         # Why the last report no longer describes the fleet (a change or a leak seen since), until the
         # gate that re-judges it ends: /verdict is then 503, however the last report came out.
@@ -327,6 +328,9 @@ class Watcher:
                 self.metrics.durations.labels(out.bucket).observe(out.seconds)
             else:
                 self.metrics.failures.labels(out.bucket).inc()
+                if out.problem != self._probe_problem:  # say why once, not every probe
+                    self.log(f"scheduled {out.bucket} probe not served: {out.problem}")
+            self._probe_problem = out.problem
             if out.leaks:
                 self.metrics.leaks.inc(len(out.leaks))
                 self.log(f"LEAK: a scheduled probe's answer carries foreign sentinels: {list(out.leaks)[:3]}")
