@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from kvgate.check import run_check
+from kvgate.defaults import DEFAULT_CONCURRENCY
 from kvgate.gates.base import CheckOptions
 from kvgate.progress import StepHandle
 from tests.assets import sglang_payloads as P
@@ -47,5 +48,5 @@ def test_the_fleet_read_reports_n_of_m(payload_server: Callable[..., PayloadServ
     urls.append("http://127.0.0.1:9")  # an unreachable one counts as done too
     rec = Recorder()
     run_check(CheckOptions(decode_urls=tuple(urls), timeout=2.0), observer=rec)
-    assert rec.steps == [("reading metadata of 6 worker(s), 64 at a time", 6)]
+    assert rec.steps == [(f"reading metadata of 6 worker(s), {DEFAULT_CONCURRENCY} at a time", 6)]
     assert rec.advanced == 6

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.admission import AdmissionLimits, max_req_input_len
-from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
+from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.target import NodeReading
 
@@ -124,8 +124,10 @@ def check_node(reading: NodeReading, expected_role: str, advertised: int | None,
 
     for p in reading.problems:
         if p.number:
+            # A failure, not an error: the worker answered, and what it said proves nothing (exit 4 is
+            # for a target kvgate could not read).
             out.append(
-                error(
+                failed(
                     GATE,
                     "number",
                     node,
