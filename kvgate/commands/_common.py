@@ -305,7 +305,9 @@ def _metavar(param: Any) -> str | None:
     for key, metavar in _METAVAR_BY_NAME:
         if key in opt:
             return metavar
-    desc = param.type_descriptor  # typer's own reading of the annotation (typer vendors click)
+    desc = getattr(param, "type_descriptor", None)  # typer's own reading of the annotation (typer vendors click)
+    if desc is None:  # typer before 0.29 (the single file pins 0.28): read click's parameter type instead
+        return _metavar_from_click(param, opt)
     if desc.choices:
         return "|".join(str(getattr(c, "value", c)) for c in desc.choices)
     ann = desc.annotation
@@ -336,6 +338,22 @@ def _default_said(param: Any) -> None:
         )
     param.help = help_text
     param.show_default = False
+
+
+def _metavar_from_click(param: Any, opt: str) -> str:
+    """The same placeholder, from click's ParamType (typer < 0.29 has no type descriptor)."""
+    kind = getattr(param, "type", None)
+    choices = getattr(kind, "choices", None)
+    if choices:
+        return "|".join(str(getattr(c, "value", c)) for c in choices)
+    name = type(kind).__name__
+    if name == "Path" or opt.endswith(("dir", "baseline", "config", "output", "anchor", "packages")):
+        return "PATH"
+    if name in ("IntParamType", "IntRange"):
+        return "N"
+    if name in ("FloatParamType", "FloatRange"):
+        return "X"
+    return "TEXT"
 
 
 def one_vocabulary(cmd: Any) -> None:
