@@ -174,6 +174,34 @@ class _CappedBody(httpx.SyncByteStream):
         self._inner.close()
 
 
+#: Most connections open at once; idle ones are all kept (see `_Pool`).
+MAX_CONNECTIONS = 100
+#: An idle connection is reused within this long, well inside the common server idle timeouts (uvicorn,
+#: which SGLang serves with, closes one after 5 s: reusing one at that moment fails the request).
+KEEPALIVE_EXPIRY_S = 2.0
+
+
+class _Pool(httpcore.ConnectionPool):
+    """httpcore's pool, but a connection it retires is closed while the pool's lock is still held.
+
+    httpcore 1.0 retires connections (keep-alive expired, or more idle ones than it keeps) under its lock
+    and closes them after releasing it. A connection it had just handed to another thread, still idle
+    because that thread had not started on it, can thus be closed under that thread's request: the
+    request fails with `ReadError: [Errno 9] Bad file descriptor`. Under load on a shared CI host that
+    happened to a real pair's first `pool_limit` probe (nothing observed, exit 3). Closed under the lock,
+    the connection is already closed when the other thread starts, which httpcore answers by taking
+    another connection. Keeping every idle connection (max_keepalive = max_connections) also keeps its
+    surplus rule, which counts all connections rather than the idle ones, from retiring busy pools' idle
+    connections at all.
+    """
+
+    def _assign_requests_to_connections(self) -> list[httpcore.ConnectionInterface]:
+        retired = super()._assign_requests_to_connections()
+        for connection in retired:
+            connection.close()  # plain socket closes: quick, and no other lock is taken
+        return []
+
+
 class BoundedTransport(httpx.BaseTransport):
     """HTTP/1.1 over httpcore with a whole-exchange deadline (the request's read timeout) and a body cap."""
 
@@ -181,11 +209,11 @@ class BoundedTransport(httpx.BaseTransport):
         self.body_cap = body_cap
         self._inner = httpx.HTTPTransport(verify=verify)
         # httpx builds its pool with httpcore's default backend; this one clamps every socket wait.
-        self._inner._pool = httpcore.ConnectionPool(
+        self._inner._pool = _Pool(
             ssl_context=verify,
-            max_connections=100,
-            max_keepalive_connections=20,
-            keepalive_expiry=5.0,
+            max_connections=MAX_CONNECTIONS,
+            max_keepalive_connections=MAX_CONNECTIONS,
+            keepalive_expiry=KEEPALIVE_EXPIRY_S,
             network_backend=_Backend(),
         )
 

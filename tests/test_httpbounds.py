@@ -1,0 +1,142 @@
+"""The bounded client's connection pool under threads: a connection retired while another thread holds it.
+
+The race is staged by events, not by timing: one thread is paused after the pool handed it an idle
+connection; that connection then counts as expired and a second request retires it. httpcore 1.0 closes
+retired connections after releasing its lock, so the first thread could start on the connection before
+the close landed and fail with EBADF. kvgate's pool closes them under the lock; the first thread then
+finds the connection closed and takes another one. Every wait has a safety deadline naming what it
+awaited.
+"""
+
+from __future__ import annotations
+
+import http.server
+import socketserver
+import ssl
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpcore
+import pytest
+
+from kvgate.httpbounds import bounded_client
+
+SAFETY_S = 30.0  # outer net only: each staged step takes milliseconds
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, so connections are pooled and reused
+    barrier: threading.Barrier | None = None  # when set, each answer waits until all parties arrived
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        if self.barrier is not None:
+            self.barrier.wait()
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    srv = _Server(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/generate"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _wait(event: threading.Event, what: str) -> None:
+    if not event.wait(SAFETY_S):
+        raise AssertionError(f"staging: {what} did not happen within {SAFETY_S:g} s")
+
+
+def test_a_connection_retired_while_a_thread_holds_it_is_never_closed_under_its_request(url: str) -> None:
+    client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
+    pool = client._transport._inner._pool  # type: ignore[attr-defined]
+    assert client.post(url, content=b"{}").status_code == 200  # one idle connection, X
+    [x] = pool.connections
+    expired = threading.Event()  # once set, X counts as keep-alive expired
+    x_has_expired = x.has_expired
+    x.has_expired = lambda: expired.is_set() or x_has_expired()
+
+    handed = threading.Event()  # the first thread holds X and has not started on it
+    resume = threading.Event()
+    started = threading.Event()  # the first thread set X active (past httpcore's idle check)
+    x_handle = x.handle_request
+
+    def hold_then_handle(request: httpcore.Request) -> httpcore.Response:
+        if not handed.is_set():
+            handed.set()
+            _wait(resume, "the second request's retiring of X")
+        started.set()
+        return x_handle(request)
+
+    x.handle_request = hold_then_handle
+
+    # Where httpcore closes retired connections after its lock: hold that close until the first thread
+    # has started on X, the interleaving that failed with EBADF. kvgate's pool passes nothing here.
+    close_after_lock = pool._close_connections
+    late_closes: list[object] = []
+
+    def hold_late_close(closing: list[Any]) -> None:
+        if x in closing:
+            late_closes.append(x)
+            resume.set()
+            _wait(started, "the first thread starting on X")
+        close_after_lock(closing)
+
+    pool._close_connections = hold_late_close
+
+    first: dict[str, Any] = {}
+
+    def send_first() -> None:
+        try:
+            first["status"] = client.post(url, content=b"{}").status_code
+        except Exception as exc:  # noqa: BLE001 (the assertion below names it)
+            first["error"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=send_first, daemon=True)
+    t.start()
+    _wait(handed, "the pool handing X to the first thread")
+    expired.set()
+    second = client.post(url, content=b"{}")  # its pool pass retires X
+    resume.set()
+    t.join(SAFETY_S)
+    assert not t.is_alive(), "the first request did not end"
+    assert second.status_code == 200
+    assert first == {"status": 200}, first
+    assert late_closes == [], "a retired connection was closed after the pool's lock was released"
+    assert x.is_closed()
+    client.close()
+
+
+def test_idle_connections_are_kept_however_many_are_open(url: str) -> None:
+    """httpcore's surplus rule counts every connection, not the idle ones: with more than its
+    max_keepalive open, it retired idle connections other threads had just been handed. 30 requests
+    held in flight together (each answered once all 30 arrived) leave 30 idle connections, none retired."""
+    n = 30
+    _Handler.barrier = threading.Barrier(n, timeout=SAFETY_S)
+    try:
+        client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
+        with ThreadPoolExecutor(n) as pool:
+            codes = list(pool.map(lambda _: client.post(url, content=b"{}").status_code, range(n)))
+        assert codes == [200] * n
+        conns = client._transport._inner._pool.connections  # type: ignore[attr-defined]
+        assert len(conns) == n and all(c.is_idle() for c in conns), [repr(c) for c in conns]
+        client.close()
+    finally:
+        _Handler.barrier = None
