@@ -63,6 +63,11 @@ WINDOW_NOISE = 10.0
 MIN_WINDOW_S = 0.02
 #: However large the budget, at most this many tries per wanted cancel (bounds the wall time).
 TRIES_PER_ATTEMPT = 8
+#: However small the budget, room for this many tries: the first cancel is a guess, the next ones bisect
+#: what it showed. A small context's 5% share (409 tokens at 8k) held one try of the smallest victim
+#: (16 pages and its canaries: 512 tokens at page 16) where the floor came out small, and a loaded CI
+#: host's sim 0.5.22 at `sim up` defaults, its one guess missed, was inconclusive.
+MIN_TRIES = 4
 #: Share of a one-page round trip spent before the decode knows a request / after its KV arrived.
 _LEAD = 0.3
 
@@ -113,16 +118,21 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
     victim = min(victim, limits.longest_accepted)
     canaries = settings.abort_canaries
     budget = cal.budget_tokens(settings.abort_budget, limits.context, settings.budget_floor_s)
-    if settings.abort_tokens is None and victim + _canary_tokens(victim, page, canaries, limits) * canaries > budget:
-        # One try must fit the budget: a shorter victim (a shorter window than the noise asks for), never a
-        # try past it. A 1M context whose calibration saw no slope once sized the victim at the whole
-        # context, and its one try cost two context-length prefills. (Below the floor's cap this never
+    if (
+        settings.abort_tokens is None
+        and MIN_TRIES * (victim + _canary_tokens(victim, page, canaries, limits) * canaries) > budget
+    ):
+        # MIN_TRIES tries must fit the budget: a shorter victim (a shorter window than the noise asks for),
+        # never tries past it. A 1M context whose calibration saw no slope once sized the victim at the
+        # whole context, and its one try cost two context-length prefills. (Below the floor's cap this never
         # shortens a victim: the floor, at least 100 noise units of prefill, holds 5 tries of a 10-unit one.)
-        victim = max(16 * page, min(victim, (budget - canaries) // 2))
-        limited.append(f"the budget ({budget:,} tokens for one try)")
+        victim = max(16 * page, min(victim, (budget // MIN_TRIES - canaries) // 2))
+        limited.append(f"the budget ({budget:,} tokens for {MIN_TRIES} tries)")
     per = _canary_tokens(victim, page, canaries, limits)
     per_try = victim + per * canaries
     cap = TRIES_PER_ATTEMPT * settings.abort_attempts
+    if settings.abort_tokens is None:
+        budget = max(budget, MIN_TRIES * per_try)  # the smallest victim's tries, however small the share
     if settings.abort_tokens is None and victim >= limits.longest_accepted:
         # The victim is the whole context (a small one, against the floor): room for the tries the calibrated
         # window may need, up to ROOM_CAP_TOKENS, spent only as tries miss.

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
-from kvgate.gates.probes.abort import WINDOW_NOISE, plan_abort
+from kvgate.gates.probes.abort import MIN_TRIES, WINDOW_NOISE, plan_abort
 from kvgate.gates.probes.calibrate import MIN_EFFECT_S, Calibration
 from kvgate.gates.probes.latency import EFFECT_NOISE, plan_latency
 from kvgate.gates.probes.plan import ProbeLimits
@@ -366,9 +366,24 @@ def test_a_1m_context_whose_calibration_saw_no_slope_keeps_each_first_try_within
     settings = ProbeSettings()
     base = cal.budget_tokens(settings.abort_budget, big.context, settings.budget_floor_s)
     abort = plan_abort(cal, big, settings)
-    assert abort.per_try_tokens <= base < big.longest_accepted
-    assert abort.limited_by is not None and f"the budget ({base:,} tokens for one try)" in abort.limited_by
+    assert MIN_TRIES * abort.per_try_tokens <= base < big.longest_accepted
+    assert abort.max_tries >= MIN_TRIES
+    assert abort.limited_by is not None and f"the budget ({base:,} tokens for {MIN_TRIES} tries)" in abort.limited_by
     latency = plan_latency(cal, big, settings)
     assert latency.samples * latency.long_tokens <= max(FLOOR_CAP_TOKENS, base)
     # a profile's abort_tokens is run as given
     assert plan_abort(cal, big, ProbeSettings(abort_tokens=200_000)).victim_tokens == 200_000
+
+
+def test_a_small_share_still_holds_a_search_not_one_guess() -> None:
+    """A slow-looking calibration at an 8k context: the floor (1 s of prefill) is 200 tokens and the 5%
+    share 409, less than two tries of the smallest victim (16 pages and its canaries, 512 tokens). The
+    plan held one try, a guess, and a loaded CI host's sim 0.5.22 missed it (exit 3). The smallest
+    victim's MIN_TRIES tries now always fit; the budget still sizes everything above them."""
+    cal = Calibration(16, 0.05, 0.002, ((128, 0.6), (512, 2.5)), 5e-3, True, 12, ())
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    settings = ProbeSettings()
+    assert cal.budget_tokens(settings.abort_budget, lim.context, settings.budget_floor_s) == 409
+    plan = plan_abort(cal, lim, settings)
+    assert plan.victim_tokens == 16 * lim.page_size
+    assert plan.max_tries == MIN_TRIES and plan.budget_tokens == MIN_TRIES * plan.per_try_tokens, plan
