@@ -153,10 +153,20 @@ def judge(got: list[tuple[Golden, ProbeResult]], margin: float) -> BurstResult:
         judged += g.ref.judged
         diff = g.ref.changed(now.ids)
         if diff:
+            donor = next(
+                (
+                    o.prompt.label
+                    for o, _ in got
+                    if o is not g
+                    and all(j < len(now.ids) and j < len(o.ref.ids) and now.ids[j] == o.ref.ids[j] for j in diff)
+                ),
+                None,
+            )
+            whose = f" (the tokens of {donor} alone: {donor} is the donor)" if donor else ""
             violations.append(
                 (
                     CHANGED_TOKEN,
-                    f"{g.prompt.label}: confident positions {diff[:6]} changed: got {list(now.ids[:8])}, "
+                    f"{g.prompt.label}: confident positions {diff[:6]} changed{whose}: got {list(now.ids[:8])}, "
                     f"alone {list(g.ref.ids[:8])}",
                 )
             )
