@@ -57,6 +57,21 @@ class TrafficBudget:
             self.peak_tokens = max(self.peak_tokens, used + tokens)
             return True
 
+    def try_spend_all(self, tokens: list[int]) -> bool:
+        """Charge a burst of requests (one per entry) only if the window has room for all of them."""
+        with self._lock:
+            now = self.clock()
+            n, used = self._window(now)
+            if n + len(tokens) > self.requests_per_min or used + sum(tokens) > self.prefill_tokens_per_min:
+                self.refused_total += 1
+                return False
+            self._events.extend((now, t) for t in tokens)
+            self.requests_total += len(tokens)
+            self.prefill_tokens_total += sum(tokens)
+            self.peak_requests = max(self.peak_requests, n + len(tokens))
+            self.peak_tokens = max(self.peak_tokens, used + sum(tokens))
+            return True
+
     def per_interval(self, interval_s: float) -> int:
         """Requests one interval may plan: the minute's share, at least one when any is allowed."""
         if self.requests_per_min <= 0:

@@ -27,10 +27,12 @@ from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats.json_report import JsonFormatter
 from kvgate.gates.base import CheckOptions, GateContext
 from kvgate.gates.probes.codec_select import select_codec
-from kvgate.gates.probes.plan import limits_from_readings
+from kvgate.gates.probes.plan import ProbeLimits, limits_from_readings
+from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.httpbounds import bounded_client
 from kvgate.target import DECODE, PREFILL, NodeReading
+from kvgate.watch import isolation
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer
 from kvgate.watch.fleetpass import Change, FleetSnapshot, FleetView, changes, read_fleet, view_of
@@ -108,6 +110,13 @@ class Watcher:
         self.probes: ScheduledProbes | None = None
         self.probes_note = "no full gate yet"
         self._probe_problem: str | None = None  # why the last scheduled probe was not served
+        # The golden set of the last passed gate (isolation.py), and the violation it saw: it stays in
+        # the report (/verdict 503) until a gate that a fleet change triggered passes, or the watch restarts.
+        self.isolation: isolation.IsolationWatch | None = None
+        self.isolation_finding: Finding | None = None
+        self.isolation_note = "no full gate yet"
+        self.isolation_every = isolation.burst_every(settings.requests_per_min, settings.interval_s)
+        self.isolation_since = 0  # the interval the golden set was recorded in
         self.pending: str | None = "start"
         # Why the last report no longer describes the fleet (a change or a leak seen since), until the
         # gate that re-judges it ends: /verdict is then 503, however the last report came out.
@@ -155,7 +164,9 @@ class Watcher:
             )
         age = time.time() - at
         status = report.exit_status
-        if self.superseded is not None:
+        if self.isolation_finding is not None:
+            reason = f"isolation under load failed after the gate passed: {self.isolation_finding.summary}"
+        elif self.superseded is not None:
             reason = f"re-gating: {self.superseded}; the last full gate ({status.name.lower()}) predates it"
         elif status is not ExitStatus.PASSED:
             reason = f"the last full gate did not pass: {status.name.lower()} (exit {int(status)})"
@@ -211,6 +222,7 @@ class Watcher:
                 self.pending = "schedule"
         if self.pending is not None:
             self.full_gate(self.pending)
+        self.run_isolation()
         self.run_probes(stop, end)
         if self.pending == "leak":  # a foreign sentinel in a probe's answer: re-gate now, not next interval
             self.full_gate("leak")
@@ -268,6 +280,12 @@ class Watcher:
         finally:
             self.in_gate = False
         report = replace(report, command="watch")
+        if self.isolation_finding is not None:
+            if reason == "change" and report.exit_status is ExitStatus.PASSED:
+                self.log("isolation: the changed fleet passed a full gate; the golden set is recorded again")
+                self.isolation_finding = None
+            else:
+                report = replace(report, findings=(*report.findings, self.isolation_finding))
         self.report, self.report_time, self.superseded = report, time.time(), None
         self.metrics.set_report(report)
         self.metrics.full_gates.labels(reason=reason).inc()
@@ -283,6 +301,7 @@ class Watcher:
 
     def _plan_probes(self, readings: Sequence[NodeReading]) -> None:
         self.probes = None
+        self.isolation = None
         if not self.options.probes_enabled:
             self.probes_note = "probes are off (--no-probes)"
             return
@@ -296,6 +315,7 @@ class Watcher:
             self.probes_note = f"sentinels cannot be encoded ({how})"
             self.log(f"scheduled probes paused: {self.probes_note}")
             return
+        self._record_golden(limits, codec)
         probes = ScheduledProbes(self.http, self.router, limits, codec, self.probe_settings, self.budget)
         if not probes.enabled:
             self.probes_note = probes.why_disabled
@@ -303,6 +323,61 @@ class Watcher:
             return
         self.probes = probes
         self.probes_note = f"one-page {probes.one_page} and long {probes.long:,} tokens"
+
+    def _record_golden(self, limits: ProbeLimits, codec: TokenCodec) -> None:
+        """After a passed gate (with the load probe on and no violation standing): a new golden set."""
+        if not self.probe_settings.load_probe:
+            self.isolation_note = "probes.load_probe is off"
+            return
+        if not self.isolation_every:
+            self.isolation_note = (
+                f"a burst of {isolation.GOLDEN} requests does not fit watch.requests_per_min "
+                f"({self.settings.requests_per_min}): raise it to check isolation under load"
+            )
+            self.log(f"isolation golden set not recorded: {self.isolation_note}")
+            return
+        if self.isolation_finding is not None or self.report is None:
+            return
+        if self.report.exit_status is not ExitStatus.PASSED:
+            self.isolation_note = "the last full gate did not pass: no golden set"
+            return
+        iso = isolation.IsolationWatch(self.http, self.router, limits, codec, self.probe_settings, self.budget)
+        why = iso.record()
+        if why is not None:
+            self.isolation_note = why
+            self.log(f"isolation golden set not recorded: {why}")
+            return
+        self.isolation, self.isolation_since = iso, self.intervals
+        self.metrics.isolation_confident.set(iso.confident)
+        self.isolation_note = f"{len(iso.golden)} golden prompts, {iso.confident} confident positions"
+        self.log(f"isolation golden set recorded: {self.isolation_note}")
+
+    def run_isolation(self) -> None:
+        """This interval's golden-set burst, when the budget affords all of it."""
+        iso = self.isolation
+        if iso is None or self.isolation_finding is not None:
+            return
+        if (self.intervals - self.isolation_since) % self.isolation_every:
+            return
+        out = iso.burst()
+        if not out.sent:
+            self.metrics.skipped.labels(reason=f"isolation burst: {out.problem or '?'}").inc()
+            return
+        self.metrics.isolation_bursts.inc()
+        self.metrics.peak_requests.set(self.budget.peak_requests)
+        self.metrics.peak_tokens.set(self.budget.peak_tokens)
+        if not out.violations:
+            self.metrics.isolation_ok.set(1)
+            return
+        for kind, _line in out.violations:
+            self.metrics.isolation_violations.labels(kind=kind).inc()
+        self.metrics.isolation_ok.set(0)
+        found = isolation.finding(out, len(iso.golden))
+        self.isolation_finding = found
+        self.log(f"ISOLATION: {found.summary}")
+        if self.report is not None:
+            self.report = replace(self.report, findings=(*self.report.findings, found))
+            self.metrics.set_report(self.report)
 
     def run_probes(self, stop: threading.Event, end: float) -> None:
         """This interval's share of the budget, one probe per slot, slots spread evenly until `end`."""

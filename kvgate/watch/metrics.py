@@ -51,6 +51,10 @@ METRIC_NAMES = (
     "kvgate_budget_window_prefill_tokens",
     "kvgate_budget_peak_window_requests",
     "kvgate_budget_peak_window_prefill_tokens",
+    "kvgate_isolation_ok",
+    "kvgate_isolation_violations_total",
+    "kvgate_isolation_bursts_total",
+    "kvgate_isolation_confident_positions",
 )
 
 
@@ -127,6 +131,28 @@ class WatchMetrics:
         self.peak_tokens = Gauge(
             "kvgate_budget_peak_window_prefill_tokens",
             "Most probe prompt tokens sent in any one window so far",
+            registry=r,
+        )
+
+        self.isolation_ok = Gauge(
+            "kvgate_isolation_ok",
+            "Golden set sent together after the passed gate: 1 every burst kept its confident tokens, "
+            "0 a corruption abort or a changed confident token was seen, -1 no golden set yet",
+            registry=r,
+        )
+        self.isolation_ok.set(-1)
+        self.isolation_violations = Counter(
+            "kvgate_isolation_violations",
+            "Golden-set answers under load that aborted as corruption or changed a confident token",
+            ["kind"],
+            registry=r,
+        )
+        self.isolation_bursts = Counter(
+            "kvgate_isolation_bursts", "Golden-set bursts sent (all prompts at once)", registry=r
+        )
+        self.isolation_confident = Gauge(
+            "kvgate_isolation_confident_positions",
+            "Confident token positions of the golden set (0: only corruption aborts are judged)",
             registry=r,
         )
 

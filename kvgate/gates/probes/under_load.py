@@ -134,7 +134,7 @@ def plan_load(limits: ProbeLimits, settings: ProbeSettings, readings: Sequence[N
     return Plan(short, long, copies, settings.load_waves, short_len, long_len, limit)
 
 
-def _prompt(sender: Sender, label: str, first: str, length: int, new_tokens: int, limits: ProbeLimits) -> Prompt:
+def load_prompt(sender: Sender, label: str, first: str, length: int, new_tokens: int, limits: ProbeLimits) -> Prompt:
     """A prompt of exactly `length` ids: one line of its own (a distinct first character, random text)
     repeated. Distinct lines give distinct answers on any model, and distinct first tokens on most."""
     line = f"{first}{secrets.token_hex(6)} under load\n"
@@ -143,7 +143,7 @@ def _prompt(sender: Sender, label: str, first: str, length: int, new_tokens: int
     return Prompt(label, ids, max_new_tokens_for(limits, length, new_tokens))
 
 
-def _corruption(res: ProbeResult) -> str | None:
+def corruption_message(res: ProbeResult) -> str | None:
     """The corruption message in an answer (its body, or its abort finish_reason), clipped."""
     fr = res.finish_abort
     texts = [res.raw, str(fr.get("message", "")) if fr else ""]
@@ -173,12 +173,13 @@ def run_load(
     exact = deterministic(readings)
     n = settings.load_new_tokens
     distinct = [
-        _prompt(sender, f"short{i:02d}", _FIRST[i % len(_FIRST)], plan.short_len, n, limits) for i in range(plan.short)
+        load_prompt(sender, f"short{i:02d}", _FIRST[i % len(_FIRST)], plan.short_len, n, limits)
+        for i in range(plan.short)
     ] + [
-        _prompt(sender, f"long{i:02d}", _FIRST[(plan.short + i) % len(_FIRST)], plan.long_len, n, limits)
+        load_prompt(sender, f"long{i:02d}", _FIRST[(plan.short + i) % len(_FIRST)], plan.long_len, n, limits)
         for i in range(plan.long)
     ]
-    control = _prompt(sender, "control", "~", plan.short_len, n, limits)
+    control = load_prompt(sender, "control", "~", plan.short_len, n, limits)
 
     def send(p: Prompt, phase: str) -> ProbeResult:
         return sender.send_ids(f"load-{p.label}", p.ids, p.max_new_tokens, phase, top_logprobs=TOP_N)
@@ -227,7 +228,7 @@ def _judge(
     for w, wave in enumerate(waves):
         for p, res in wave:
             where = f"{p.label} [wave {w + 1}]"
-            msg = _corruption(res)
+            msg = corruption_message(res)
             if msg is not None:
                 corrupt.append(f"{where}: HTTP {res.status}: {msg}")
                 continue

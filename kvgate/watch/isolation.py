@@ -1,0 +1,192 @@
+"""Isolation under load after promotion: a golden set recorded when the gate passes, asked again together.
+
+When a full gate passes, the watch records a golden set: `GOLDEN` distinct short prompts of
+`probes.isolation.load`'s shape, each answered alone (greedy, top-2 logprobs) right after the pass,
+and their confident positions (margin.py, the gate's own rule). Each interval, when the traffic budget
+affords the whole burst, all of them are sent at once, so every request shares the decode with at
+least `GOLDEN - 1` others (the faults of sglang #17259/#22716/#24527 strike only then). A corruption
+abort (the #17430 room check's message) or a changed confident token is a violation; nothing else is
+(shed or late answers are not judged, and a token the model was not confident of alone is never
+compared, so batch noise cannot flip it).
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+
+from kvgate.findings import Evidence, Finding, failed
+from kvgate.gates.probes.canary import Sender
+from kvgate.gates.probes.client import GenerateClient, ProbeResult
+from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.margin import TOP_N, Scored, score
+from kvgate.gates.probes.plan import ProbeLimits
+from kvgate.gates.probes.sentinels import TokenCodec
+from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.gates.probes.under_load import (
+    CHECK,
+    GATE,
+    REMEDY_CORRUPTION,
+    SHORT_TOKENS,
+    UPSTREAM,
+    Prompt,
+    corruption_message,
+    load_prompt,
+)
+from kvgate.progress import NullObserver
+from kvgate.watch.budget import TrafficBudget
+
+#: prompts of the golden set, all sent at once: each request shares the decode with 5 others (the
+#: simulated faults, like the upstream races, need 3 or more in the decode)
+GOLDEN = 6
+#: the node a watch finding names
+NODE = "watch (golden set)"
+CORRUPTION_ABORT, CHANGED_TOKEN = "corruption_abort", "changed_token"
+#: the share of the request budget the bursts may take (the scheduled probes keep the rest)
+BURST_SHARE = 0.5
+
+
+def burst_every(requests_per_min: int, interval_s: float) -> int:
+    """Intervals between bursts so that they take at most BURST_SHARE of the request budget (0: never,
+    the budget is smaller than one burst)."""
+    if requests_per_min < GOLDEN:
+        return 0
+    per_min = BURST_SHARE * requests_per_min / GOLDEN
+    return max(1, math.ceil(60.0 / (interval_s * per_min)))
+
+
+@dataclass(frozen=True)
+class Golden:
+    """One prompt of the golden set and its solo answer (confident positions marked)."""
+
+    prompt: Prompt
+    ref: Scored
+
+
+@dataclass(frozen=True)
+class BurstResult:
+    """One burst: sent or not, what it judged, and any violation (kind, line) seen."""
+
+    sent: bool
+    judged: int = 0
+    unanswered: int = 0
+    violations: tuple[tuple[str, str], ...] = ()
+    problem: str | None = None
+
+
+class IsolationWatch:
+    """The golden set of one passed gate and its bursts (one caller: the watch loop)."""
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        router: str,
+        limits: ProbeLimits,
+        codec: TokenCodec,
+        settings: ProbeSettings,
+        budget: TrafficBudget,
+    ) -> None:
+        self.settings = settings
+        self.budget = budget
+        self.limits = limits
+        self.sender = Sender(
+            GenerateClient(http, router.rstrip("/"), settings.deadline_s),
+            codec,
+            CostMeter(context=limits.context),
+            NullObserver(),
+        )
+        self.length = min(SHORT_TOKENS, limits.longest_accepted)
+        self.golden: list[Golden] = []
+
+    def _send(self, p: Prompt, phase: str) -> ProbeResult:
+        return self.sender.send_ids(f"golden-{p.label}", p.ids, p.max_new_tokens, phase, top_logprobs=TOP_N)
+
+    def record(self) -> str | None:
+        """Record the golden set, one prompt at a time; None when recorded, else why not."""
+        if not self.budget.try_spend_all([self.length] * GOLDEN):
+            return "the traffic budget cannot afford recording the golden set now"
+        n = self.settings.load_new_tokens
+        prompts = [load_prompt(self.sender, f"g{i}", "ABCDEFGH"[i], self.length, n, self.limits) for i in range(GOLDEN)]
+        golden: list[Golden] = []
+        for p in prompts:
+            res = self._send(p, "watch-golden")
+            sc = score(res, self.settings.logprob_margin) if res.served and corruption_message(res) is None else None
+            if sc is not None:
+                golden.append(Golden(p, sc))
+        if len(golden) < GOLDEN:
+            return f"{GOLDEN - len(golden)} of {GOLDEN} golden prompts got no usable answer alone"
+        self.golden = golden
+        return None
+
+    @property
+    def confident(self) -> int:
+        return sum(g.ref.judged for g in self.golden)
+
+    def burst(self) -> BurstResult:
+        """Ask the golden set again, all at once, if the budget affords the whole burst."""
+        if not self.golden:
+            return BurstResult(False, problem="no golden set")
+        if not self.budget.try_spend_all([len(g.prompt.ids) for g in self.golden]):
+            return BurstResult(False, problem="over budget")
+        with ThreadPoolExecutor(max_workers=len(self.golden)) as pool:
+            futs = [pool.submit(self._send, g.prompt, "watch-burst") for g in self.golden]
+            got = [(g, f.result()) for g, f in zip(self.golden, futs, strict=True)]
+        return judge(got, self.settings.logprob_margin)
+
+
+def judge(got: list[tuple[Golden, ProbeResult]], margin: float) -> BurstResult:
+    """A corruption abort or a changed confident token is a violation; an unanswered request is not judged."""
+    violations: list[tuple[str, str]] = []
+    judged = unanswered = 0
+    for g, res in got:
+        msg = corruption_message(res)
+        if msg is not None:
+            violations.append((CORRUPTION_ABORT, f"{g.prompt.label}: HTTP {res.status}: {msg}"))
+            continue
+        now = score(res, margin) if res.served else None
+        if now is None:
+            unanswered += 1
+            continue
+        judged += g.ref.judged
+        diff = g.ref.changed(now.ids)
+        if diff:
+            donor = next(
+                (
+                    o.prompt.label
+                    for o, _ in got
+                    if o is not g
+                    and all(j < len(now.ids) and j < len(o.ref.ids) and now.ids[j] == o.ref.ids[j] for j in diff)
+                ),
+                None,
+            )
+            whose = f" (the tokens of {donor} alone: {donor} is the donor)" if donor else ""
+            violations.append(
+                (
+                    CHANGED_TOKEN,
+                    f"{g.prompt.label}: confident positions {diff[:6]} changed{whose}: got {list(now.ids[:8])}, "
+                    f"alone {list(g.ref.ids[:8])}",
+                )
+            )
+    return BurstResult(True, judged, unanswered, tuple(violations))
+
+
+def finding(result: BurstResult, sent: int) -> Finding:
+    """The failed `probes.isolation.load` finding a violation adds to the watch's report."""
+    kinds = {k for k, _ in result.violations}
+    what = (
+        f"aborted as metadata/context corruption ({UPSTREAM})"
+        if CORRUPTION_ABORT in kinds
+        else "changed a token the model was confident of alone"
+    )
+    return failed(
+        GATE,
+        CHECK,
+        NODE,
+        f"after promotion, {len(result.violations)} of {sent} golden prompts sent together {what}: "
+        f"{result.violations[0][1]}",
+        Evidence(NODE, "isolation.load.watch_violations", [line for _, line in result.violations[:8]]),
+        remedy=REMEDY_CORRUPTION,
+    )
