@@ -52,7 +52,12 @@ def _ev(f: dict[str, Any]) -> dict[str, Any]:
 
 
 def _not_passed(doc: dict[str, Any]) -> list[str]:
-    return [f"{f['id']}: {f['summary']}" for f in doc["findings"] if f["outcome"] not in ("passed", "info")]
+    """Each finding that did not pass, with its evidence (what a rare miss under load needs to be read)."""
+    return [
+        f"{f['id']}: {f['summary']} | evidence: {json.dumps(f.get('evidence'))[:3000]}"
+        for f in doc["findings"]
+        if f["outcome"] not in ("passed", "info")
+    ]
 
 
 @pytest.mark.slow
