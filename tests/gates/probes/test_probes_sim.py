@@ -80,7 +80,10 @@ def test_0520_hangs_within_the_probe_deadline(deployment: Any) -> None:
         page_size=16,
         waiting_timeout=20,
     )
-    report = check(dep, {"deadline_s": 3, "tenants": 8, "latency_samples": 6, "abort_attempts": 1})
+    # The abort probe is off: 0.5.20 releases an aborted request's pages at once, so it also fails there
+    # (the late write lands in the next request; test_deferred_release_off_* covers it), a verdict of its
+    # own that this test, about the hang, does not judge.
+    report = check(dep, {"deadline_s": 3, "tenants": 8, "latency_samples": 6, "abort_probe": False})
     assert report.exit_status == ExitStatus.GATE_FAILED
     hang = probe(report, "contract.pool_limit")
     assert hang.outcome == Outcome.FAILED and hang.summary.startswith("hang:")
