@@ -1,0 +1,134 @@
+"""Issue 32's real proof: `probes.isolation.load` fails a REAL 0.5.22 decode whose metadata slots collide.
+
+sglang #17259 (open): under concurrency, two requests in the decode share one metadata buffer slot, and
+one commits the other's first output token; #17430 (in 0.5.19-0.5.23) only detects it, aborting the
+request ("Metadata corruption detected - bootstrap_room mismatch"). Nothing provokes the race on demand,
+so a TEST hook (`_meta_double_free.py`, loaded into this test's own real pair through KVGATE_TEST_HOOK)
+double-frees the real decode's metadata slots: requests answered one at a time are untouched, requests in
+flight together share slots. Three phases on one pair, each the probe as `kvgate check` runs it, through
+the real router:
+1. hook off: the probe passes (the hook is inert, the pair healthy);
+2. double free: the probe fails on the corruption aborts the real room check raises, naming #17259;
+3. double free with the room check bypassed (sglang before #17430), on a restarted decode (the second
+   phase leaves the first wedged): nothing aborts, and the probe fails on the first tokens that
+   changed, found only by comparing with the answers given alone.
+The hook logs what it did (`events.jsonl`): a phase that injected nothing is an error, never a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvgate.findings import Finding, Outcome
+from kvgate.gates.probes.canary import Sender
+from kvgate.gates.probes.client import GenerateClient
+from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.plan import limits_from_readings
+from kvgate.gates.probes.sentinels import ByteCodec
+from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.gates.probes.under_load import CHECK, UPSTREAM, run_load
+from kvgate.launch import PDDeployment
+from kvgate.progress import NullObserver
+from kvgate.target import DECODE, PREFILL, NodeSpec, TargetClient
+from tests.assets.real_sglang import server_env_or_skip
+from tests.real.conftest import IDS, PairSpec, plan_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.real]
+
+SPEC = PairSpec("0.5.22", "healthy", IDS, 4096, "llama")
+HOOK = Path(__file__).with_name("_meta_double_free.py")
+#: Each probe's deadline: a request whose slot another zeroed waits in the decode's transfer queue (the
+#: readiness gate sees no metadata), so some requests under the fault are never answered.
+DEADLINE_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def faulty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PDDeployment, Path]]:
+    server_env_or_skip(SPEC.release)
+    logs = tmp_path_factory.mktemp("real-meta-double-free")
+    folder = logs / "hook"
+    folder.mkdir()
+    (folder / "mode").write_text("off")
+    plan = plan_for(SPEC)
+    plan = replace(plan, env={**plan.env, "KVGATE_TEST_HOOK": str(HOOK), "KVGATE_TEST_META_DIR": str(folder)})
+    dep = PDDeployment(plan, log_dir=logs)
+    dep.start()
+    try:
+        yield dep, folder
+    finally:
+        dep.stop()
+
+
+def _events(folder: Path) -> list[dict]:
+    path = folder / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _probe(dep: PDDeployment) -> Finding:
+    assert dep.router_url is not None
+    client = TargetClient(timeout=30.0)
+    try:
+        readings = [
+            client.read_node(NodeSpec(PREFILL, dep.prefill_urls[0])),
+            client.read_node(NodeSpec(DECODE, dep.decode_urls[0])),
+        ]
+        limits, problems = limits_from_readings(readings)
+        assert limits is not None, problems
+        settings = ProbeSettings(deadline_s=DEADLINE_S)
+        sender = Sender(
+            GenerateClient(client.http, dep.router_url, settings.deadline_s),
+            ByteCodec(settings.byte_offset),
+            CostMeter(context=limits.context),
+            NullObserver(),
+        )
+        found = run_load(sender, limits, settings, readings, f"router {dep.router_url}")
+    finally:
+        client.close()
+    [f] = [f for f in found if f.check == CHECK]
+    return f
+
+
+def _shown(f: Finding) -> str:
+    ev = {e.field: e.value for e in f.evidence}
+    keys = ("corruption_aborts", "foreign_tokens", "changed_confident_tokens", "confident_positions_judged")
+    return f"{f.outcome.value}: {f.summary} | " + "; ".join(f"{k}={ev.get('isolation.load.' + k)}" for k in keys)
+
+
+def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
+    faulty_pair: tuple[PDDeployment, Path],
+) -> None:
+    dep, folder = faulty_pair
+
+    healthy = _probe(dep)
+    print(_shown(healthy))
+    assert healthy.outcome == Outcome.PASSED, _shown(healthy)
+    installed = [e for e in _events(folder) if e["event"] == "installed"]
+    assert installed and not [e for e in _events(folder) if e["event"] != "installed"], _events(folder)
+
+    (folder / "mode").write_text("double-free")
+    caught = _probe(dep)
+    frees = [e for e in _events(folder) if e["event"] == "double_free"]
+    assert frees, "the hook double-freed no metadata slot: the fault was not staged"
+    assert caught.outcome == Outcome.FAILED, _shown(caught)
+    assert UPSTREAM in caught.summary and "bootstrap_room mismatch" in caught.summary, _shown(caught)
+
+    # Requests whose shared slot the other's release zeroed wait in the transfer queue for metadata that
+    # never comes, and each later request handed that slot joins them: the decode is wedged. A fresh
+    # decode process for the last phase (the operator's restart; the router keeps its list).
+    (folder / "mode").write_text("silent")
+    dep.restart_worker("decode", 0, pool=SPEC.decode_pool)
+    before = len(_events(folder))
+    silent = _probe(dep)
+    bypassed = [e for e in _events(folder)[before:] if e["event"] == "room_check_bypassed"]
+    assert bypassed, "no request read another's metadata slot under the silent fault: not staged"
+    assert silent.outcome == Outcome.FAILED, _shown(silent)
+    ev = {e.field: e.value for e in silent.evidence}
+    assert ev["isolation.load.corruption_aborts"] == [], _shown(silent)  # the room check saw nothing
+    assert ev["isolation.load.foreign_tokens"] or ev["isolation.load.changed_confident_tokens"], _shown(silent)
+    print(_shown(caught))
+    print(_shown(silent))
