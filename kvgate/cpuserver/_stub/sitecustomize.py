@@ -9,8 +9,9 @@
    A workaround for running on CPU, not a change of the code under test: the admission, bootstrap,
    transfer and release paths are unchanged.
 3. TEST CODE entry, for the real tier only: where KVGATE_TEST_HOOK names a file (tests/real/_late_write.py,
-   which injects a late KV write), that file's `install(conn)` runs right after the same module. Unset in
-   every deployment kvgate starts for users.
+   which injects a late KV write; tests/real/_meta_double_free.py, which double-frees the decode's
+   metadata slots), that file's `install(conn)` runs right after the same module. Unset in every
+   deployment kvgate starts for users.
 """
 
 from __future__ import annotations
