@@ -244,9 +244,8 @@ class DecodeEngine(BaseEngine):
         machine running the simulator is. Held at most LATE_WRITE_HOLD_S (no taker: it lands on free pages)."""
         loop = asyncio.get_running_loop()
         until = loop.time() + LATE_WRITE_HOLD_S
-        wanted = set(dst.tolist())
         while loop.time() < until:
-            takers = [o for o in self.transfers.values() if o is not t and wanted & set(o.pages.tolist())]
+            takers = [o for o in self.transfers.values() if o is not t and bool(torch.isin(o.pages, dst).any())]
             if takers and all(o.done.done() for o in takers):
                 break
             await asyncio.sleep(0.002)
