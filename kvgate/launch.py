@@ -13,6 +13,7 @@ deadline, teardown of every group.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -30,12 +31,13 @@ BACKENDS = ("mooncake", "nixl", "ascend", "mori", "mooncake_tcp")  # `fake` is d
 
 @dataclass(frozen=True)
 class PDLaunchPlan:
-    """What to start. GPU placement: prefill i, then decode j, each on `tp_size` consecutive GPUs."""
+    """What to start. GPU placement: prefill i, then decode j, each on `tp_size` x `dp_size` consecutive GPUs."""
 
     model_path: str | None
     prefill: int = 1
     decode: int = 1
     tp_size: int = 1
+    dp_size: int = 1  # DP ranks per worker (SGLang --dp-size); >1 puts the router in DP-aware routing
     context_length: int | None = None
     prefill_max_total_tokens: int | None = None
     decode_max_total_tokens: int | None = None
@@ -67,8 +69,8 @@ class PDLaunchPlan:
                 f"--transfer-backend {self.transfer_backend!r}: choose one of {', '.join(BACKENDS)} "
                 "(SGLang's prefill refuses 'fake')"
             )
-        if self.prefill < 1 or self.decode < 1 or self.tp_size < 1:
-            raise UsageError("need at least one prefill and one decode worker, and --tp-size >= 1")
+        if self.prefill < 1 or self.decode < 1 or self.tp_size < 1 or self.dp_size < 1:
+            raise UsageError("need at least one prefill and one decode worker, and --tp-size, --dp-size >= 1")
         if self.engine == "sim" and self.emulate is None:
             raise UsageError("--engine sim needs --release (the SGLang release to reproduce)")
         if self.release is not None and not (self.engine == "sglang" and self.device == "cpu"):
@@ -83,9 +85,10 @@ class PDLaunchPlan:
 
     def resolved(self) -> PDLaunchPlan:
         """The plan with what `release` implies filled in: the CPU environment's interpreter and process
-        environment, and kvgate's tiny model when no model was given (built on first use, cached)."""
+        environment, and kvgate's tiny model when no model was given (built on first use, cached); with DP
+        ranks, what they need in the environment (dp_env; the plan's own env wins)."""
         if self.release is None:
-            return self
+            return replace(self, env={**dp_env(self), **self.env}) if self.dp_size > 1 else self
         from kvgate.cpuserver.env import server_env
         from kvgate.cpuserver.model import tiny_model
 
@@ -93,7 +96,30 @@ class PDLaunchPlan:
         if self.site_packages is not None:
             env = env.running(Path(self.site_packages))
         model = self.model_path or str(tiny_model())
-        return replace(self, python=env.python, model_path=model, env={**env.env(), **self.env})
+        return replace(self, python=env.python, model_path=model, env={**env.env(), **dp_env(self), **self.env})
+
+
+# SGLang's prefill with DP ranks places a request on rank bootstrap_room % dp_size (follow_bootstrap_room)
+# and fails one the router dispatched to another rank ("follow_bootstrap_room conflict ... Set
+# SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing"): behind smg --dp-aware a real
+# 0.5.22 DP pair failed about 4 requests in 10 that way until every worker had it (measured 2026-12-05).
+FORCE_QUERY_PREFILL_DP_RANK = "SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK"
+# SGLang on CPU binds each rank to a NUMA node and refuses more ranks than nodes unless this names each
+# rank's cores ('|' between ranks).
+CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
+
+
+def dp_env(plan: PDLaunchPlan) -> dict[str, str]:
+    """What workers with DP ranks need in their environment (none for one rank)."""
+    if plan.dp_size <= 1:
+        return {}
+    out = {FORCE_QUERY_PREFILL_DP_RANK: "1"}
+    if plan.device == "cpu":
+        cores = sorted(os.sched_getaffinity(0))
+        ranks = plan.dp_size * plan.tp_size
+        # One core per rank where there are enough; otherwise ranks share them in turn.
+        out[CPU_THREADS_BIND] = "|".join(str(cores[i % len(cores)]) for i in range(ranks))
+    return out
 
 
 @dataclass(frozen=True)
@@ -113,7 +139,8 @@ class WorkerSlot:
 
 
 def plan_slots(plan: PDLaunchPlan, ports: Callable[[], int] | None = None) -> list[WorkerSlot]:
-    """Free ports for every worker (from `ports`, distinct by default); GPUs assigned in order, tp_size each."""
+    """Free ports for every worker (from `ports`, distinct by default); GPUs assigned in order, tp_size x
+    dp_size each."""
     ports = ports or DistinctPorts(plan.host)
     slots: list[WorkerSlot] = []
     gpu = 0
@@ -123,7 +150,7 @@ def plan_slots(plan: PDLaunchPlan, ports: Callable[[], int] | None = None) -> li
             # Each prefill serves its own bootstrap; decodes name the first (the router passes the real one).
             bport = ports() if role == "prefill" and i > 0 else prefill_bootstrap
             slots.append(WorkerSlot(role, i, ports(), bport, ports(), gpu))
-            gpu += plan.tp_size
+            gpu += plan.tp_size * plan.dp_size
     return slots
 
 
@@ -174,7 +201,12 @@ def worker_argv(plan: PDLaunchPlan, slot: WorkerSlot) -> list[str]:
     # The simulator accepts (and ignores) the placement flags, so both engines get one command line.
     if plan.device == "gpu":
         argv += ["--base-gpu-id", str(slot.base_gpu_id)]
-    argv += ["--nccl-port", str(slot.nccl_port)]
+    if plan.dp_size > 1:
+        # No --nccl-port: SGLang hands an explicit one to every DP rank, and the ranks' process groups
+        # then collide on it (EADDRINUSE, 0.5.22); without it each rank draws its own.
+        argv += ["--dp-size", str(plan.dp_size)]
+    else:
+        argv += ["--nccl-port", str(slot.nccl_port)]
     mem_fraction = plan.mem_fraction_static
     if plan.device == "cpu" and plan.engine == "sglang":
         from kvgate.cpuserver.env import CPU_MEM_FRACTION_STATIC, cpu_worker_flags
@@ -227,6 +259,7 @@ class PDDeployment:
             poll_s=0.5,
             serve_check=True,
             attempts=2,  # a port taken between pick and bind: start again on fresh ports
+            router_args=["--dp-aware"] if plan.dp_size > 1 else [],
         )
         self.supervisor = started.supervisor
         self.router_url = started.router_url

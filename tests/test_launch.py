@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,15 @@ from typer.testing import CliRunner
 from kvgate.cli import app
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.launch import PDDeployment, PDLaunchPlan, plan_slots, worker_argv
+from kvgate.launch import (
+    CPU_THREADS_BIND,
+    FORCE_QUERY_PREFILL_DP_RANK,
+    PDDeployment,
+    PDLaunchPlan,
+    dp_env,
+    plan_slots,
+    worker_argv,
+)
 
 runner = CliRunner()
 
@@ -44,8 +53,6 @@ def test_sglang_argv_uses_sglang_flags_and_places_gpus() -> None:
     assert all(_flag(a, "--disaggregation-transfer-backend") == "nixl" for a in argvs)
     assert all(_flag(a, "--context-length") == "1048576" for a in argvs)
     # The simulator engine gets the very same SGLang flags; only the program differs.
-    import dataclasses
-
     sim_plan = dataclasses.replace(plan, engine="sim", emulate="0.5.20")
     sim = worker_argv(sim_plan, slots[2])
     assert sim[1:4] == ["-m", "kvgate.sim", "worker"]
@@ -53,7 +60,28 @@ def test_sglang_argv_uses_sglang_flags_and_places_gpus() -> None:
     assert sim[sim.index("--disaggregation-mode") :] == tail
 
 
-@pytest.mark.parametrize("kw", [{"engine": "vllm"}, {"transfer_backend": "fake"}, {"engine": "sim"}, {"decode": 0}])
+def test_dp_ranks_get_their_flag_their_own_nccl_ports_and_what_smg_routing_needs() -> None:
+    plan = PDLaunchPlan(model_path="m", prefill=1, decode=1, tp_size=2, dp_size=2)
+    argvs = [worker_argv(plan, s) for s in plan_slots(plan)]
+    assert all(_flag(a, "--dp-size") == "2" for a in argvs)
+    # An explicit --nccl-port goes to every DP rank, whose process groups then collide on it.
+    assert all("--nccl-port" not in a for a in argvs)
+    assert [_flag(a, "--base-gpu-id") for a in argvs] == ["0", "4"]
+    assert dp_env(plan) == {FORCE_QUERY_PREFILL_DP_RANK: "1"}
+    assert plan.resolved().env == {FORCE_QUERY_PREFILL_DP_RANK: "1"}
+    cpu = dataclasses.replace(plan, device="cpu", tp_size=1)
+    bind = dp_env(cpu)[CPU_THREADS_BIND].split("|")
+    assert len(bind) == 2 and all(b.isdigit() for b in bind)
+    # The plan's own environment wins; one rank needs nothing.
+    own = dataclasses.replace(plan, env={FORCE_QUERY_PREFILL_DP_RANK: "0"})
+    assert own.resolved().env[FORCE_QUERY_PREFILL_DP_RANK] == "0"
+    one = PDLaunchPlan(model_path="m")
+    assert dp_env(one) == {} and "--dp-size" not in worker_argv(one, plan_slots(one)[0])
+
+
+@pytest.mark.parametrize(
+    "kw", [{"engine": "vllm"}, {"transfer_backend": "fake"}, {"engine": "sim"}, {"decode": 0}, {"dp_size": 0}]
+)
 def test_invalid_plans_are_usage_errors(kw: dict) -> None:
     with pytest.raises(UsageError):
         PDLaunchPlan(model_path="m", **kw).validate()
