@@ -23,6 +23,7 @@ from pathlib import Path
 from kvgate.errors import UsageError
 from kvgate.pdstart import HEALTH_READ_TIMEOUT_S, DistinctPorts, PDLayout, WorkerProcess, start_pd
 from kvgate.supervisor import Supervisor, http_ok
+from kvgate.upstream import CPU_THREADS_BIND, FORCE_QUERY_PREFILL_DP_RANK
 
 ENGINES = ("sglang", "sim")
 DEVICES = ("gpu", "cpu")
@@ -99,18 +100,9 @@ class PDLaunchPlan:
         return replace(self, python=env.python, model_path=model, env={**env.env(), **dp_env(self), **self.env})
 
 
-# SGLang's prefill with DP ranks places a request on rank bootstrap_room % dp_size (follow_bootstrap_room)
-# and fails one the router dispatched to another rank ("follow_bootstrap_room conflict ... Set
-# SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing"): behind smg --dp-aware a real
-# 0.5.22 DP pair failed about 4 requests in 10 that way until every worker had it (measured 2026-12-05).
-FORCE_QUERY_PREFILL_DP_RANK = "SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK"
-# SGLang on CPU binds each rank to a NUMA node and refuses more ranks than nodes unless this names each
-# rank's cores ('|' between ranks).
-CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
-
-
 def dp_env(plan: PDLaunchPlan) -> dict[str, str]:
-    """What workers with DP ranks need in their environment (none for one rank)."""
+    """What workers with DP ranks need in their environment (none for one rank): the prefill rank query
+    (upstream.FORCE_QUERY_PREFILL_DP_RANK: smg --dp-aware picks ranks itself) and, on CPU, each rank's cores."""
     if plan.dp_size <= 1:
         return {}
     out = {FORCE_QUERY_PREFILL_DP_RANK: "1"}

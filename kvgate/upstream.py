@@ -40,6 +40,16 @@ DEFERRED_DEFAULT_FIX = "pr-41023"
 #: (SGLANG_HEALTH_CHECK_TIMEOUT): a readiness poll with a shorter read timeout misses healthy answers.
 HEALTH_CHECK_TIMEOUT_S = 20
 
+#: Prefill with DP ranks (0.5.22, real server 2026-12-05): it places a request on rank bootstrap_room %
+#: dp_size and fails one a router dispatched to another rank with an error naming this mark, unless every
+#: worker has FORCE_QUERY_PREFILL_DP_RANK=1 (then the decode asks the prefill which rank holds the KV).
+#: Behind smg --dp-aware without it, about 4 requests in 10 failed.
+DP_RANK_CONFLICT_MARK = "follow_bootstrap_room conflict"
+FORCE_QUERY_PREFILL_DP_RANK = "SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK"
+#: SGLang on CPU binds each rank to a NUMA node and refuses more ranks than nodes unless this names each
+#: rank's cores ('|' between ranks).
+CPU_THREADS_BIND = "SGLANG_CPU_OMP_THREADS_BIND"
+
 
 # What pip prints when it never got an answer from the index (connection, DNS, proxy, TLS, timeout).
 # "No matching distribution" alone is an answer: wrong pins or an unsupported Python, not the network.

@@ -13,15 +13,8 @@ from typer.testing import CliRunner
 from kvgate.cli import app
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.launch import (
-    CPU_THREADS_BIND,
-    FORCE_QUERY_PREFILL_DP_RANK,
-    PDDeployment,
-    PDLaunchPlan,
-    dp_env,
-    plan_slots,
-    worker_argv,
-)
+from kvgate.launch import PDDeployment, PDLaunchPlan, dp_env, plan_slots, worker_argv
+from kvgate.upstream import CPU_THREADS_BIND, FORCE_QUERY_PREFILL_DP_RANK
 
 runner = CliRunner()
 

@@ -46,6 +46,7 @@ from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.under_load import CHECK as LOAD_CHECK
 from kvgate.gates.probes.under_load import run_load
 from kvgate.target import DECODE, PREFILL
+from kvgate.upstream import DP_RANK_CONFLICT_MARK, FORCE_QUERY_PREFILL_DP_RANK
 
 GATE = "probes"
 #: Accepted-length requests left unanswered in a row before the run stops sending (see Sender.stall_after).
@@ -53,6 +54,10 @@ STALL_AFTER = 3
 REMEDY_REJECT = (
     "upgrade to SGLang 0.5.22+ (rejected requests retired at admission, #38935) or backport it; "
     "raise the KV pool to at least the context"
+)
+REMEDY_DP_RANK = (
+    f"the prefill refused the DP rank the router chose ({DP_RANK_CONFLICT_MARK}): set "
+    f"{FORCE_QUERY_PREFILL_DP_RANK}=1 on every worker, or route without picking ranks"
 )
 REMEDY_KEEP_GOING = "run every probe with --keep-going"
 REMEDY_CODEC = "set the profile key probes.tokenizer: auto (token-space sentinels need no server tokenizer)"
@@ -454,7 +459,7 @@ class _Run:
         after it queue behind the held reservation (and hang too).
         """
         if first.verdict != Verdict.HANG:
-            return "", REMEDY_REJECT
+            return "", (REMEDY_DP_RANK if DP_RANK_CONFLICT_MARK in first_rec.result.raw else REMEDY_REJECT)
         limits = self._prefill_rejects_decode_admits()
         if p.expect == ACCEPT:
             return self._queued_behind_hangs(first_rec, limits)
