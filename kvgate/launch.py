@@ -72,6 +72,8 @@ class PDLaunchPlan:
             )
         if self.prefill < 1 or self.decode < 1 or self.tp_size < 1 or self.dp_size < 1:
             raise UsageError("need at least one prefill and one decode worker, and --tp-size, --dp-size >= 1")
+        if self.engine == "sim" and self.dp_size > 1:
+            raise UsageError("--dp-size needs --engine sglang (the simulator's workers serve one rank)")
         if self.engine == "sim" and self.emulate is None:
             raise UsageError("--engine sim needs --release (the SGLang release to reproduce)")
         if self.release is not None and not (self.engine == "sglang" and self.device == "cpu"):
