@@ -73,7 +73,15 @@ def test_dp_ranks_get_their_flag_their_own_nccl_ports_and_what_smg_routing_needs
 
 
 @pytest.mark.parametrize(
-    "kw", [{"engine": "vllm"}, {"transfer_backend": "fake"}, {"engine": "sim"}, {"decode": 0}, {"dp_size": 0}]
+    "kw",
+    [
+        {"engine": "vllm"},
+        {"transfer_backend": "fake"},
+        {"engine": "sim"},
+        {"decode": 0},
+        {"dp_size": 0},
+        {"engine": "sim", "emulate": "0.5.22", "dp_size": 2},
+    ],
 )
 def test_invalid_plans_are_usage_errors(kw: dict) -> None:
     with pytest.raises(UsageError):
