@@ -43,6 +43,8 @@ CONTEXTS = (4096, 8192)
 #: How long a pair's test waits for its router to route again (smg: 2 passing health checks, 60 s apart,
 #: re-admit a worker three failing ones excluded; the rest is a loaded host's slack).
 ROUTABLE_DEADLINE_S = 240.0
+#: smg's error code when it has no worker to route to (every one excluded by its health checks or rules).
+NO_WORKERS = "no_available_workers"
 HEALTHY_FACTOR = 1.25
 MATRIX_ENV = "KVGATE_REAL_MATRIX"
 

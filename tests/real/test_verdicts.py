@@ -21,7 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from tests.real.conftest import STOOD_IN_0_5_20, RealPair, report_of
+from tests.real.conftest import NO_WORKERS, STOOD_IN_0_5_20, RealPair, report_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
@@ -105,11 +105,27 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
                 and f["summary"].startswith("hang")
                 and "hung the same way" in f["summary"]
             ]
-            in_its_shadow = queued + [
+            # smg stops routing to a decode that holds hung requests and makes no progress (its wedge and
+            # health rules): on a clean clone beside a busy core (2026-12-05) round B's tenants and the
+            # longest-accepted plant got its 503 "No available decode workers" after the hang. The
+            # router's answer about the hung decode, not another defect; what it left unobservable is
+            # inconclusive in its shadow too.
+            excluded = [
                 f
                 for f in not_passed
-                if hangs and f["outcome"] == "inconclusive" and (stopped or f["check"] == "latency.prefill_scaling")
+                if hangs and f["outcome"] == "failed" and NO_WORKERS in f["summary"] and "server_error" in f["summary"]
             ]
+            in_its_shadow = (
+                queued
+                + excluded
+                + [
+                    f
+                    for f in not_passed
+                    if hangs
+                    and f["outcome"] == "inconclusive"
+                    and (stopped or excluded or f["check"] == "latency.prefill_scaling")
+                ]
+            )
             not_passed = [f for f in not_passed if f not in hangs and f not in in_its_shadow]
         assert not not_passed, summary
         if spec.release in ("0.5.22", "0.5.23"):

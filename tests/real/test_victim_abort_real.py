@@ -30,14 +30,12 @@ from kvgate.gates.probes.sentinels import ByteCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.progress import NullObserver
 from kvgate.target import DECODE, PREFILL, NodeSpec, TargetClient
-from tests.real.conftest import RealPair
+from tests.real.conftest import NO_WORKERS, RealPair
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 #: Asked of every victim: the decode of this many tokens is most of its time end to end.
 LONG_ANSWER = 512
-#: smg's code when it has no worker to route to (every one excluded by its health checks or its rules).
-NO_WORKERS = "no_available_workers"
 
 
 def test_abort_probe_cancels_in_flight_when_the_answer_takes_far_longer_than_the_prefill(

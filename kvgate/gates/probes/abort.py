@@ -19,7 +19,7 @@ ask for one token, so a deployment whose victims take far longer end to end (a s
 `max_new_tokens`, a different model) is searched where its requests actually are. Tries go on until
 `abort_attempts` acknowledged cancels in flight were observed or the budget (max(abort_budget x
 context, budget_floor_s of measured prefill; where the victim is the longest accepted prompt, room for
-TRIES_PER_ATTEMPT tries per wanted cancel up to ROOM_CAP_TOKENS) is spent; the finding says how many
+WHOLE_CONTEXT_TRIES_PER_ATTEMPT tries per wanted cancel up to ROOM_CAP_TOKENS) is spent; the finding says how many
 tries it took. One try never goes past the budget: the victim is shortened to fit it.
 
 What a leak needs, and how the probe arranges it: once the prefill learns of the abort it posts no
@@ -63,6 +63,10 @@ WINDOW_NOISE = 10.0
 MIN_WINDOW_S = 0.02
 #: However large the budget, at most this many tries per wanted cancel (bounds the wall time).
 TRIES_PER_ATTEMPT = 8
+#: Where the victim is already the whole (small) context, its window cannot be widened, so only tries
+#: help: up to this many per wanted cancel, within ROOM_CAP_TOKENS. A sim 0.5.22 at `sim up` defaults
+#: (victims answered in 22 ms) missed all 8 beside a busy core and a full test run (2 in 20 such runs).
+WHOLE_CONTEXT_TRIES_PER_ATTEMPT = 16
 #: However small the budget, room for this many tries: the first cancel is a guess, the next ones bisect
 #: what it showed. A small context's 5% share (409 tokens at 8k) held one try of the smallest victim
 #: (16 pages and its canaries: 512 tokens at page 16) where the floor came out small, and a loaded CI
@@ -136,6 +140,7 @@ def plan_abort(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings) -
     if settings.abort_tokens is None and victim >= limits.longest_accepted:
         # The victim is the whole context (a small one, against the floor): room for the tries the calibrated
         # window may need, up to ROOM_CAP_TOKENS, spent only as tries miss.
+        cap = WHOLE_CONTEXT_TRIES_PER_ATTEMPT * settings.abort_attempts
         budget = max(budget, min(cap * per_try, ROOM_CAP_TOKENS))
     max_tries = max(1, min(budget // per_try, cap))
     if max_tries < cap:

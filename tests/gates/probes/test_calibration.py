@@ -343,10 +343,11 @@ def test_a_burst_over_one_grown_length_does_not_set_the_slope() -> None:
 
 def test_a_fast_small_deployment_affords_every_abort_try() -> None:
     """A fast prefill at an 8k context sizes the victim at the whole context: the floor's 65,536 tokens
-    held 4 tries of it (a loaded sim 0.5.23 then missed all 4); the room now holds TRIES_PER_ATTEMPT,
-    and a profile's abort_tokens is still held to the budget it set."""
-    from kvgate.gates.probes.abort import TRIES_PER_ATTEMPT
-    from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS
+    held 4 tries of it (a loaded sim 0.5.23 then missed all 4); the room now holds
+    WHOLE_CONTEXT_TRIES_PER_ATTEMPT within ROOM_CAP_TOKENS (8 once missed too), and a profile's
+    abort_tokens is still held to the budget it set."""
+    from kvgate.gates.probes.abort import TRIES_PER_ATTEMPT, WHOLE_CONTEXT_TRIES_PER_ATTEMPT
+    from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, ROOM_CAP_TOKENS
 
     # the loaded sim's calibration: 352,000 tokens/s, 1.28 ms of noise
     lengths = ((128, 0.00506), (512, 0.00532), (2048, 0.00669), (8185, 0.0281))
@@ -355,7 +356,8 @@ def test_a_fast_small_deployment_affords_every_abort_try() -> None:
     plan = plan_abort(cal, lim, ProbeSettings())
     assert plan.victim_tokens == lim.longest_accepted
     assert plan.per_try_tokens * 4 <= FLOOR_CAP_TOKENS < plan.per_try_tokens * 5
-    assert plan.max_tries == TRIES_PER_ATTEMPT and plan.limited_by is None, plan
+    room = min(WHOLE_CONTEXT_TRIES_PER_ATTEMPT, ROOM_CAP_TOKENS // plan.per_try_tokens)
+    assert plan.max_tries == room > TRIES_PER_ATTEMPT, plan
     fixed = plan_abort(cal, lim, ProbeSettings(abort_tokens=8000))
     assert fixed.max_tries == FLOOR_CAP_TOKENS // fixed.per_try_tokens
 
