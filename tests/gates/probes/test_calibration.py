@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.probes.abort import MIN_TRIES, WINDOW_NOISE, plan_abort
-from kvgate.gates.probes.calibrate import MIN_EFFECT_S, Calibration
+from kvgate.gates.probes.calibrate import JITTER_SAMPLES, MIN_EFFECT_S, PER_LENGTH, Calibration
 from kvgate.gates.probes.latency import EFFECT_NOISE, plan_latency
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
@@ -73,8 +73,11 @@ def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
     measured = {int(k.replace(",", "")): ms / 1000 for k, ms in cal["lengths_ms"].items()}
     # Not clear of 8 noise units even at the longest prompt only where growth reached it: under CI load
     # (2.8 ms of noise) the whole 8k context's prefill at the simulator's speed took 20 ms, and the
-    # probes sized from that still passed.
-    assert cal["observable"] or max(measured) >= SIM_UP["context_length"] - SIM_UP["page_size"], cal
+    # probes sized from that still passed. Or where a length once looked clear and its confirmation
+    # (2 x PER_LENGTH more requests) showed a spike: that spends budget, and growth may stop short
+    # (a clean clone beside a busy core, sim 0.5.23: 2,048 of 8,185 tokens, the check still exit 0).
+    confirmed = cal["requests"] > JITTER_SAMPLES + PER_LENGTH * len(measured)
+    assert cal["observable"] or confirmed or max(measured) >= SIM_UP["context_length"] - SIM_UP["page_size"], cal
     base, noise = cal["one_page_median_ms"] / 1000, cal["jitter_ms"] / 1000
     # the latency probe's long length is a length the calibration measured clear of the noise
     lat = _ev(_finding(doc, "probes.latency.prefill_scaling"))["latency.plan"]
