@@ -121,12 +121,14 @@ class _Backend(httpcore.NetworkBackend):
         socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
     ) -> httpcore.NetworkStream:
         wait = _left(httpcore.ConnectTimeout, timeout)
+        _local.connected = True
         return _Stream(self._inner.connect_tcp(host, port, wait, local_address, socket_options))
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None
     ) -> httpcore.NetworkStream:
         wait = _left(httpcore.ConnectTimeout, timeout)
+        _local.connected = True
         return _Stream(self._inner.connect_unix_socket(path, wait, socket_options))
 
     def sleep(self, seconds: float) -> None:
@@ -179,6 +181,10 @@ MAX_CONNECTIONS = 100
 #: An idle connection is reused within this long, well inside the common server idle timeouts (uvicorn,
 #: which SGLang serves with, closes one after 5 s: reusing one at that moment fails the request).
 KEEPALIVE_EXPIRY_S = 2.0
+#: Methods sent again, once, when the kept-alive connection they went out on turns out closed.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS"})
+#: How such a connection fails: the server's close crossed the request (reset, or EOF before any answer).
+_CROSSED_CLOSE = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 class _Pool(httpcore.ConnectionPool):
@@ -223,7 +229,7 @@ class BoundedTransport(httpx.BaseTransport):
         deadline = _Deadline(None if budget is None else time.monotonic() + budget, budget)
         cap = request.extensions.get(BODY_CAP, self.body_cap)
         with deadline:
-            resp = self._inner.handle_request(request)
+            resp = self._send(request)
         encoding = resp.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             resp.close()
@@ -248,6 +254,22 @@ class BoundedTransport(httpx.BaseTransport):
             stream=_CappedBody(resp.stream, request, cap, deadline),
             extensions=resp.extensions,
         )
+
+    def _send(self, request: httpx.Request) -> httpx.Response:
+        """One exchange; an idempotent request sent again once where a reused connection failed under it.
+
+        A server may close an idle kept-alive connection at any moment (RFC 9112 9.3.1 lets the client
+        retry an idempotent request then): when its close crosses the next request on that connection,
+        the request meets a reset or EOF before any answer. It is sent again, once, under the same
+        deadline. A request that opened its own connection and failed is not: that failure is the server's.
+        """
+        _local.connected = False
+        try:
+            return self._inner.handle_request(request)
+        except _CROSSED_CLOSE:
+            if request.method not in IDEMPOTENT or _local.connected:
+                raise
+        return self._inner.handle_request(request)
 
     def close(self) -> None:
         self._inner.close()

@@ -11,14 +11,17 @@ awaited.
 from __future__ import annotations
 
 import http.server
+import socket
 import socketserver
 import ssl
+import struct
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpcore
+import httpx
 import pytest
 
 from kvgate.httpbounds import bounded_client
@@ -140,3 +143,95 @@ def test_idle_connections_are_kept_however_many_are_open(url: str) -> None:
         client.close()
     finally:
         _Handler.barrier = None
+
+
+class _Closer:
+    """Keep-alive answers on loopback, except that chosen requests are cut: the server reads the request,
+    then closes the connection without a byte of answer (`reset`: an RST, else a plain FIN).
+    `cut(connection_no, request_no)` picks them, both counted from 0; `seen` lists each request's pair."""
+
+    def __init__(self, cut: Any, how: str) -> None:
+        self.cut, self.how = cut, how
+        self.seen: list[tuple[int, int]] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/server_info"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        for conn_no in range(1_000):
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, conn_no), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, conn_no: int) -> None:
+        conn.settimeout(SAFETY_S)
+        data = b""
+        with conn:
+            for req_no in range(1_000):
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                head, _, data = data.partition(b"\r\n\r\n")
+                length = next(
+                    (int(ln.split(b":")[1]) for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length:")),
+                    0,
+                )
+                while len(data) < length:
+                    data += conn.recv(65536)
+                data = data[length:]
+                self.seen.append((conn_no, req_no))
+                if self.cut(conn_no, req_no):
+                    if self.how == "reset":
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("how", ["reset", "eof"])
+def test_a_get_whose_kept_alive_connection_was_closed_under_it_is_sent_again_once(how: str) -> None:
+    """The server closes connection 0 as the second request arrives on it (the close of an idle
+    connection crossing its reuse): the GET goes again on a new connection and is answered."""
+    server = _Closer(lambda conn_no, req_no: (conn_no, req_no) == (0, 1), how)
+    client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
+    try:
+        assert client.get(server.url).status_code == 200
+        assert client.get(server.url).status_code == 200
+        assert server.seen == [(0, 0), (0, 1), (1, 0)]
+    finally:
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("how", ["reset", "eof"])
+def test_a_post_on_a_closed_connection_is_not_sent_again(how: str) -> None:
+    """A POST (a probe's /generate) is not idempotent: the server may have acted on it. It fails."""
+    server = _Closer(lambda conn_no, req_no: (conn_no, req_no) == (0, 1), how)
+    client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
+    try:
+        assert client.post(server.url, content=b"{}").status_code == 200
+        with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+            client.post(server.url, content=b"{}")
+        assert server.seen == [(0, 0), (0, 1)]
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_get_cut_on_its_own_new_connection_is_the_servers_failure_and_not_repeated() -> None:
+    """Only a reused connection is forgiven: a server that cuts every request is asked once per GET."""
+    server = _Closer(lambda conn_no, req_no: True, "reset")
+    client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
+    try:
+        with pytest.raises(httpx.ReadError):
+            client.get(server.url)
+        assert server.seen == [(0, 0)]
+    finally:
+        client.close()
+        server.close()

@@ -378,4 +378,6 @@ def test_10_deep_json_through_the_router_ends_no_run(payload_server: Callable[..
     res = cli("check", "-q", "--router-url", router.url, "--timeout", "5", "--format", "json")
     assert res.exit_code not in (ExitStatus.PASSED, ExitStatus.INTERNAL_ERROR), res.output
     doc = json.loads(res.stdout)
-    assert any(p.url in f["node"] for f in doc["findings"])  # every other finding is reported
+    assert any(p.url in f["node"] for f in doc["findings"]), json.dumps(doc["findings"], indent=1)[
+        :6000
+    ]  # every other finding is reported
