@@ -30,7 +30,7 @@ runner = CliRunner()
 # sent after the over-limit ones waits out its deadline: fewer tenants and sequential latency and abort
 # tries keep that pair's cost bounded. Its verdict is decided before them (pool-context, contract), so
 # this is a cost knob, not what makes the verdict observable.
-_COST = {"tenants": 8, "deadline_s": 20, "latency_samples": 3, "abort_attempts": 1}
+_COST = {"tenants": 8, "deadline_s": 10, "latency_samples": 3, "abort_attempts": 1}
 
 
 def _check(pair: RealPair, tmp_path: Path) -> tuple[int, dict]:

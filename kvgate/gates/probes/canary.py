@@ -118,8 +118,11 @@ class Sender:
     def send_ids(
         self, name: str, ids: list[int], max_new_tokens: int, phase: str, top_logprobs: int = 0
     ) -> ProbeResult:
-        """Send an accepted-length prompt of the caller's own ids (no sentinel), metered like the rest."""
+        """Send an accepted-length prompt of the caller's own ids (no sentinel), metered like the rest; once
+        the deployment stopped answering (`stalled`), not sent, as `one` does."""
         with self._lock:
+            if self.stalled is not None:
+                return ProbeResult(name, len(ids), max_new_tokens, None, 0.0, not_sent=self.stalled)
             rid = f"kvgate-{self.run_id}-{phase}-{name}-{secrets.token_hex(3)}"
             self.rids.setdefault(phase, []).append(rid)
         res = self.client.generate(name, ids, max_new_tokens, rid=rid, top_logprobs=top_logprobs)
@@ -127,6 +130,7 @@ class Sender:
         with self._lock:
             if res.transport_error is not None:
                 self.transport_failures += 1
+            self._note_answer(res)
         return res
 
     def _note_answer(self, res: ProbeResult) -> None:

@@ -14,6 +14,9 @@ corruption detected - bootstrap_room mismatch"), or pages reused before the pref
    upstream reports; a control copy that differs from its own solo answer (with no donor) makes the
    check inconclusive (the deployment is not batch-invariant at this margin); otherwise a changed
    confident token fails. Other errors under load are a finding of their own (`isolation.load_errors`).
+A deployment that stopped answering the prompts sent alone (the sender's stall rule, gate.STALL_AFTER)
+gets no waves: both findings are inconclusive; waves none of whose requests was answered compare nothing
+and are inconclusive too.
 """
 
 from __future__ import annotations
@@ -155,6 +158,8 @@ def corruption_message(res: ProbeResult) -> str | None:
 
 
 def _failure(res: ProbeResult) -> str:
+    if res.not_sent is not None:
+        return f"not sent: {res.not_sent}"
     if res.timed_out:
         return f"no answer within the {res.deadline_s or 0:g} s probe deadline"
     if res.transport_error:
@@ -189,6 +194,8 @@ def run_load(
         f"isolation under load: {len(distinct) + 1} prompts alone, then {plan.waves} wave(s) of {plan.per_wave}"
     ):
         solo = {p.label: send(p, "load-solo") for p in [*distinct, control]}
+        if sender.stalled is not None:
+            return _not_loaded(plan, sender.stalled, solo, node)
         waves: list[list[tuple[Prompt, ProbeResult]]] = []
         for w in range(plan.waves):
             batch = [*distinct, *([control] * plan.copies)]
@@ -199,6 +206,25 @@ def run_load(
     found = _judge(plan, exact, settings, solo, waves, node)
     wall = Evidence(node, "isolation.load.wall_s", round(time.monotonic() - t0, 3))
     return [replace(f, evidence=(*f.evidence, wall)) if f.check == CHECK else f for f in found]
+
+
+def _not_loaded(plan: Plan, stalled: str, solo: dict[str, ProbeResult], node: str) -> list[Finding]:
+    """Both findings when the deployment stopped answering the prompts sent alone: no wave was sent."""
+    ev = (
+        Evidence(node, "isolation.load.plan", plan.as_evidence()),
+        Evidence(
+            node,
+            "isolation.load.solo_unanswered",
+            [f"{label}: {_failure(res)}" for label, res in solo.items() if not res.served][:10],
+            "every prompt answered alone",
+        ),
+    )
+    why = f"the deployment stopped answering the prompts sent alone ({stalled}): no concurrent wave was sent"
+    remedy = (
+        "find why accepted-length requests go unanswered (the decode's log: a hung request's reservation, a "
+        "wedged worker); --keep-going sends every wave anyway"
+    )
+    return [inconclusive(GATE, check, node, why, *ev, remedy=remedy) for check in (CHECK, CHECK_ERRORS)]
 
 
 def _judge(
@@ -232,6 +258,9 @@ def _judge(
             if msg is not None:
                 corrupt.append(f"{where}: HTTP {res.status}: {msg}")
                 continue
+            if res.not_sent is not None:
+                shed.append(f"{where}: {_failure(res)}")
+                continue
             if not res.served:
                 (shed if res.status in SHED or res.timed_out or res.transport_error else errors).append(
                     f"{where}: {_failure(res)}"
@@ -263,6 +292,7 @@ def _judge(
             else:
                 changed.append(f"{where}: {shown}")
     sent = sum(len(w) for w in waves)
+    together = sum(1 for w in waves for _, res in w if res.served)
     ev = [
         Evidence(node, "isolation.load.plan", plan.as_evidence()),
         Evidence(
@@ -273,6 +303,7 @@ def _judge(
             else f"top-1 leads top-2 by >= {margin:g} nats",
         ),
         Evidence(node, "isolation.load.solo", {k: v.show() for k, v in list(refs.items())[:6]}),
+        Evidence(node, "isolation.load.answered_together", f"{together} of {sent}", f"{sent} of {sent}"),
         Evidence(node, "isolation.load.confident_positions_judged", judged),
         Evidence(node, "isolation.load.corruption_aborts", corrupt[:8], "none"),
         Evidence(node, "isolation.load.foreign_tokens", donors[:8], "none"),
@@ -318,6 +349,17 @@ def _judge(
                 "the prompts answered alone gave no usable reference: " + "; ".join(solo_bad[:3]),
                 *ev,
                 remedy=more_time,
+            )
+        )
+    elif not together:
+        out.append(
+            inconclusive(
+                GATE,
+                CHECK,
+                node,
+                f"none of the {sent} requests sent together was answered, so nothing under load was compared",
+                *ev,
+                remedy=f"{more_time}, or lower probes.load_concurrency",
             )
         )
     elif noisy:

@@ -19,6 +19,7 @@ from kvgate.findings import Finding, Outcome, Report
 from kvgate.gates.base import CheckOptions, Gate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.gates.probes import ProbeGate, ProbeSettings
+from kvgate.gates.probes.gate import STALL_AFTER
 from kvgate.gates.probes.sentinels import ANY_SENTINEL
 from kvgate.progress import NullObserver
 from kvgate.sim.deploy import SimDeployment
@@ -135,6 +136,35 @@ def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) ->
     assert not [
         f for f in report.findings if f.gate == "probes" and f.check in ("abort.mid_transfer", "canary.round_b")
     ]
+    assert report.exit_status != ExitStatus.PASSED
+
+
+def test_a_deployment_that_stops_answering_under_load_gets_no_waves(deployment: Any) -> None:
+    """The load check's prompts alone obey the same early stop: three unanswered, the rest not sent,
+    no concurrent wave, both load findings inconclusive, and every later phase skipped."""
+    dep = deployment(emulate="0.5.22", context_length=16_384, prefill_pool=32_768, decode_pool=32_768, page_size=16)
+    freeze = _FreezeDecodeAt(dep, "isolation under load")
+    options = CheckOptions(
+        prefill_urls=tuple(dep.prefill_urls),
+        decode_urls=tuple(dep.decode_urls),
+        router_url=dep.router_url,
+        timeout=30.0,
+    )
+    settings = ProbeSettings.from_mapping({"deadline_s": 3, "tenants": 4, "latency_samples": 4}, "test")
+    try:
+        report = run_check(options, gates=[ProbeGate(settings)], observer=freeze)
+    finally:
+        freeze.thaw()
+    assert freeze.frozen
+    for check_id in ("isolation.load", "isolation.load_errors"):
+        f = probe(report, check_id)
+        assert f.outcome == Outcome.INCONCLUSIVE and "stopped answering" in f.summary, f.summary
+    alone = {e.field: e.value for e in probe(report, "isolation.load").evidence}["isolation.load.solo_unanswered"]
+    waited = [x for x in alone if x.split(": ", 1)[1].startswith("no answer within the 3 s")]
+    assert len(waited) == STALL_AFTER and alone[:STALL_AFTER] == waited, alone
+    assert alone[STALL_AFTER:] and all(x.split(": ", 1)[1].startswith("not sent") for x in alone[STALL_AFTER:])
+    skipped = probe(report, "skipped")
+    assert "canary round A" in skipped.summary and "canary round B" in skipped.summary, skipped.summary
     assert report.exit_status != ExitStatus.PASSED
 
 

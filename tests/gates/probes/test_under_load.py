@@ -112,6 +112,20 @@ def test_other_errors_under_load_are_their_own_finding() -> None:
     assert shed[CHECK_ERRORS].outcome == Outcome.INCONCLUSIVE
 
 
+def test_waves_none_of_which_was_answered_compare_nothing_and_pass_nothing() -> None:
+    late = ProbeResult("p", 32, 4, None, 20.0, timed_out=True, deadline_s=20.0)
+    f = run({k: late for k in healthy_wave()})
+    assert f[CHECK].outcome == Outcome.INCONCLUSIVE and "none of the 5 requests sent together" in f[CHECK].summary
+    assert f[CHECK_ERRORS].outcome == Outcome.INCONCLUSIVE
+
+
+def test_a_wave_request_not_sent_after_the_deployment_stopped_answering_is_no_error() -> None:
+    unsent = ProbeResult("p", 32, 4, None, 0.0, not_sent="3 accepted-length requests in a row got no answer")
+    f = run(healthy_wave() | {"a": unsent})
+    assert f[CHECK_ERRORS].outcome == Outcome.INCONCLUSIVE and "not sent: 3 accepted" in f[CHECK_ERRORS].summary
+    assert f[CHECK].outcome == Outcome.PASSED  # the four answered together were compared
+
+
 def reading_with(**fields: Any) -> Any:
     info = server_info(mode="decode", context=8192, pool=65536, page_size=16) | fields
     return parse_node(NodeSpec("decode", "http://127.0.0.1:9"), "/server_info", info, v1_models(8192), model_info())
