@@ -113,9 +113,10 @@ class _FreezeDecodeAt(NullObserver):
             os.kill(self.decode.pid, signal.SIGCONT)
 
 
-def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) -> None:
+def _check_frozen_at(deployment: Any, phase: str) -> Report:
+    """The probe gate (3 s deadlines) against a sim 0.5.22 pair whose decode freezes as `phase` begins."""
     dep = deployment(emulate="0.5.22", context_length=16_384, prefill_pool=32_768, decode_pool=32_768, page_size=16)
-    freeze = _FreezeDecodeAt(dep, "isolation (greedy replay)")
+    freeze = _FreezeDecodeAt(dep, phase)
     options = CheckOptions(
         prefill_urls=tuple(dep.prefill_urls),
         decode_urls=tuple(dep.decode_urls),
@@ -128,6 +129,11 @@ def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) ->
     finally:
         freeze.thaw()
     assert freeze.frozen
+    return report
+
+
+def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) -> None:
+    report = _check_frozen_at(deployment, "isolation (greedy replay)")
     assert probe(report, "tenants.round_a").outcome == Outcome.PASSED  # answered before the freeze
     skipped = probe(report, "skipped")
     assert skipped.outcome == Outcome.INCONCLUSIVE and "stopped answering" in skipped.summary, skipped.summary
@@ -142,20 +148,7 @@ def test_a_deployment_that_stops_answering_is_not_waited_out(deployment: Any) ->
 def test_a_deployment_that_stops_answering_under_load_gets_no_waves(deployment: Any) -> None:
     """The load check's prompts alone obey the same early stop: three unanswered, the rest not sent,
     no concurrent wave, both load findings inconclusive, and every later phase skipped."""
-    dep = deployment(emulate="0.5.22", context_length=16_384, prefill_pool=32_768, decode_pool=32_768, page_size=16)
-    freeze = _FreezeDecodeAt(dep, "isolation under load")
-    options = CheckOptions(
-        prefill_urls=tuple(dep.prefill_urls),
-        decode_urls=tuple(dep.decode_urls),
-        router_url=dep.router_url,
-        timeout=30.0,
-    )
-    settings = ProbeSettings.from_mapping({"deadline_s": 3, "tenants": 4, "latency_samples": 4}, "test")
-    try:
-        report = run_check(options, gates=[ProbeGate(settings)], observer=freeze)
-    finally:
-        freeze.thaw()
-    assert freeze.frozen
+    report = _check_frozen_at(deployment, "isolation under load")
     for check_id in ("isolation.load", "isolation.load_errors"):
         f = probe(report, check_id)
         assert f.outcome == Outcome.INCONCLUSIVE and "stopped answering" in f.summary, f.summary
