@@ -55,7 +55,11 @@ def test_watch_gives_the_real_pair_its_verdict(real_pair: RealPair, tmp_path: Pa
     assert "watch stopped" in w.log()
     if real_pair.spec.kind == "short":
         assert verdict == 1, doc["reason"]
-        assert res.status_code == 503 and "pool-context.headroom" in doc["reason"]
+        # The gate's own report, not the reason line: a router that marks the starved decode not_ready
+        # while the watch runs (smg's health rules; a clean clone beside a busy core, 2026-12-05) is a
+        # change the watch re-gates on, and the reason then says "re-gating" over the same failed report.
+        failed = [f["id"] for f in doc["report"]["findings"] if f["outcome"] == "failed"]
+        assert res.status_code == 503 and any(i.startswith("pool-context.headroom") for i in failed), doc["reason"]
         return
     out = tmp_path / "check.json"
     check = runner.invoke(app, ["check", *args, "-q", "-f", "json", "-o", str(out)])

@@ -102,8 +102,9 @@ class VerdictSeen:
 
 class Timeline:
     """What a running watch did, sampled every `every_s` in a thread on this process's monotonic clock:
-    when each metadata pass ended (/healthz's `last_pass_age_s`), each full gate's verdict (/verdict's
-    `age_s` dates the report), and the value of each of `probes` whenever it changes.
+    when each metadata pass ended (/healthz's `last_pass_age_s`), each full gate's verdict (one per
+    report, told apart by the report's own start and finish times; /verdict's `age_s` dates it), and
+    the value of each of `probes` whenever it changes.
 
     A pass or a report is placed to within one sample's HTTP round trip; passes closer than
     `PASS_SLACK_S` are one pass (a watch's passes are an interval apart, or a full gate apart)."""
@@ -118,6 +119,7 @@ class Timeline:
         self.every_s = every_s
         self.pass_ends: list[float] = []
         self.verdicts: list[VerdictSeen] = []
+        self._last_gate: tuple[object, ...] = ()
         self.values: list[tuple[float, str, object]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="watch-timeline", daemon=True)
@@ -145,7 +147,12 @@ class Timeline:
             doc = v.json() if v is not None else {}
             if v is not None and isinstance(doc.get("age_s"), (int, float)):
                 made = now - doc["age_s"]
-                if not self.verdicts or made - self.verdicts[-1].t > self.PASS_SLACK_S:
+                # One gate is one report: its own times name it. `made` moves by each sample's round trip
+                # (over a second apart on a loaded host), so it only dates the report.
+                rep = doc.get("report") or {}
+                gate = (rep.get("started_at"), rep.get("finished_at"), doc.get("exit_status"))
+                if not self.verdicts or gate != self._last_gate:
+                    self._last_gate = gate
                     self.verdicts.append(
                         VerdictSeen(made, v.status_code, doc.get("exit_status"), doc.get("reason", ""))
                     )
