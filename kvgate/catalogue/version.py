@@ -17,6 +17,7 @@ kvgate backports are never visible in a version string: they read as unknown her
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ class ReleaseString:
         return "final release"
 
 
+@functools.lru_cache(maxsize=1024)  # a fleet reports one or two strings, once per node and gate
 def parse_release(raw: str) -> ReleaseString:
     """Parse an sglang version; a string that is not PEP 440 is a usage error (exit 2)."""
     text = (raw or "").strip()
