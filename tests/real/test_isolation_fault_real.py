@@ -11,7 +11,8 @@ the real router:
 2. double free: the probe fails on the corruption aborts the real room check raises, naming #17259;
 3. double free with the room check bypassed (sglang before #17430), on a restarted decode (the second
    phase leaves the first wedged): nothing aborts, and the probe fails on the first tokens that
-   changed, found only by comparing with the answers given alone.
+   changed, found only by comparing with the answers given alone. Where the fault reached the control
+   prompt's copies too (the probe's rule: inconclusive), the phase is staged again, at most 3 times.
 The hook logs what it did (`events.jsonl`): a phase that injected nothing is an error, never a verdict.
 """
 
@@ -45,6 +46,11 @@ HOOK = Path(__file__).with_name("_meta_double_free.py")
 #: Each probe's deadline: a request whose slot another zeroed waits in the decode's transfer queue (the
 #: readiness gate sees no metadata), so some requests under the fault are never answered.
 DEADLINE_S = 30.0
+#: The silent phase is staged when the fault changes answers while the control prompt's copies keep
+#: theirs. Which requests share a slot is the scheduler's: where the copies share one too (seen beside a
+#: busy core), the probe cannot tell corruption from a batch that changes answers and says inconclusive,
+#: by its rule. The phase is then staged again on a fresh decode, at most this many times in all.
+SILENT_STAGINGS = 3
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +99,19 @@ def _probe(dep: PDDeployment) -> Finding:
     return f
 
 
+def _evidence(f: Finding) -> dict[str, object]:
+    return {e.field: e.value for e in f.evidence}
+
+
 def _shown(f: Finding) -> str:
-    ev = {e.field: e.value for e in f.evidence}
-    keys = ("corruption_aborts", "foreign_tokens", "changed_confident_tokens", "confident_positions_judged")
+    ev = _evidence(f)
+    keys = (
+        "corruption_aborts",
+        "foreign_tokens",
+        "changed_confident_tokens",
+        "control_disagreements",
+        "confident_positions_judged",
+    )
     return f"{f.outcome.value}: {f.summary} | " + "; ".join(f"{k}={ev.get('isolation.load.' + k)}" for k in keys)
 
 
@@ -121,13 +137,26 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
     # never comes, and each later request handed that slot joins them: the decode is wedged. A fresh
     # decode process for the last phase (the operator's restart; the router keeps its list).
     (folder / "mode").write_text("silent")
-    dep.restart_worker("decode", 0, pool=SPEC.decode_pool)
-    before = len(_events(folder))
-    silent = _probe(dep)
-    bypassed = [e for e in _events(folder)[before:] if e["event"] == "room_check_bypassed"]
-    assert bypassed, "no request read another's metadata slot under the silent fault: not staged"
-    assert silent.outcome == Outcome.FAILED, _shown(silent)
-    ev = {e.field: e.value for e in silent.evidence}
+    unstaged: list[str] = []
+    for _ in range(SILENT_STAGINGS):
+        dep.restart_worker("decode", 0, pool=SPEC.decode_pool)
+        before = len(_events(folder))
+        silent = _probe(dep)
+        bypassed = [e for e in _events(folder)[before:] if e["event"] == "room_check_bypassed"]
+        assert bypassed, "no request read another's metadata slot under the silent fault: not staged"
+        if silent.outcome == Outcome.FAILED:
+            break
+        # Never a pass: the one other outcome is the probe's rule for a control that disagrees.
+        assert silent.outcome == Outcome.INCONCLUSIVE, _shown(silent)
+        assert _evidence(silent)["isolation.load.control_disagreements"], _shown(silent)
+        unstaged.append(_shown(silent))
+    else:
+        pytest.skip(
+            f"the silent fault reached the control prompt's copies in each of {SILENT_STAGINGS} stagings, where "
+            "the probe cannot tell corruption from a batch that changes answers (inconclusive, by its rule): "
+            + " || ".join(unstaged)
+        )
+    ev = _evidence(silent)
     assert ev["isolation.load.corruption_aborts"] == [], _shown(silent)  # the room check saw nothing
     assert ev["isolation.load.foreign_tokens"] or ev["isolation.load.changed_confident_tokens"], _shown(silent)
     print(_shown(caught))

@@ -51,13 +51,14 @@ def _ev(f: dict[str, Any]) -> dict[str, Any]:
     return {e["field"]: e["value"] for e in f["evidence"]}
 
 
-def _not_passed(doc: dict[str, Any]) -> list[str]:
-    """Each finding that did not pass, with its evidence (what a rare miss under load needs to be read)."""
-    return [
+def _not_passed(doc: dict[str, Any]) -> str:
+    """Each finding that did not pass, with its evidence (what a rare miss under load needs to be read),
+    as one string: pytest shortens a list's repr in an assertion message, a string it prints whole."""
+    return "\n".join(
         f"{f['id']}: {f['summary']} | evidence: {json.dumps(f.get('evidence'))[:3000]}"
         for f in doc["findings"]
         if f["outcome"] not in ("passed", "info")
-    ]
+    )
 
 
 @pytest.mark.slow
