@@ -14,10 +14,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from tests.assets.loopback import LoopbackServer
 
 _report_problems: list[str] = []
 # Each is one unit of work under xdist, run by one worker in collection order: the real-SGLang tier (one
@@ -100,7 +102,7 @@ class PayloadServer:
     routes: dict[str, Route] = field(default_factory=dict)
     seen_headers: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
-    _server: ThreadingHTTPServer | None = None
+    _server: LoopbackServer | None = None
 
     def start(self) -> PayloadServer:
         owner = self
@@ -130,8 +132,7 @@ class PayloadServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
+        self._server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self

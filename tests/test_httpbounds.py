@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.server
 import socket
-import socketserver
 import ssl
 import struct
 import threading
@@ -26,6 +25,7 @@ import pytest
 
 from kvgate import httpbounds
 from kvgate.httpbounds import bounded_client
+from tests.assets.loopback import LoopbackServer
 
 SAFETY_S = 30.0  # outer net only: each staged step takes milliseconds
 
@@ -48,10 +48,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         pass
 
 
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
 @pytest.fixture(autouse=True)
 def _no_expiry_by_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep-alive expiry (2 s idle) is the pool's one way to retire a connection by wall time: on a loaded
@@ -63,7 +59,7 @@ def _no_expiry_by_wall_time(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv = LoopbackServer(("127.0.0.1", 0), _Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{srv.server_address[1]}/generate"

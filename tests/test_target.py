@@ -76,7 +76,9 @@ class _FleetServer:
 
     def __init__(self, delay_s: float, missing: tuple[str, ...] = ()) -> None:
         import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler
+
+        from tests.assets.loopback import LoopbackServer
 
         self.in_flight = 0
         self.max_in_flight = 0
@@ -116,11 +118,7 @@ class _FleetServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        class Server(ThreadingHTTPServer):
-            request_queue_size = 1024  # the listen backlog: every worker's GETs arrive at once
-
-        self.server = Server(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)  # every worker's GETs arrive at once
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 

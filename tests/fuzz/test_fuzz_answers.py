@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -25,6 +25,7 @@ from kvgate.gates.probes.client import GenerateClient, ProbeResult, _stream_body
 from kvgate.gates.probes.contract import Verdict, classify
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
 from kvgate.gates.probes.sentinels import WHOLE, new_sentinel, scan
+from tests.assets.loopback import LoopbackServer
 from tests.fuzz.conftest import CLI_EXAMPLES
 from tests.fuzz.mutations import KINDS, mutate, paths
 
@@ -180,8 +181,7 @@ class _Generate:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

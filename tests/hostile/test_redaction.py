@@ -17,7 +17,7 @@ import os
 import re
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.contract import classify
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
 from kvgate.reporting import emit
+from tests.assets.loopback import LoopbackServer
 
 B64TOKEN = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/"
 # Text around the token that shares no character with it, so "no character of the token survives" can be
@@ -247,7 +248,7 @@ class EchoServer:
                 self.end_headers()
                 self.wfile.write(data)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import ByteCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.progress import NullObserver
+from tests.assets.loopback import LoopbackServer
 
 LIMITS = ProbeLimits(context=8192, max_req_input_len=8000, page_size=1, pool=None)
 # A deployment measured at 1 ms per one-page request (0.5 ms noise) and 10 ms at 4,096 tokens.
@@ -109,8 +110,7 @@ class _AbortEndpoint:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

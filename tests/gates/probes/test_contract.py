@@ -6,7 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -15,13 +15,14 @@ import pytest
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.contract import Verdict, classify
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
+from tests.assets.loopback import LoopbackServer
 
 Answer = Callable[[dict[str, Any]], tuple[int, bytes, str, float]]  # status, body, content type, delay
 
 
 @pytest.fixture
 def generate_server() -> Iterator[Callable[[Answer], str]]:
-    servers: list[ThreadingHTTPServer] = []
+    servers: list[LoopbackServer] = []
 
     def make(answer: Answer) -> str:
         class Handler(BaseHTTPRequestHandler):
@@ -41,8 +42,7 @@ def generate_server() -> Iterator[Callable[[Answer], str]]:
                 except (BrokenPipeError, ConnectionResetError):
                     pass
 
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        srv.daemon_threads = True
+        srv = LoopbackServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         servers.append(srv)
         return f"http://127.0.0.1:{srv.server_address[1]}"

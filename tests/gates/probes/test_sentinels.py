@@ -14,6 +14,7 @@ from kvgate.gates.probes.sentinels import (
     scan,
 )
 from kvgate.sim import tokenizer as sim_tokenizer
+from tests.assets.loopback import LoopbackServer
 
 
 def test_fresh_per_call() -> None:
@@ -65,7 +66,7 @@ def _tokenizer_server(offset: int, lossy: bool = False):
     """A loopback worker with SGLang's /v1/tokenize and /v1/detokenize over a shifted byte vocabulary."""
     import json
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -85,7 +86,7 @@ def _tokenizer_server(offset: int, lossy: bool = False):
             self.end_headers()
             self.wfile.write(data)
 
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv = LoopbackServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
