@@ -80,7 +80,8 @@ def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
     confirmed = cal["requests"] > JITTER_SAMPLES + PER_LENGTH * len(measured)
     assert cal["observable"] or confirmed or max(measured) >= SIM_UP["context_length"] - SIM_UP["page_size"], cal
     base, noise = cal["one_page_median_ms"] / 1000, cal["jitter_ms"] / 1000
-    # the latency probe's long length is a length the calibration measured clear of the noise
+    # the latency probe's long length is a length the calibration measured clear of the noise, or, where none
+    # was, one extrapolated past the longest measured
     lat = _ev(_finding(doc, "probes.latency.prefill_scaling"))["latency.plan"]
     if lat["limited_by"] is None:
         # the first pass's length (a pass that missed the effect under load is run again 4x longer,
@@ -90,8 +91,17 @@ def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
             if lat["earlier_passes"]
             else lat["long_tokens"]
         )
-        assert first in measured, (first, measured)
-        assert measured[first] - base >= max(EFFECT_NOISE * noise, MIN_EFFECT_S) * 0.999
+        want = max(EFFECT_NOISE * noise, MIN_EFFECT_S)
+        slack = EFFECT_NOISE * 0.005e-3 + 0.01e-3  # the report rounds times to 0.01 ms
+        if first in measured:
+            assert measured[first] - base >= want - slack, (first, measured, cal)
+        else:
+            # No measured length reached the effect (growth stopped short, above): the length is extrapolated
+            # past the longest measured at the calibrated time per token (Calibration.tokens_for), never an
+            # interpolation between measured lengths (sim 0.5.23 beside the suite: 2,558 after 2,048).
+            assert first > max(measured), (first, measured, cal)
+            assert all(t - base < want + slack for t in measured.values()), (first, measured, cal)
+            assert cal["prefill_us_per_token"] * 1e-6 * (first - cal["one_page_tokens"]) >= want - slack, (first, cal)
     # the abort probe says how many tries it took and what it was sized from
     abort = _ev(_finding(doc, "probes.abort.mid_transfer"))
     assert 1 <= abort["abort.first_cancel_at_try"] <= abort["abort.tries"] <= abort["abort.plan"]["max_tries"]
