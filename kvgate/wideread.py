@@ -342,9 +342,37 @@ def get_each(
                 sock.close()
                 continue
             r.sock = sock
+            if not r.https and _send_at_once(r, sock):
+                sel.register(sock, selectors.EVENT_READ, r)
+                return
+            if r.sock is None:  # refused at once: the host's next address, if it has one
+                continue
             sel.register(sock, selectors.EVENT_WRITE, r)
             return
         fail(r, f"unreachable: {r.problem}")
+
+    def _send_at_once(r: _Request, sock: socket.socket) -> bool:
+        """Send the request now if the connection is already up (a near peer's usually is by the time
+        connect returns): saves the wait for writability and a selector change per request. True when
+        it was sent whole; False when the caller should wait for the connection (r.sock still set) or
+        try the next address (r.sock cleared: the connection failed)."""
+        nonlocal unsent
+        try:
+            r.sent = sock.send(r.out)
+        except BlockingIOError:  # still connecting
+            return False
+        except OSError as exc:
+            r.problem = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+            sock.close()
+            r.sock = None
+            return False
+        r.state = _SEND
+        if r.sent < len(r.out):
+            return False
+        r.state = _READ
+        r.unsent = False
+        unsent -= 1
+        return True
 
     def step(r: _Request) -> None:
         nonlocal unsent

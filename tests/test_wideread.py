@@ -280,3 +280,43 @@ def test_a_refused_first_address_falls_through_to_the_next(
     assert _read([f"http://two.test:{closed}"]) == [
         Failure(f"http://two.test:{closed}/server_info: unreachable: ECONNREFUSED")
     ]
+
+
+def test_a_connection_still_pending_is_waited_for_then_read() -> None:
+    """A request is sent as soon as connect returns when the connection is already up; where it is
+    not (here: a full accept queue drops the handshake until the server accepts), the reader waits
+    for the connection instead of failing, and reads the answer once it comes."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(3):  # fill the accept queue: the next handshake stays unanswered until an accept
+        f = socket.socket()
+        f.setblocking(False)
+        f.connect_ex(("127.0.0.1", port))
+        fillers.append(f)
+    time.sleep(0.2)
+    got: list[Answer | Failure] = []
+    reader = threading.Thread(target=lambda: got.extend(_read([f"http://127.0.0.1:{port}"], timeout=20.0)))
+    reader.start()
+    time.sleep(0.5)
+    assert not got, "the reader must still be waiting for its connection"
+    served = 0
+    listener.settimeout(20.0)
+    while reader.is_alive() and served < 10:
+        conn, _ = listener.accept()
+        served += 1
+        conn.settimeout(1.0)
+        try:
+            data = conn.recv(65536)
+        except TimeoutError:
+            data = b""
+        if data.startswith(b"GET /server_info"):
+            conn.sendall(head(length=2) + b"{}")
+        conn.close()
+        if data:
+            reader.join(10.0)
+    reader.join(10.0)
+    listener.close()
+    for f in fillers:
+        f.close()
+    assert got == [Answer(200, b"{}")]
