@@ -342,7 +342,7 @@ def get_each(
                 sock.close()
                 continue
             r.sock = sock
-            if not r.https and _send_at_once(r, sock):
+            if not r.https and send_at_once(r, sock):
                 sel.register(sock, selectors.EVENT_READ, r)
                 return
             if r.sock is None:  # refused at once: the host's next address, if it has one
@@ -351,7 +351,7 @@ def get_each(
             return
         fail(r, f"unreachable: {r.problem}")
 
-    def _send_at_once(r: _Request, sock: socket.socket) -> bool:
+    def send_at_once(r: _Request, sock: socket.socket) -> bool:
         """Send the request now if the connection is already up (a near peer's usually is by the time
         connect returns): saves the wait for writability and a selector change per request. True when
         it was sent whole; False when the caller should wait for the connection (r.sock still set) or
