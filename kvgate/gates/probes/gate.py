@@ -417,6 +417,9 @@ class _Run:
                 continue
             bad = [(rec, c) for rec, c in obs if not c.verdict.ok and c.verdict != Verdict.NO_OBSERVATION]
             if bad:
+                # An answer served for a length that must be rejected is the incident itself: it leads
+                # whichever sample showed it, so the headline does not hang on the order samples ran in.
+                bad.sort(key=lambda rc: rc[1].verdict != Verdict.SERVED_OVER_LIMIT)
                 rec, c = bad[0]
                 classes = sorted({c2.verdict.value for _, c2 in bad})
                 why, remedy = self._untold_decode(p, obs, rec, c)

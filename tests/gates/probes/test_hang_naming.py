@@ -1,4 +1,5 @@
-"""How a contract hang is named when the prefill rejects a length that the decode admits.
+"""How a contract failure is named: which sample leads it, and a hang when the prefill rejects a length
+that the decode admits.
 
 What the real 0.5.20-0.5.23 servers did behind smg 1.13.0: the prefill retires such a request (after
 its forward, or at the 0.5.21+ admission door) and never tells the decode, which waits for the KV
@@ -122,3 +123,22 @@ def test_an_accepted_hang_without_hung_rejections_is_not_blamed_on_them() -> Non
     run._contract_findings([LONGEST])
     (f,) = run.findings
     assert f.summary == "hang: longest_accepted (4,089 tokens) [B-plant]: detail" and f.remedy == REMEDY_REJECT
+
+
+def test_a_served_sample_leads_the_finding_whichever_sample_ran_first() -> None:
+    """The simulated 0.5.19 incident once answered its first over-limit sample empty (its pages never
+    written yet) and the later ones with stale text: the headline named the empty one. The served
+    answer is the incident itself: it leads, and every class seen is still listed."""
+    for order in (
+        (Verdict.EMPTY_200_OVER_LIMIT, Verdict.SERVED_OVER_LIMIT),
+        (Verdict.SERVED_OVER_LIMIT, Verdict.EMPTY_200_OVER_LIMIT),
+    ):
+        run = _run(prefill_mril=4090, decode_mril=4090)
+        for phase, verdict in zip(("A", "B"), order, strict=True):
+            _observe(run, POOL_LIMIT, phase, verdict, stream=False, status=200)
+        run._contract_findings([POOL_LIMIT])
+        (f,) = run.findings
+        assert f.outcome == Outcome.FAILED
+        assert f.summary.startswith("served_over_limit: pool_limit (4,090 tokens) ["), f.summary
+        assert "(classes seen: empty_200_over_limit, served_over_limit)" in f.summary
+        assert f.remedy == REMEDY_REJECT
