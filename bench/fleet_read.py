@@ -13,9 +13,9 @@ distant worker). On each fleet, in one run, interleaved, median of --repeat runs
   pass, as in a running watch;
 - floor: bare non-blocking sockets sending the same GETs to every worker at once (each as soon as its
   connection is up) and reading the answers whole, nothing parsed and no listing: the least a read can
-  cost on this machine. On a
-  2-core machine the one-process fleet host and the client share the cores, so part of any
-  1,024-worker read is the host's accepting and answering; the floor shows how much.
+  cost on this machine. On a 2-core machine the one-process fleet host and the client share the
+  cores, so part of any 1,024-worker read is the host's accepting and answering; the floor shows how
+  much.
 
     .venv/bin/python bench/fleet_read.py [--sizes 2,1024] [--delay 0.3] [--repeat 5] [--json]
 
