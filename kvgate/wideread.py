@@ -356,7 +356,6 @@ def get_each(
         connect returns): saves the wait for writability and a selector change per request. True when
         it was sent whole; False when the caller should wait for the connection (r.sock still set) or
         try the next address (r.sock cleared: the connection failed)."""
-        nonlocal unsent
         try:
             r.sent = sock.send(r.out)
         except BlockingIOError:  # still connecting
@@ -369,13 +368,17 @@ def get_each(
         r.state = _SEND
         if r.sent < len(r.out):
             return False
+        sent_whole(r)
+        return True
+
+    def sent_whole(r: _Request) -> None:
+        """The request is on the wire: from here only its answer is awaited."""
+        nonlocal unsent
         r.state = _READ
         r.unsent = False
         unsent -= 1
-        return True
 
     def step(r: _Request) -> None:
-        nonlocal unsent
         sock = r.sock
         assert sock is not None
         try:
@@ -407,9 +410,7 @@ def get_each(
                 if r.sent < len(r.out):
                     sel.modify(sock, selectors.EVENT_WRITE, r)
                     return
-                r.state = _READ
-                r.unsent = False
-                unsent -= 1
+                sent_whole(r)
                 sel.modify(sock, selectors.EVENT_READ, r)
                 return  # the answer is at least a round trip away
             while True:  # _READ: take everything the kernel (and TLS) has now
