@@ -281,12 +281,17 @@ READ_THE_CODE = (
 
 
 def to_findings(
-    a: Assessment, *, gate: str = GATE, node: str | None = None, require_code: bool = False
+    a: Assessment,
+    *,
+    gate: str = GATE,
+    node: str | None = None,
+    require_code: bool = False,
+    version_opt_out: str = "--trust-version",
 ) -> list[Finding]:
     """One finding per catalogue entry. Correctness fixes gate: absent -> failed; unknown, weak or (with
     `require_code`) version-only -> inconclusive, and unknown or weak blocks whatever the strictness
     (`entry_blocks`, as `correctness_verdict` decides for check). A tampered backport fails whatever it
-    stands for."""
+    stands for. `version_opt_out` is the calling command's flag that accepts a version string alone."""
     node = node or a.target
     out: list[Finding] = []
     for s in a.statuses:
@@ -328,7 +333,7 @@ def to_findings(
                     node,
                     summary,
                     *ev,
-                    remedy=READ_THE_CODE + "; or accept the version string with --trust-version",
+                    remedy=f"{READ_THE_CODE}; or accept the version string with {version_opt_out}",
                 )
             )
         elif s.presence is Presence.ABSENT:

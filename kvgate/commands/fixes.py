@@ -228,7 +228,13 @@ def fixes(
             command="fixes",
             findings=tuple(
                 _with_missing_files(
-                    to_findings(a, node=f"sglang {a.release}" if a.release else a.target, require_code=gates_worker),
+                    to_findings(
+                        a,
+                        node=f"sglang {a.release}" if a.release else a.target,
+                        require_code=gates_worker,
+                        # `fixes` has no --trust-version: its opt-out from "version string only" is --no-strict
+                        version_opt_out="--no-strict",
+                    ),
                     a,
                     scan,
                 )

@@ -208,6 +208,9 @@ def test_url_reads_version_from_server_info(payload_server) -> None:  # type: ig
     # a version string proves no fix: strict at the default, as `check` is on the same worker (exit 3)
     assert rc == 3 and doc["target"]["release"] == "0.5.22" and doc["target"]["backend"] == "mooncake"
     assert doc["strict"] is True and any(f["outcome"] == "inconclusive" for f in doc["findings"])
+    remedies = " ".join(f.get("remedy") or "" for f in doc["findings"])
+    # `fixes` has no --trust-version: its remedy names the opt-out it has, and that flag parses
+    assert "--no-strict" in remedies and "--trust-version" not in remedies
     rc, doc = _json("--url", srv.url, "--no-strict")
     assert rc == 0 and any("strictness opted out (--no-strict)" in n for n in doc["notes"])
     srv20 = payload_server({"/server_info": Route({"version": "0.5.20"})})
