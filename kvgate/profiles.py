@@ -99,6 +99,15 @@ def _refuse_aliases(where: str, text: str) -> None:
             raise ProfileError(where, None, f"line {line}: YAML anchors and aliases (&name, *name) are not allowed")
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """PyYAML's error as one line naming the line and column (its own text spans lines and names the
+    stream "<unicode string>", not the file, which the caller names)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    parts = [str(p) for p in (getattr(exc, "context", None), getattr(exc, "problem", None)) if p]
+    what = ", ".join(parts) or " ".join(str(exc).split())
+    return f"line {mark.line + 1}, column {mark.column + 1}: {what}" if mark is not None else what
+
+
 def load(ref: str) -> Profile:
     """Load and validate one profile."""
     path = resolve(ref)
@@ -110,7 +119,7 @@ def load(ref: str) -> Profile:
         _refuse_aliases(where, text)
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ProfileError(where, None, f"not valid YAML: {exc}") from None
+        raise ProfileError(where, None, f"not valid YAML: {_yaml_problem(exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(where, None, f"cannot read: {exc}") from None
     if not isinstance(doc, dict):
