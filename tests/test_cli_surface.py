@@ -256,3 +256,16 @@ def test_on_a_terminal_a_usage_error_is_printed_once(tmp_path: Path) -> None:
     screen = b"".join(chunks).decode()
     assert screen.count("Invalid value for '--headroom'") == 1, screen
     assert "USAGE ERROR" in screen and "check --help' for help." in screen
+
+
+def test_top_level_help_shows_every_summary_whole() -> None:
+    """click cuts a command's summary at the width with "..."; kvgate's group wraps it whole."""
+    import typer.main
+
+    from kvgate.commands._common import summary_of
+
+    res = runner.invoke(app, ["--help"], terminal_width=80, env={"COLUMNS": "80"})
+    listing = " ".join(res.output.split("Commands:")[1].split())
+    assert res.exit_code == 0 and "..." not in listing, res.output
+    for name, cmd in typer.main.get_command(app).commands.items():  # type: ignore[attr-defined]
+        assert f"{name} {summary_of(cmd)}" in listing, name

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
 import sys
 from collections.abc import Callable
@@ -121,12 +122,49 @@ VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
 QUIET_HELP = "No progress lines on stderr (the report and errors still print)."
 
 
-def _one_terminal() -> bool:
-    """stdout and stderr are the same terminal: a line on each would show the same message twice."""
+def _same_place() -> bool:
+    """stdout and stderr end in the same place: the same terminal, or the same file or pipe (`2>&1`,
+    a job log that takes both through one pipe). A line on each would show it twice there."""
     try:
-        return sys.stdout.isatty() and sys.stderr.isatty() and os.ttyname(1) == os.ttyname(2)
-    except (OSError, ValueError, AttributeError):
+        out, err = os.fstat(sys.stdout.fileno()), os.fstat(sys.stderr.fileno())
+        if (out.st_dev, out.st_ino) == (err.st_dev, err.st_ino):
+            return True
+        if sys.stdout.isatty() and sys.stderr.isatty():
+            return os.ttyname(sys.stdout.fileno()) == os.ttyname(sys.stderr.fileno())
         return False
+    except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+        return False
+
+
+def _cannot_write(dest: Path) -> str | None:
+    """Why a report file plainly cannot be written there (checked before anything is rendered)."""
+    if dest.is_dir():
+        return "it is a folder"
+    parent = dest.parent
+    if not parent.is_dir():
+        return f"no folder {parent}"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"the folder {parent} is not writable"
+    return None
+
+
+def _unwritable_outputs(
+    report: Report, pairs: list[tuple[ReportFormat, Path | None]]
+) -> tuple[Report, list[tuple[ReportFormat, Path | None]]]:
+    """A passing report whose file cannot be written is a usage error (exit 2) in every output, the
+    table included, before any is rendered; any other verdict stands, with a note. Returns the report
+    and the outputs still to write."""
+    why = {i: _cannot_write(dest) for i, (_, dest) in enumerate(pairs) if dest is not None}
+    said = [f"cannot write the {pairs[i][0].value} report to {pairs[i][1]}: {w}" for i, w in why.items() if w]
+    if not said:
+        return report, pairs
+    kept = [pair for i, pair in enumerate(pairs) if not why.get(i)]
+    if report.exit_status is ExitStatus.PASSED:
+        errors = tuple(Finding("kvgate", "run", "kvgate", Outcome.ERROR, s) for s in said)
+        return replace(report, findings=report.findings + errors, fatal_status=ExitStatus.USAGE_ERROR), kept
+    for s in said:
+        sinks.echo(f"kvgate: error: {s}", err=True)
+    return replace(report, notes=report.notes + tuple(said)), kept
 
 
 def finish(
@@ -134,16 +172,21 @@ def finish(
 ) -> NoReturn:
     """Write the report everywhere it was asked for, then exit with its status.
 
-    A run that could not start or broke says why on stderr (`kvgate: error: ...`, once; not when
-    stderr is the very terminal the table is printed on, which says it already), then `hint`.
-    With strictness opted out the report says so and names what was not observed. A report file that
-    could not be written turns a pass into a usage error: a pipeline must not promote on a verdict
-    nobody can read.
+    The table on stdout carries the verdict and any error. stderr repeats them (`kvgate: error: ...`,
+    once, then the verdict line) only where the table is not read there: stdout carries a machine format
+    (`-f json`, `-f sarif`, ...), or stdout goes elsewhere than stderr. `hint` follows an
+    error. With strictness opted out the report says so and names what was not observed. A report file
+    that could not be written turns a pass into a usage error, and the table says so: a pipeline must
+    not promote on a verdict nobody can read.
     """
+    from kvgate.formats.digest import verdict_line
     from kvgate.reporting import emit
 
+    report, pairs = _unwritable_outputs(report, pairs)
+    on_stdout = [fmt for fmt, dest in pairs if dest is None]
+    table_read = (not on_stdout or ReportFormat.TABLE in on_stdout) and _same_place()
     if report.fatal_status is not None:
-        if not _one_terminal():
+        if not table_read:
             for f in report.findings:
                 if f.outcome is Outcome.ERROR:
                     sinks.echo(f"kvgate: error: {f.summary}", err=True, indent_lines=True)
@@ -157,6 +200,8 @@ def finish(
     problems = emit(report, pairs, verbose=verbose)
     for p in problems:
         sinks.echo(f"kvgate: error: {p}", err=True)
+    if on_stdout and ReportFormat.TABLE not in on_stdout:
+        sinks.echo(verdict_line(report), err=True)  # stdout is for a machine: the person reads stderr
     status = report.exit_status
     if problems and status is ExitStatus.PASSED:
         status = ExitStatus.USAGE_ERROR
@@ -366,6 +411,14 @@ def one_vocabulary(cmd: Any) -> None:
         one_vocabulary(sub)
 
 
+def summary_of(cmd: Any) -> str:
+    """A command's one-sentence summary: its short help, else its help's first sentence, whole."""
+    text = cmd.short_help or (cmd.help or "").split("\n\n")[0]
+    text = " ".join(text.split())
+    head, dot, _ = text.partition(". ")
+    return head + "." if dot else text
+
+
 class KvgateGroup(TyperGroup):
     """The command groups: an unknown command or a missing argument answers as every kvgate error does;
     every option shows a real metavar and its default one way (one_vocabulary)."""
@@ -373,6 +426,18 @@ class KvgateGroup(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         one_vocabulary(self)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """Each command with its whole summary, wrapped (click cuts it at the width with "...")."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            rows.append((name, summary_of(cmd)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: Any) -> Any:
         try:

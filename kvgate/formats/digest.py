@@ -26,6 +26,12 @@ _VERDICT = {
     ExitStatus.INTERNAL_ERROR: "INTERNAL ERROR: kvgate itself broke, nothing was decided",
     ExitStatus.INTERRUPTED: "INTERRUPTED: stopped before the verdict, nothing was decided",
 }
+# "do not promote" is said only by a command that judged a deployment; these judged something else.
+_FAILED_WITHOUT_DEPLOYMENT = {
+    "plan": "GATE FAILED: this plan would not pass the gate",
+    "fixes": "GATE FAILED: the code lacks a correctness fix or carries a tampered backport",
+    "backport": "GATE FAILED: the backport is not in force",
+}
 MAX_HEADLINES = 6
 MAX_LIST_ITEMS = 4
 
@@ -34,6 +40,8 @@ def verdict_line(report: Report) -> str:
     """`kvgate check: GATE FAILED: do not promote (exit 1)`."""
     status = report.exit_status
     said = _VERDICT[status]
+    if status is ExitStatus.GATE_FAILED:
+        said = _FAILED_WITHOUT_DEPLOYMENT.get(report.command.split()[0], said)
     if status is ExitStatus.INCONCLUSIVE and not report.strict:
         # strictness was off: what blocked is a check that blocks whatever the setting
         said = "INCONCLUSIVE: a check that blocks whatever the strictness could not be observed"

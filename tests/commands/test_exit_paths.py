@@ -133,3 +133,44 @@ def test_sigterm_mid_run_writes_the_report_and_exits_130(
     doc = json.loads(out.read_text())
     assert doc["exit_status"] == 130 and doc["verdict"] == "interrupted"
     assert "interrupted" in doc["findings"][0]["summary"] and "interrupted" in err
+
+
+# --- where the verdict and errors go (issue 42) --------------------------------------------------
+
+KVGATE = [sys.executable, "-c", "from kvgate.cli import main; main()"]
+
+
+def _kvgate(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVGATE, *args], text=True, timeout=120, **kwargs)
+
+
+def test_an_error_is_said_once_where_stdout_and_stderr_meet() -> None:
+    """`2>&1` into a log or a pipe: the table carries the error, stderr does not repeat it there; where
+    the two streams go apart, stderr still says it."""
+    res = _kvgate("fixes", "--release", "garbage", stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert res.returncode == 2 and res.stdout.count("not a PEP 440") == 1, res.stdout
+    res = _kvgate("fixes", "--release", "garbage", capture_output=True)  # two pipes
+    assert res.returncode == 2 and "not a PEP 440" in res.stdout and "not a PEP 440" in res.stderr
+
+
+@pytest.mark.parametrize("fmt", ["json", "sarif"])
+def test_a_machine_format_on_stdout_leaves_the_verdict_and_errors_on_stderr(fmt: str) -> None:
+    res = _kvgate("fixes", "--release", "0.5.20", "-f", fmt, capture_output=True)
+    assert res.returncode == 1 and json.loads(res.stdout)  # stdout is the document alone
+    assert res.stderr.strip().splitlines()[-1].startswith("kvgate fixes: GATE FAILED") and "(exit 1)" in res.stderr
+    res = _kvgate("fixes", "--release", "garbage", "-f", fmt, capture_output=True)
+    assert res.returncode == 2 and json.loads(res.stdout)
+    assert "kvgate: error:" in res.stderr and "not a PEP 440" in res.stderr and "USAGE ERROR" in res.stderr
+
+
+def test_an_unwritable_output_is_a_usage_error_in_the_table_too(tmp_path: Path) -> None:
+    """The table must not say PASSED (exit 0) while the process exits 2."""
+    missing = tmp_path / "no-such-folder" / "r.json"
+    for target in (missing, tmp_path):  # a folder that is not there; a folder given as the file
+        res = runner.invoke(app, ["fixes", "--release", "0.5.22", "-f", "json", "-o", str(target)])
+        assert res.exit_code == 2, res.output
+        assert "USAGE ERROR" in res.stdout and "PASSED" not in res.stdout and "(exit 0)" not in res.stdout
+        assert "cannot write the json report to" in " ".join(res.stdout.split())
+    # a verdict that is not a pass stands (exit 1), and says the file is missing
+    res = runner.invoke(app, ["fixes", "--release", "0.5.20", "-f", "json", "-o", str(missing)])
+    assert res.exit_code == 1 and "cannot write the json report" in " ".join(res.output.split())

@@ -62,7 +62,8 @@ def test_table_shows_fix_class_presence_and_how() -> None:
     res = _run("--release", "0.5.20")
     out = res.stdout
     assert "pr-38935" in out and "absent" in out and "admission" in out and "by version" in out
-    assert out.startswith("kvgate fixes: GATE FAILED: do not promote (exit 1)")
+    # fixes judged code, not a deployment: no "do not promote"
+    assert out.startswith("kvgate fixes: GATE FAILED: the code lacks a correctness fix or carries a tampered backport")
 
 
 def test_garbage_version_exits_2_with_a_clear_message() -> None:

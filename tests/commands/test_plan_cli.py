@@ -225,7 +225,8 @@ def test_every_format_is_written_before_the_exit(fmt: ReportFormat, tmp_path: Pa
         assert ET.fromstring(text).find(".//failure") is not None
     else:
         assert "plan" in text and "failed" in text.lower()
-    assert "GATE FAILED: do not promote (exit 1)" in res.stdout  # the verdict still reaches the job log
+    # the verdict still reaches the job log, without "do not promote": plan looked at no deployment
+    assert "kvgate plan: GATE FAILED: this plan would not pass the gate (exit 1)" in res.stdout
 
 
 @pytest.mark.parametrize(
