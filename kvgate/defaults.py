@@ -28,3 +28,6 @@ PROBE_BODY_CAP = 8 * MIB
 
 STREAM_LINE_CAP = 1 * MIB
 """Bytes of one line of a streamed answer (one SSE frame)."""
+
+# The release `kvgate drill` and `kvgate sim up` reproduce when none is given: the incident's own.
+INCIDENT_RELEASE = "0.5.19"

@@ -238,7 +238,7 @@ class PDDeployment:
         """Start the workers, then the router, and wait until a request is served (`kvgate.pdstart`)."""
         self.plan.validate()
         self.plan = self.plan.resolved()
-        if not self.plan.model_path:
+        if not self.plan.model_path and self.plan.engine != "sim":  # the simulator serves its own toy model
             raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
         plan = self.plan
         log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix="kvgate-pd-"))

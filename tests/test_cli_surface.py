@@ -269,3 +269,16 @@ def test_top_level_help_shows_every_summary_whole() -> None:
     assert res.exit_code == 0 and "..." not in listing, res.output
     for name, cmd in typer.main.get_command(app).commands.items():  # type: ignore[attr-defined]
         assert f"{name} {summary_of(cmd)}" in listing, name
+
+
+def test_drill_and_sim_up_reproduce_the_same_release_by_default() -> None:
+    from kvgate.defaults import INCIDENT_RELEASE
+
+    for path in (["drill"], ["sim", "up"]):
+        res = runner.invoke(app, [*path, "--help"], terminal_width=200, env={"COLUMNS": "200"})
+        assert re.search(rf"\(default:? {re.escape(INCIDENT_RELEASE)}\b", " ".join(res.output.split())), path
+
+
+def test_up_takes_plan_s_tp_spelling() -> None:
+    res = runner.invoke(app, ["up", "--tp", "2", "--tp-size", "4", "--model-path", "m"])
+    assert res.exit_code == 2 and "disagree" in res.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -99,8 +100,6 @@ def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
             "sim",
             "--release",
             "0.5.22",
-            "--model-path",
-            "toy",
             "--context-length",
             "8192",
             "--prefill-pool",
@@ -123,6 +122,11 @@ def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
     assert {n["role"] for n in doc["target"]["nodes"]} == {"prefill", "decode"}
     deferred = [f for f in doc["findings"] if f["check"] == "deferred-release"]
     assert deferred and all(f["outcome"] == "passed" for f in deferred), deferred
+    # no --model-path: the simulator serves its own; the temp log folder it leaves is said, with its size
+    (logs,) = [n for n in doc["notes"] if n.startswith("worker logs: ")]
+    folder = Path(logs.split()[2])
+    assert folder.is_dir() and folder.name.startswith("kvgate-pd-") and f"rm -rf {folder}" in logs
+    shutil.rmtree(folder)
 
 
 @pytest.mark.slow

@@ -118,6 +118,19 @@ def fatal_report(command: str, exc: BaseException, strict: bool = True) -> Repor
     return Report(command=command, findings=(finding,), strict=strict, fatal_status=err.exit_status)
 
 
+def logs_left(what: str, log_dir: Path | None) -> tuple[str, ...]:
+    """The report's note for a run's log folder, where it left one (interrupted runs included)."""
+    from kvgate.paths import left_behind
+
+    if log_dir is None or not log_dir.is_dir():
+        return ()
+    return (left_behind(what, log_dir, f"delete with rm -rf {log_dir}"),)
+
+
+def with_notes(report: Report, notes: tuple[str, ...]) -> Report:
+    return replace(report, notes=report.notes + notes) if notes else report
+
+
 VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
 QUIET_HELP = "No progress lines on stderr (the report and errors still print)."
 

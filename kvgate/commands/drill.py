@@ -25,10 +25,13 @@ from kvgate.commands._common import (
     fatal_report,
     finish,
     handle_errors,
+    logs_left,
     resolve_strict,
     with_anchors,
+    with_notes,
 )
-from kvgate.errors import KvgateError, UsageError
+from kvgate.defaults import INCIDENT_RELEASE
+from kvgate.errors import Interrupted, KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
 # The incident's numbers on the simulator; on the real server on CPU, its shape scaled to the tiny model.
@@ -91,6 +94,11 @@ def _deployment(
     )
 
 
+def _logs(engine: str, dep: Any) -> tuple[str, ...]:
+    what = "simulator logs" if engine == "sim" else "server logs"
+    return logs_left(what, getattr(dep, "log_dir", None))
+
+
 @handle_errors
 def drill(
     release: str | None = typer.Option(
@@ -134,7 +142,6 @@ def drill(
     """Run the full gate against a PD deployment it starts: the simulator, or the real server on CPU."""
     from kvgate.check import run_check
     from kvgate.gates.base import CheckOptions
-    from kvgate.paths import left_behind
     from kvgate.progress import NullObserver, terminal_observer
     from kvgate.reporting import pair_outputs
 
@@ -146,6 +153,7 @@ def drill(
         probes["early_stop"] = False
     observer = terminal_observer(quiet)
     is_strict, strict_source = resolve_strict(strict)
+    dep: Any = None
     try:
         if engine == "sim":
             from kvgate.extras import require_sim
@@ -153,7 +161,7 @@ def drill(
             require_sim("kvgate drill")
         from kvgate.upstream import RELEASES
 
-        emulate: str = deprecated_alias("--release", "--emulate", release, emulate_old) or "0.5.19"
+        emulate: str = deprecated_alias("--release", "--emulate", release, emulate_old) or INCIDENT_RELEASE
         if emulate not in RELEASES:
             raise UsageError(f"--release {emulate!r}: choose one of {', '.join(RELEASES)}")
         if engine not in DEFAULTS:
@@ -203,11 +211,9 @@ def drill(
                 defenses={"trust_version": True} if engine == "sim" else {},
             )
             report = replace(run_check(options, observer=observer), command="drill")
-        if dep.log_dir is not None:
-            what = "simulator logs" if engine == "sim" else "server logs"
-            report = replace(
-                report, notes=report.notes + (left_behind(what, dep.log_dir, f"delete with rm -rf {dep.log_dir}"),)
-            )
+        report = with_notes(report, _logs(engine, dep))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM: no verdict, and the logs it leaves are said
+        report = with_notes(fatal_report("drill", Interrupted("drill")), _logs(engine, dep))
     except ImportError as exc:
         report = fatal_report("drill", UsageError(f"the drill needs kvgate[sim,router]: {exc}"))
     except KvgateError as exc:

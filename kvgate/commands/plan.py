@@ -8,7 +8,15 @@ from typing import Any
 
 import typer
 
-from kvgate.commands._common import QUIET_HELP, SARIF_ANCHOR_OPTION, fatal_report, finish, handle_errors, with_anchors
+from kvgate.commands._common import (
+    QUIET_HELP,
+    SARIF_ANCHOR_OPTION,
+    VERBOSE_HELP,
+    fatal_report,
+    finish,
+    handle_errors,
+    with_anchors,
+)
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
 from kvgate.reporting import pair_outputs
@@ -26,6 +34,7 @@ def plan(
         None, "--gpus-per-worker", min=1, help="GPUs of one worker (default tp x pp)."
     ),
     tp: int | None = typer.Option(None, "--tp", min=1, help="--tp-size of the workers."),
+    tp_size: int | None = typer.Option(None, "--tp-size", min=1, hidden=True),  # `up`'s and SGLang's spelling
     dp: int | None = typer.Option(None, "--dp", min=1, help="--dp-size of the workers (default 1)."),
     attention_dp: bool = typer.Option(False, "--attention-dp", help="--enable-dp-attention: one pool per DP rank."),
     pp: int | None = typer.Option(None, "--pp", min=1, help="--pp-size of the workers (default 1)."),
@@ -58,10 +67,14 @@ def plan(
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " plan prints none; accepted everywhere."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Predict the KV pool SGLang sizes for a deployment; exit 1 when it cannot hold context x headroom."""
     pairs = pair_outputs(list(fmt), list(output))
+    if tp is not None and tp_size is not None and tp != tp_size:
+        finish(fatal_report("plan", UsageError(f"--tp {tp} and --tp-size {tp_size} disagree: give one")), pairs)
+    tp = tp if tp is not None else tp_size
     flags = {
         "model_config": None if model_config is None else str(model_config),
         "gpu_memory_gib": gpu_memory_gib,
@@ -88,7 +101,7 @@ def plan(
         report = plan_report(plans)
     except KvgateError as exc:
         report = fatal_report("plan", exc, strict=False)
-    finish(with_anchors(report, profile_file=profile, sarif_anchor=sarif_anchor), pairs)
+    finish(with_anchors(report, profile_file=profile, sarif_anchor=sarif_anchor), pairs, verbose)
 
 
 def role_inputs(flags: dict[str, Any], profile_ref: str | None) -> dict[str, Any]:

@@ -17,9 +17,11 @@ from kvgate.commands._common import (
     fatal_report,
     finish,
     handle_errors,
+    logs_left,
     resolve_strict,
+    with_notes,
 )
-from kvgate.errors import KvgateError, UsageError
+from kvgate.errors import Interrupted, KvgateError, UsageError
 from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the launcher and the pipeline load when the command runs, not for --help
@@ -35,6 +37,7 @@ def up(
     prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
     tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
+    tp_old: int | None = typer.Option(None, "--tp", min=1, hidden=True),  # `plan`'s spelling
     dp_size: int = typer.Option(
         1,
         "--dp-size",
@@ -85,6 +88,10 @@ def up(
     from kvgate.reporting import pair_outputs
 
     pairs = pair_outputs(list(fmt), list(output))
+    if tp_old is not None:
+        if tp_size not in (1, tp_old):
+            raise UsageError(f"--tp {tp_old} and --tp-size {tp_size} disagree: give one")
+        tp_size = tp_old
     release = deprecated_alias("--release", "--emulate", release, emulate_old)
     emulate, release = (release, None) if engine == "sim" else (None, release)
     plan = PDLaunchPlan(
@@ -114,6 +121,8 @@ def up(
     plan.validate()
     if device == "cpu" and engine == "sglang" and release is None:
         raise UsageError("--device cpu runs kvgate's CPU environment of one release: give --release (0.5.19-0.5.23)")
+    if engine == "sim" and model_path is not None:
+        sinks.echo("kvgate up: note: --engine sim serves its own toy model; --model-path is not used", err=True)
     if model_path is None and release is None and engine == "sglang":
         raise UsageError("--model-path is required (only --device cpu --release R has a default model)")
     dep = PDDeployment(plan, log_dir=log_dir)
@@ -136,11 +145,15 @@ def up(
                 report = run_check(options, observer=observer)
         except KvgateError as exc:
             report = fatal_report("up --gate", exc)
-        finish(report, pairs, verbose)
+        finish(with_notes(report, logs_left("worker logs", dep.log_dir)), pairs, verbose)
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
         sinks.echo("kvgate up: stopping", err=True)
-        if gate:
-            raise  # no verdict: handle_errors writes the report and exits 130
+        dep.stop()
+        left = logs_left("worker logs", dep.log_dir)
+        if gate:  # no verdict: the report says so (exit 130), and where the logs are
+            finish(with_notes(fatal_report("up --gate", Interrupted("up")), left), pairs, verbose)
+        for note in left:
+            sinks.echo(f"kvgate up: {note}", err=True)
     finally:
         dep.stop()
 

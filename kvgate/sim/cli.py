@@ -16,6 +16,7 @@ import typer
 from typer.core import TyperCommand
 
 from kvgate import sinks
+from kvgate.defaults import INCIDENT_RELEASE
 from kvgate.errors import InternalError, KvgateError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,7 +83,10 @@ def _exit_on_errors(func: F) -> F:
 @_exit_on_errors
 def up(
     release: str | None = typer.Option(
-        None, "--release", metavar="R", help="SGLang release to reproduce, 0.5.19-0.5.23 (default 0.5.20)."
+        None,
+        "--release",
+        metavar="R",
+        help="SGLang release to reproduce, 0.5.19-0.5.23 (default 0.5.19, the incident's, as drill).",
     ),
     emulate_old: str | None = typer.Option(None, "--emulate", hidden=True),
     fixed_by: str | None = typer.Option(
@@ -131,7 +135,7 @@ def up(
         raise UsageError("--emulate is the deprecated spelling of --release: give --release only")
     if emulate_old is not None:
         sinks.echo("kvgate: warning: --emulate is deprecated; use --release", err=True)
-    emulate = release or emulate_old or "0.5.20"
+    emulate = release or emulate_old or INCIDENT_RELEASE
     if emulate not in RELEASES:
         raise UsageError(f"--release {emulate!r}: choose one of {', '.join(RELEASES)}")
     from kvgate.sim.releases import get_release

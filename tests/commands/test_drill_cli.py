@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +98,22 @@ def test_self_test_sees_the_known_leak(tmp_path: Path) -> None:
     # Issue 23: the simulator's logs stay behind, and the report says where, as the drill's does.
     notes = json.loads(out.read_text())["notes"]
     assert any(n.startswith("self-test simulator logs: ") and "rm -rf" in n for n in notes), notes
+
+
+def test_an_interrupted_drill_says_where_its_logs_are(tmp_path: Path) -> None:
+    """SIGTERM (a pipeline's timeout) mid-drill: exit 130, no verdict, and the report names the log
+    folder the simulator left, as a finished drill does."""
+    out = tmp_path / "r.json"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    argv = [sys.executable, "-c", "from kvgate.cli import main; main()", "drill", "-q", "-f", "json", "-o", str(out)]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("kvgate-sim-*/*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (folder,) = list(tmp_path.glob("kvgate-sim-*"))
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == ExitStatus.INTERRUPTED, err
+    doc = json.loads(out.read_text())
+    assert doc["verdict"] == "interrupted"
+    assert any(n.startswith(f"simulator logs: {folder} (") and f"rm -rf {folder}" in n for n in doc["notes"]), doc

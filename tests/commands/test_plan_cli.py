@@ -320,3 +320,21 @@ def test_plan_wants_only_what_is_required_and_reads_as_english() -> None:
     starved = " ".join(plan(*with_flag(argv, "--weights-gib", "68.88")).stdout.split())
     assert "--kv-cache-dtype (with fp8_e4m3 the worker would not start)" in starved, starved
     assert "gives the worker would not start" not in starved and "(impossible: " not in starved
+
+
+def test_plan_takes_up_s_tp_size_and_its_own_verbose() -> None:
+    """`up` says --tp-size (SGLang's flag), `plan` says --tp: each accepts the other's spelling. The
+    table's "--verbose for all" names a flag plan has."""
+    as_tp = doc_of(plan(*INCIDENT, "-f", "json"))
+    argv = list(INCIDENT)
+    argv[argv.index("--tp")] = "--tp-size"
+    as_tp_size = plan(*argv, "-f", "json")
+    assert as_tp_size.exit_code == ExitStatus.GATE_FAILED
+    assert doc_of(as_tp_size)["findings"] == as_tp["findings"]
+    clash = plan(*INCIDENT, "--tp-size", "4")
+    assert clash.exit_code == ExitStatus.USAGE_ERROR and "disagree" in clash.stdout
+    passing = with_flag(INCIDENT, "--context-length", "65536")
+    short, full = plan(*passing), plan(*passing, "--verbose")
+    assert short.exit_code == full.exit_code == ExitStatus.PASSED
+    assert "--verbose for all" in plan(*INCIDENT).stdout
+    assert "passed: plan.pool x2" in short.stdout and "SGLang 0.5.22 sizes" in full.stdout  # the passed detail
