@@ -70,6 +70,9 @@ app.command("watch")(watch)
 from kvgate.commands.plan import plan  # noqa: E402
 
 app.command("plan", cls=ReportingCommand)(plan)
+from kvgate.commands.cache import cache  # noqa: E402
+
+app.command("cache")(cache)
 
 
 def main() -> None:

@@ -133,10 +133,13 @@ RUNS: dict[str, Expect] = {
     "fixes --release 0.5.20": Expect((1,), "Exit 1 when a correctness fix is missing"),
     # The simulator emulating a healthy 0.5.22: never blocked; 3 only where the 8k context is too short for
     # the latency probe to observe anything (strict by default), as the README says of inconclusive checks.
-    "up --engine sim --release 0.5.22 --model-path toy --gate": Expect(
+    "up --engine sim --release 0.5.22 --gate": Expect(
         (0, 3), "with `--gate` gates them and exits with the gate's status", slow=True
     ),
     "--version": Expect((0,), "RUN kvgate --version"),
+    # Run on a cache folder of the test's own (below), never the shared one.
+    "cache": Expect((0,), "See and clear the cache"),
+    "cache --clear --entry unpacked": Expect((0,), "deletes it (links as links, nothing outside it)"),
     "watch --help": Expect((0,), "kvgate watch --help"),
 }
 
@@ -190,6 +193,9 @@ def test_shown_command_does_what_the_text_says(
     if argv[:1] != ["--version"] and argv[:1] != ["schema"]:
         argv += [] if "-q" in argv else ["-q"]
     monkeypatch.chdir(tmp_path if "tests/" not in command else ROOT)
+    if argv[:1] == ["cache"]:  # its own cache: `--clear` must never touch the shared one
+        (tmp_path / "cache" / "unpacked" / "sglang-0.5.22").mkdir(parents=True)
+        monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path / "cache"))
     res = runner.invoke(app, argv, terminal_width=100, env={"COLUMNS": "100"})
     assert res.exit_code in expect.exit, res.output
     for line in expect.quoted:
