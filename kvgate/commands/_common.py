@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import io
 import os
@@ -259,6 +260,14 @@ def _requested_pairs(args: list[str]) -> list[tuple[ReportFormat, Path | None]]:
         return [(ReportFormat.TABLE, None)]
 
 
+_RAW_ARGS: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("kvgate_raw_args", default=())
+
+
+def raw_args() -> list[str]:
+    """The arguments the running command was given, as typed (after its name)."""
+    return list(_RAW_ARGS.get())
+
+
 class ReportingCommand(TyperCommand):
     """A command whose flag-validation errors (a value out of range, an unknown option) write the report too.
 
@@ -270,7 +279,9 @@ class ReportingCommand(TyperCommand):
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         raw = list(args)
         try:
-            return super().make_context(info_name, args, parent=parent, **extra)
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+            _RAW_ARGS.set(tuple(raw))
+            return ctx
         except _CLICK_USAGE_ERROR as exc:
             resilient = extra.get("resilient_parsing") or getattr(parent, "resilient_parsing", False)
             if resilient or not any(p.name in _FORMAT_KWARGS for p in self.params):

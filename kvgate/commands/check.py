@@ -181,6 +181,13 @@ def check(
         )
         token = token_from_env(token_env)
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
+        if not self_test:
+            from kvgate.commands._common import raw_args
+            from kvgate.commands.nextstep import next_step
+
+            step = next_step(report, raw_args(), options.prefill_urls, options.decode_urls)
+            if step:
+                report = replace(report, notes=(*report.notes, step))
         # The files in the repository that declare this deployment's gate: where a code-scanning
         # reader (SARIF) can anchor findings that have no source file of their own.
         report = with_anchors(report, profile_file=profile, baseline_file=baseline, sarif_anchor=sarif_anchor)

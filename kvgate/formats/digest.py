@@ -32,6 +32,9 @@ _FAILED_WITHOUT_DEPLOYMENT = {
     "fixes": "GATE FAILED: the code lacks a correctness fix or carries a tampered backport",
     "backport": "GATE FAILED: the backport is not in force",
 }
+# A note that starts so is the one command line that would resolve the run's doubt: the table shows it
+# on the first screen, under the headlines (commands/nextstep.py writes it).
+NEXT_STEP = "to turn this into evidence, run: "
 MAX_HEADLINES = 6
 MAX_LIST_ITEMS = 4
 

@@ -17,6 +17,7 @@ from rich.table import Table
 from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import (
+    NEXT_STEP,
     counts_line,
     doc_ref,
     evidence_line,
@@ -93,6 +94,9 @@ class TableFormatter(Formatter):
             console.print(grid)
             if more:
                 console.print(f"... and {more} more below")
+        for n in report.notes:
+            if n.startswith(NEXT_STEP):
+                console.print(f"[bold]{escape(n)}[/]", soft_wrap=True)  # one line: it is copied whole
         headlined = {(h.check_id, n) for h in lines for n in h.nodes}
         if self._details(console, report, headlined):
             console.print(f"[bold]{escape(verdict_line(report))}[/]", soft_wrap=True)  # again, below a long report
@@ -143,6 +147,8 @@ class TableFormatter(Formatter):
             said = True
             console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items())))
         for n in report.notes:
+            if n.startswith(NEXT_STEP):
+                continue  # shown under the headlines
             said = True
             console.print(escape(f"note: {n}"))
         return said
