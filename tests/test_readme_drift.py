@@ -207,3 +207,13 @@ def test_shown_command_does_what_the_text_says(
     if "--output" in argv:
         out = tmp_path / argv[argv.index("--output") + 1]
         assert json.loads(out.read_text())["verdict"] == "usage_error"
+
+
+def test_the_cpu_torch_line_comes_before_the_first_install() -> None:
+    """Copied top to bottom on an ordinary Linux host, the quick start must not pull torch's CUDA build
+    (gigabytes): the CPU torch line comes before the first install of the `sim` extra."""
+    text = README.read_text()
+    cpu = text.index("pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu")
+    first_install = min(text.index(m) for m in ("pip install -e '.[sim", "pip install -q -e '.[sim"))
+    assert cpu < first_install
+    assert text.index("**torch on Linux.**") < cpu
