@@ -4,8 +4,12 @@ schema (shipped offline by kubernetes-validate) or, for CRDs, structurally."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +18,7 @@ import pytest
 import typer
 import typer.main
 import yaml
+from typer.testing import CliRunner
 
 from kvgate.cli import app
 
@@ -258,3 +263,149 @@ def test_third_party_actions_are_pinned_by_commit_sha() -> None:
             assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{path.name}: {ref} is not pinned by SHA"
             assert re.search(r"#\s*v\d+(\.\d+)*", rest), f"{path.name}: {ref} has no '# vX.Y.Z' comment"
     assert seen >= 4
+
+
+# --- each example's command lines, end to end against a simulated fleet (issue 42) ----------------------
+# The fleet as the examples assume it: the profile's 1M context, the workers started with
+# SGLANG_EXPOSE_OWN_ENV_VARS=1 (their deferred-release setting readable), the real router in front. Each
+# node's code is read the way the examples read it, through their per-node `--python` template: a
+# `kubectl` TEST STAND-IN on PATH (tests/assets/standin/kubectl) runs the command after `--` here, with
+# the real sglang wheel of the emulated release as the pod's sglang.
+STANDIN = ROOT / "tests" / "assets" / "standin"
+FLEETS = {
+    "healthy-0.5.22": ("0.5.22", 2_040_000, 0),
+    "incident-0.5.19": ("0.5.19", 681_280, 1),
+}
+
+
+def pipeline_checks() -> list[tuple[str, list[str]]]:
+    """(file, argv) of every `kvgate check` and `kvgate watch` an example runs."""
+    return [(f, a) for f, a in example_commands() if a[:1] in (["check"], ["watch"])]
+
+
+def on_fleet(argv: list[str], dep: Any, out_dir: Path) -> list[str]:
+    """The example's command line aimed at the simulated fleet: its worker and router URLs swapped for the
+    fleet's, its profile the repository's file, its report files in `out_dir`; every other word as written
+    (the `--python` template included)."""
+    urls = {"--prefill-url": iter(dep.prefill_urls), "--decode-url": iter(dep.decode_urls)}
+    out: list[str] = []
+    words = iter(argv)
+    for a in words:
+        if a in urls:
+            out += [a, next(urls[a])]
+            next(words)
+        elif a == "--router-url":
+            out += [a, dep.router_url]
+            next(words)
+        elif a == "--profile":
+            out += [a, str(profile_file(next(words)))]
+        elif a in ("--output", "-o"):
+            out += [a, str(out_dir / Path(next(words)).name)]
+        elif a == "--listen":
+            next(words)  # WatchProcess listens on a free local port
+        else:
+            out.append(a)
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(FLEETS))
+def fleet(request: pytest.FixtureRequest) -> Iterator[tuple[Any, str, int]]:
+    from kvgate.sim.deploy import SimDeployment
+
+    release, prefill_pool, expect = FLEETS[request.param]
+    dep = SimDeployment(
+        emulate=release,
+        context_length=1_048_576,
+        prefill_pool=prefill_pool,
+        decode_pool=2_097_152,
+        page_size=16,
+        expose_env_vars=True,
+    )
+    dep.start()
+    try:
+        yield dep, release, expect
+    finally:
+        dep.stop()
+        if dep.log_dir is not None:
+            shutil.rmtree(dep.log_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def pods(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet: tuple[Any, str, int]) -> Path:
+    """The kubectl stand-in on PATH, the release's real sglang as each pod's, the token; returns its log."""
+    from tests.catalogue.helpers import wheel
+
+    log = tmp_path / "kubectl.log"
+    monkeypatch.setenv("PATH", f"{STANDIN}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("KVGATE_TEST_SGLANG_SITE", str(wheel(fleet[1])))
+    monkeypatch.setenv("KVGATE_TEST_KUBECTL_LOG", str(log))
+    monkeypatch.setenv("SGLANG_API_KEY", "kvgate-example-bearer-0123456789")
+    return log
+
+
+@pytest.mark.slow
+@pytest.mark.wheels
+@pytest.mark.parametrize(("where", "argv"), [pytest.param(f, a, id=f) for f, a in pipeline_checks() if a[0] == "check"])
+def test_each_example_passes_a_healthy_fleet_and_blocks_the_incident(
+    where: str, argv: list[str], fleet: tuple[Any, str, int], pods: Path, tmp_path: Path
+) -> None:
+    dep, release, expect = fleet
+    cmd = on_fleet(argv, dep, tmp_path)
+    res = CliRunner().invoke(app, [*cmd, "-q", "-f", "json", "-o", str(tmp_path / "gate.json")])
+    doc = json.loads((tmp_path / "gate.json").read_text())
+    blocking = [(f["gate"], f["check"], f["outcome"]) for f in doc["findings"] if f["outcome"] != "passed"]
+    assert res.exit_code == expect, f"{where} on {release}: exit {res.exit_code}, {blocking}"
+    # each node's code was read in its own "pod", as the template names it
+    scanned = pods.read_text().splitlines()
+    assert len(scanned) == 2 and all(s.startswith("exec -i -n ") for s in scanned), scanned
+    release_findings = [f for f in doc["findings"] if f["gate"] == "defenses" and f["check"] == "release"]
+    assert release_findings and all("code not read" not in f["summary"] for f in release_findings)
+
+
+@pytest.mark.slow
+@pytest.mark.wheels
+def test_the_watch_deployment_serves_a_passing_verdict_on_a_healthy_fleet(
+    fleet: tuple[Any, str, int], pods: Path, tmp_path: Path
+) -> None:
+    from tests.watch.helpers import WatchProcess
+
+    dep, release, expect = fleet
+    where = "examples/kubernetes/watch/watch-deployment.yaml"
+    (argv,) = [a for f, a in pipeline_checks() if f == where]
+    watch = WatchProcess(on_fleet(argv, dep, tmp_path)[1:], tmp_path / "watch.log")
+    try:
+        watch.wait(watch.verdict_settled, 600, f"{where}: a first full gate")
+        res = watch.get("/verdict")
+        assert res is not None
+        verdict = res.json()
+        assert verdict["exit_status"] == expect, (where, release, verdict["reason"])
+        assert res.status_code == (200 if expect == 0 else 503) and verdict["passed"] is (expect == 0)
+    finally:
+        assert watch.terminate() == 0
+
+
+@pytest.mark.slow
+def test_the_watch_readme_try_it_locally_ends_at_a_passing_verdict(tmp_path: Path) -> None:
+    """examples/kubernetes/watch/README.md's lines as written: `sim up`, then `watch` on its router, until
+    /verdict answers 200 (it ended at 503, exit 3, when `sim up` lacked what the watch needs)."""
+    from tests.sim.test_cli_up import _start
+    from tests.watch.helpers import WatchProcess
+
+    page = "examples/kubernetes/watch/README.md"
+    sim_up, watch_argv = [a for f, a in example_commands() if f == page and a[:2] in (["sim", "up"], ["watch"])]
+    assert sim_up[:2] == ["sim", "up"] and watch_argv[0] == "watch"
+    proc, urls = _start(tmp_path, *sim_up[2:])
+    try:
+        args = [urls["router"] if a == "$ROUTER" else a for a in watch_argv[1:]]
+        listen = args.index("--listen")
+        watch = WatchProcess(args[:listen] + args[listen + 2 :], tmp_path / "watch.log")
+        try:
+            watch.wait(watch.verdict_settled, 600, "the first full gate")
+            res = watch.get("/verdict")
+            assert res is not None and res.status_code == 200, res.text if res is not None else None
+            assert res.json()["passed"] is True
+        finally:
+            assert watch.terminate() == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
