@@ -41,7 +41,7 @@ from kvgate.gates.probes.plan import (
     max_new_tokens_for,
     plan_length_probes,
 )
-from kvgate.gates.probes.sentinels import ByteCodec, Sighting, owners
+from kvgate.gates.probes.sentinels import ByteCodec, Sighting, leading, owners
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.under_load import CHECK as LOAD_CHECK
 from kvgate.gates.probes.under_load import run_load
@@ -537,13 +537,14 @@ class _Run:
         ]
         if sightings:
             what = owners(sightings)
+            lead = leading(sightings)
             ev.append(Evidence(self.node, "canary.leaks", what, "every answer carries only its own sentinel"))
             return failed(
                 GATE,
                 check,
                 self.node,
                 f"cross-request content: {len(what)} foreign sentinel sighting(s); first: content of "
-                f"{sightings[0].source} leaked into {sightings[0].victim}: {sightings[0].shown}",
+                f"{lead.source} leaked into {lead.victim}: {lead.shown}",
                 *ev,
                 remedy=REMEDY_REJECT,
             )

@@ -180,6 +180,12 @@ class Sighting:
         return self.sentinel
 
 
+def leading(sightings: Sequence[Sighting]) -> Sighting:
+    """The sighting a summary names first: a whole sentinel before a partial match (a fragment is weaker
+    evidence than the whole), else the first seen."""
+    return next((s for s in sightings if s.kind != PARTIAL), sightings[0])
+
+
 def scan(victim: str, own: Sentinel | None, text: str, book: Sequence[Sentinel]) -> list[Sighting]:
     """Every foreign sentinel in `text`: this run's, whole or partial (attributed), and whole delimited
     sentinels of no request of this run (an earlier run's)."""

@@ -156,3 +156,14 @@ def test_token_space_sentinels_are_found_in_output_ids_and_never_glued_across_fo
     ids = plant_ids(codec, theirs, len(codec.encode(theirs.unit)))
     broken = [i for k, x in enumerate(ids) for i in ((x, 99999) if k % 5 == 4 else (x,))]
     assert scan("mine's answer", mine, codec.decode(broken), [mine, theirs]) == []
+
+
+def test_a_whole_sentinel_leads_the_summary_before_a_partial_match() -> None:
+    """The canary's summary names one sighting first: a whole sentinel over an earlier fragment."""
+    from kvgate.gates.probes.sentinels import PARTIAL, WHOLE, Sighting, leading
+
+    partial = Sighting("victim-1", "tenant-a", "<KVGAAAAAAAA1>", PARTIAL, "KVGAAAA")
+    whole = Sighting("victim-2", "tenant-b", "<KVGBBBBBBBB2>", WHOLE)
+    assert leading([partial, whole]) is whole and leading([whole, partial]) is whole
+    assert leading([partial]) is partial  # only a fragment seen: that is what there is to name
+    assert "partial match" in leading([partial]).shown
