@@ -279,9 +279,9 @@ class ReportingCommand(TyperCommand):
     def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> Any:
         raw = list(args)
         try:
-            ctx = super().make_context(info_name, args, parent=parent, **extra)
+            made = super().make_context(info_name, args, parent=parent, **extra)
             _RAW_ARGS.set(tuple(raw))
-            return ctx
+            return made
         except _CLICK_USAGE_ERROR as exc:
             resilient = extra.get("resilient_parsing") or getattr(parent, "resilient_parsing", False)
             if resilient or not any(p.name in _FORMAT_KWARGS for p in self.params):
