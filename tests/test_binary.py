@@ -205,6 +205,23 @@ def test_binary_says_which_extra_is_missing(binary: Path, bare_env: dict[str, st
     assert "pip install 'kvgate[sim,router]'" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("where", ["elsewhere", "checkout"])
+def test_binary_self_test_says_the_simulator_is_not_in_it(
+    binary: Path, bare_env: dict[str, str], tmp_path: Path, where: str
+) -> None:
+    """`check --self-test` starts the simulator, which the file does not carry: exit 2, said plainly, no
+    traceback, and never the code of a checkout it happens to run in (whose kvgate/sim a worker process
+    would import), even with the simulator's own dependencies (this venv's) importable."""
+    env = dict(bare_env)
+    venv_site = next(Path(sys.executable).parent.parent.glob("lib/python3*/site-packages"))
+    env["PYTHONPATH"] = str(venv_site)  # torch, fastapi, ... found: only the file's own content decides
+    res = _run(binary, env, "check", "--self-test", "-q", cwd=ROOT if where == "checkout" else tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == ExitStatus.USAGE_ERROR, out
+    assert "which is not in the single-file build" in out and "pip install 'kvgate[sim,router]'" in out
+    assert "Traceback" not in out and "No module named" not in out
+
+
 @pytest.fixture
 def sim(deployment: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
     yield lambda emulate, pool: deployment(emulate=emulate, context_length=8192, prefill_pool=pool, decode_pool=65536)

@@ -87,6 +87,8 @@ def main():
         )
     archive = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, _site(archive))
+    # kvgate.extras reads it: what needs processes of its own (the simulator) is refused, not half-started
+    os.environ["KVGATE_SINGLE_FILE"] = archive
     try:
         from kvgate.cli import main as kvgate_main
     except Exception as exc:

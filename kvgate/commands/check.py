@@ -180,6 +180,10 @@ def check(
             model_config=model_config,
         )
         token = token_from_env(token_env)
+        if self_test:
+            from kvgate.extras import refuse_in_single_file
+
+            refuse_in_single_file("kvgate check --self-test")
         report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
         if not self_test:
             from kvgate.commands._common import raw_args
