@@ -392,7 +392,9 @@ def test_the_watch_readme_try_it_locally_ends_at_a_passing_verdict(tmp_path: Pat
     from tests.watch.helpers import WatchProcess
 
     page = "examples/kubernetes/watch/README.md"
-    sim_up, watch_argv = [a for f, a in example_commands() if f == page and a[:2] in (["sim", "up"], ["watch"])]
+    sim_up, watch_argv = [
+        a for f, a in example_commands() if f == page and (a[:2] == ["sim", "up"] or a[:1] == ["watch"])
+    ]
     assert sim_up[:2] == ["sim", "up"] and watch_argv[0] == "watch"
     proc, urls = _start(tmp_path, *sim_up[2:])
     try:
@@ -409,3 +411,28 @@ def test_the_watch_readme_try_it_locally_ends_at_a_passing_verdict(tmp_path: Pat
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+# The first major of each action whose action.yml declares `runs.using: node24` (GitHub retires node20):
+# their release notes (checkout v5.0.0, setup-python v6.0.0; upload-artifact v6.0.0: v5 still ran on
+# node20; codeql-action v4).
+NODE24_FROM = {
+    "actions/checkout": 5,
+    "actions/setup-python": 6,
+    "actions/upload-artifact": 6,
+    "github/codeql-action": 4,
+}
+
+
+def test_pinned_actions_are_node24_releases() -> None:
+    uses = re.compile(r"^\s*(?:-\s+)?uses:\s*([\w.-]+/[\w.-]+)[\w./-]*@[0-9a-f]{40}\s+#\s*v(\d+)")
+    seen = set()
+    for path in [*EXAMPLES.rglob("*.yml"), *EXAMPLES.rglob("*.yaml"), ROOT / "action.yml"]:
+        for line in path.read_text().splitlines():
+            m = uses.match(line)
+            if m:
+                action, major = m.group(1), int(m.group(2))
+                assert action in NODE24_FROM, f"{path.name}: {action}: which release runs on node24 is not known here"
+                assert major >= NODE24_FROM[action], f"{path.name}: {action} v{major} runs on node20"
+                seen.add(action)
+    assert seen == set(NODE24_FROM), seen
