@@ -26,7 +26,7 @@ BOUNDARY: dict[tuple[str, str], tuple[int, str]] = {
     ("kvgate/sinks.py", "write_atomic"): (1, "write_file: the boundary itself"),
     ("kvgate/progress.py", "self.stream.write"): (1, "a BoundaryStream"),
     ("kvgate/progress.py", "self.console.log"): (1, "a Console over a BoundaryStream"),
-    ("kvgate/formats/table.py", "console.print"): (12, "renders into a buffer; reporting.emit writes it"),
+    ("kvgate/formats/table.py", "console.print"): (13, "renders into a buffer; reporting.emit writes it"),
     ("kvgate/formats/table.py", "console.rule"): (1, "renders into a buffer; reporting.emit writes it"),
     ("kvgate/check.py", "baseline.write"): (1, "kvgate.baseline.save: sinks.write_file of a redacted document"),
     ("kvgate/watch/endpoint.py", "writer.write"): (3, "h11 framing of an Answer whose body is sinks.http_body"),
