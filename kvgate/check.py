@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvgate import baseline
-from kvgate.discovery import RankLoad, RouterListing, list_router_workers, read_router_loads
+from kvgate.discovery import RankLoad, RouterListing, list_router_workers, normalize_url, read_router_loads
 from kvgate.errors import TransportError, UsageError
 from kvgate.findings import Evidence, Finding, Outcome, Report, error, inconclusive, info, passed
 from kvgate.gates.base import CheckOptions, Gate, GateContext
@@ -100,9 +100,17 @@ def _router_findings(client: TargetClient, url: str) -> list[Finding]:
     return [passed("target", "reachable", node, "router is ready", Evidence(node, "/readiness", body, "200"))]
 
 
+def _router_names(listing: RouterListing | None) -> dict[str, list[str]]:
+    """Each worker's names in the router (its `worker_id`s; one per DP rank under --dp-aware), by URL."""
+    if listing is None:
+        return {}
+    return {url: [e.name for e in entries] for url, entries in listing.by_base_url().items()}
+
+
 def _target_summary(
     options: CheckOptions, readings: Sequence[NodeReading], listing: RouterListing | None = None
 ) -> dict[str, object]:
+    names = _router_names(listing)
     return {
         "router": options.router_url,
         "router_listing": None if listing is None else {"endpoint": listing.endpoint, "entries": len(listing.workers)},
@@ -119,6 +127,7 @@ def _target_summary(
                 "page_size": r.page_size,
                 "transfer_backend": r.transfer_backend,
                 "dp_ranks": len(r.ranks),
+                "router_names": names.get(normalize_url(r.spec.url), []),
             }
             for r in readings
         ],

@@ -73,7 +73,8 @@ class Smg:
             assert self.proc.poll() is None, "smg exited"
             try:
                 doc = httpx.get(self.url + "/readiness", timeout=2).json()
-                if doc.get("healthy_workers") == self.want:
+                # --dp-aware counts one entry per rank: every entry healthy, at least one per worker
+                if doc.get("healthy_workers") == doc.get("total_workers") >= self.want:
                     return
             except (httpx.HTTPError, ValueError):
                 pass
@@ -94,7 +95,7 @@ class Smg:
 def fleet(tmp_path: Path) -> Iterator[Callable[..., tuple[SimDeployment, Smg]]]:
     started: list[tuple[SimDeployment, Smg]] = []
 
-    def make(extra: list[str], decode: int = 1) -> tuple[SimDeployment, Smg]:
+    def make(extra: list[str], decode: int = 1, dp_size: int = 1) -> tuple[SimDeployment, Smg]:
         dep = SimDeployment(
             emulate="0.5.22",
             prefill=1,
@@ -104,6 +105,7 @@ def fleet(tmp_path: Path) -> Iterator[Callable[..., tuple[SimDeployment, Smg]]]:
             decode_pool=8192,
             light=True,
             router=False,
+            dp_size=dp_size,
         ).start()
         smg = Smg(dep, extra, tmp_path / f"smg-{len(started)}.log")
         started.append((dep, smg))
@@ -264,3 +266,34 @@ def test_a_secret_env_var_is_not_read_from_the_command_line() -> None:
     res = check("--router-url", "http://127.0.0.1:9", "--router-token-env", ADMIN_KEY, env={})
     assert res.exit_code == ExitStatus.USAGE_ERROR
     assert ADMIN_KEY not in os.environ.get(SECRET_ENV, "")
+
+
+def test_one_host_several_workers_each_gated_under_the_routers_name(fleet: Callable[..., Any]) -> None:
+    """Three workers on one host (as smg's ports annotation makes one pod several workers): the router
+    keys each by its own worker_id; each is read once and reported under the router's names."""
+    dep, smg = fleet([], decode=2)
+    raw = httpx.get(smg.url + "/workers", timeout=5).json()["workers"]
+    ids = {w["url"]: w["id"] for w in raw}
+    assert len(set(ids.values())) == 3 and {u.split(":")[1] for u in ids} == {"//127.0.0.1"}
+    res = check("--router-url", smg.url, "--format", "json")
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    nodes = json.loads(res.stdout)["target"]["nodes"]
+    assert sorted(n["url"] for n in nodes) == sorted(ids)
+    for n in nodes:
+        assert n["router_names"] == [f"{ids[n['url']]} ({n['url']})"]
+
+
+def test_dp_aware_virtual_workers_keep_their_own_names(fleet: Callable[..., Any]) -> None:
+    """smg 1.13.0 --dp-aware lists `url@rank` virtual workers, each with its own worker_id; the physical
+    worker is read once and carries every name the router gives its ranks."""
+    dep, smg = fleet(["--dp-aware"], dp_size=2)
+    raw = httpx.get(smg.url + "/workers", timeout=5).json()["workers"]
+    assert sorted(w["url"] for w in raw) == sorted(
+        f"{u}@{r}" for u in [*dep.prefill_urls, *dep.decode_urls] for r in (0, 1)
+    )
+    assert len({w["id"] for w in raw}) == 4
+    res = check("--router-url", smg.url, "--format", "json")
+    assert res.exit_code == ExitStatus.PASSED, res.output
+    for n in json.loads(res.stdout)["target"]["nodes"]:
+        want = sorted(f"{w['id']} ({w['url']})" for w in raw if w["url"].startswith(n["url"] + "@"))
+        assert sorted(n["router_names"]) == want and len(want) == 2
