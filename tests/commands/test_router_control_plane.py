@@ -297,3 +297,17 @@ def test_dp_aware_virtual_workers_keep_their_own_names(fleet: Callable[..., Any]
     for n in json.loads(res.stdout)["target"]["nodes"]:
         want = sorted(f"{w['id']} ({w['url']})" for w in raw if w["url"].startswith(n["url"] + "@"))
         assert sorted(n["router_names"]) == want and len(want) == 2
+
+
+def test_watchs_metadata_pass_lists_with_the_router_token(fleet: Callable[..., Any]) -> None:
+    """`kvgate watch` lists the fleet every interval with the same reader: without the key the pass says
+    why it has no listing; with it (--router-token-env) every worker is read."""
+    from kvgate.watch.fleetpass import read_fleet
+
+    dep, smg = fleet(AUTH)
+    kw: dict[str, Any] = {"timeout": 5.0, "token": None, "concurrency": 4, "deadline_s": 20.0}
+    refused = read_fleet(smg.url, **kw)
+    assert refused.listing_error is not None and "for lack of a router token" in refused.listing_error
+    snap = read_fleet(smg.url, router_token=ADMIN_KEY, **kw)
+    assert snap.listing_error is None
+    assert sorted(snap.readings) == sorted([*dep.prefill_urls, *dep.decode_urls])
