@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvgate import baseline
-from kvgate.discovery import RouterListing, list_router_workers
+from kvgate.discovery import RankLoad, RouterListing, list_router_workers, normalize_url, read_router_loads
 from kvgate.errors import TransportError, UsageError
 from kvgate.findings import Evidence, Finding, Outcome, Report, error, inconclusive, info, passed
 from kvgate.gates.base import CheckOptions, Gate, GateContext
@@ -40,6 +40,8 @@ def node_specs(options: CheckOptions) -> list[NodeSpec]:
         validate_url(f"--{s.role}-url", s.url)
     if options.router_url:
         validate_url("--router-url", options.router_url)
+    if options.router_health_url:
+        validate_url("--router-health-url", options.router_health_url)
     return specs
 
 
@@ -98,9 +100,17 @@ def _router_findings(client: TargetClient, url: str) -> list[Finding]:
     return [passed("target", "reachable", node, "router is ready", Evidence(node, "/readiness", body, "200"))]
 
 
+def _router_names(listing: RouterListing | None) -> dict[str, list[str]]:
+    """Each worker's names in the router (its `worker_id`s; one per DP rank under --dp-aware), by URL."""
+    if listing is None:
+        return {}
+    return {url: [e.name for e in entries] for url, entries in listing.by_base_url().items()}
+
+
 def _target_summary(
     options: CheckOptions, readings: Sequence[NodeReading], listing: RouterListing | None = None
 ) -> dict[str, object]:
+    names = _router_names(listing)
     return {
         "router": options.router_url,
         "router_listing": None if listing is None else {"endpoint": listing.endpoint, "entries": len(listing.workers)},
@@ -117,6 +127,7 @@ def _target_summary(
                 "page_size": r.page_size,
                 "transfer_backend": r.transfer_backend,
                 "dp_ranks": len(r.ranks),
+                "router_names": names.get(normalize_url(r.spec.url), []),
             }
             for r in readings
         ],
@@ -130,11 +141,13 @@ def run_check(
     observer: Observer | None = None,
     gates: Sequence[Gate] | None = None,
     self_test: bool = False,
+    router_token: str | None = None,
 ) -> Report:
     """Run every gate against the target and return the report (never raises for target behaviour).
 
     With `self_test`, the probes first run against a simulated leaky release (the positive control);
-    if they cannot see that leak, no probe verdict of this run counts as passed.
+    if they cannot see that leak, no probe verdict of this run counts as passed. `router_token` goes
+    only to the router's control-plane routes (/workers, /get_loads); `token` to everything else.
     """
     observer = observer or NullObserver()
     specs = node_specs(options)
@@ -157,7 +170,11 @@ def run_check(
         if options.router_url:
             router = options.router_url.rstrip("/")
             findings.extend(_router_findings(client, router))
-            listing = _list_workers(client, router, findings)
+            listing = _list_workers(client, router, findings, router_token)
+            if listing is not None:
+                findings.extend(router_readiness(client, options.router_health_url or router, listing))
+                loads, loads_problem = _router_loads(client, router, router_token)
+                ctx = replace(ctx, router_loads=loads, router_loads_problem=loads_problem)
             if listing is not None and not specs:
                 specs = discovered_specs(listing)
                 observer.log(f"the router lists {len(specs)} worker(s) ({listing.endpoint})")
@@ -253,11 +270,91 @@ def _probe_setup(options: CheckOptions) -> list[Finding]:
     return []
 
 
-def _list_workers(client: TargetClient, router: str, findings: list[Finding]) -> RouterListing | None:
+def _router_loads(
+    client: TargetClient, router: str, router_token: str | None
+) -> tuple[tuple[RankLoad, ...] | None, str | None]:
+    """The router's per-rank pools, or why not (the fleet gate says it; a listing already read stands)."""
+    try:
+        return read_router_loads(client, router, router_token), None
+    except TransportError as exc:
+        return None, str(exc)
+
+
+#: smg's /readiness is a cached snapshot up to about 1 s stale (smg #1711): a count that disagrees
+#: with the listing is read once more after this long before it counts.
+READINESS_STALE_S = 1.1
+
+
+def _readiness_counts(doc: object) -> tuple[int, int] | None:
+    if not isinstance(doc, dict):
+        return None
+    h, t = doc.get("healthy_workers"), doc.get("total_workers")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v for v in (h, t))
+    return (h, t) if ok else None  # type: ignore[return-value]
+
+
+def router_readiness(client: TargetClient, url: str, listing: RouterListing) -> list[Finding]:
+    """The router's own count of healthy workers (/readiness, where it serves it) against its listing:
+    a worker it lists but does not count healthy (draining, failing) takes no new requests."""
+    node = f"router {url}"
+    where = f"{url.rstrip('/')}/readiness"
+    routable = sum(1 for w in listing.workers if w.ready)
+
+    def read() -> tuple[object, str | None]:
+        try:
+            return client.get_json(url, "/readiness", missing_ok=True), None
+        except TransportError as exc:
+            return None, exc.problem
+
+    doc, problem = read()
+    counts = _readiness_counts(doc)
+    if counts is not None and counts[0] != counts[1]:
+        time.sleep(READINESS_STALE_S)  # a cached snapshot: read the next one before believing it
+        doc, problem = read()
+        counts = _readiness_counts(doc)
+    if problem is not None:
+        return [
+            inconclusive(
+                "fleet",
+                "router-readiness",
+                node,
+                f"the router is not ready: {problem}",
+                Evidence(node, "GET /readiness", problem, "200 ready"),
+                remedy="re-run once the router's /readiness answers 200 (it counts a draining worker as not "
+                "ready); give --router-health-url where it serves its probes (smg --health-check-port)",
+            )
+        ]
+    if doc is None or counts is None:
+        return []  # no /readiness (older routers), or no counts in it: the listing's states still count
+    healthy, total = counts
+    ev = [
+        Evidence(node, f"{where} healthy_workers / total_workers", f"{healthy} / {total}", "all healthy"),
+        Evidence(node, f"router {listing.endpoint} routable entries", routable, f"{len(listing.workers)} listed"),
+    ]
+    if healthy < total:
+        leaving = [w.name for w in listing.workers if not w.ready]
+        return [
+            inconclusive(
+                "fleet",
+                "router-readiness",
+                node,
+                f"the router counts {healthy} of {total} workers healthy: it routes to fewer than it lists"
+                + (f" (not routable: {', '.join(leaving[:4])})" if leaving else ""),
+                *ev,
+                remedy="re-run once every worker the router lists is routable again (a drain finishes, a "
+                "failing worker is fixed or removed)",
+            )
+        ]
+    return [passed("fleet", "router-readiness", node, f"the router counts all {total} workers healthy", *ev)]
+
+
+def _list_workers(
+    client: TargetClient, router: str, findings: list[Finding], router_token: str | None = None
+) -> RouterListing | None:
     """The router's worker list, or None with an error finding (exit 4) when it cannot be had."""
     node = f"router {router}"
     try:
-        listing = list_router_workers(client, router)
+        listing = list_router_workers(client, router, router_token)
     except TransportError as exc:
         findings.append(
             error(

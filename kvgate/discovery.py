@@ -9,7 +9,19 @@ worker: in PD mode it proxies the first prefill only.
 An unreachable router, or one that answers something that is not a worker list, raises
 TransportError (exit 4): a fleet that cannot be listed cannot be gated.
 
-Identity: an entry names exactly one worker, the one its `url` routes to (`@rank` split off). Where
+Control plane: smg protects `/workers`, `/workers/{worker_id}` and `/get_loads` with an admin (or
+read-only user) key when `--control-plane-api-keys` or JWT auth is on (401, `WWW-Authenticate: Bearer
+realm="control-plane"`), while `/health`, `/readiness`, `/liveness` and `/get_server_info` stay
+public. kvgate sends the router token (`--router-token-env`, never the workers' token) on those routes
+only, and a refused listing says so, naming whether a token was given.
+
+`/get_loads` reports the pool per DP rank from the router's side (`loads[]`: `worker`, `dp_rank`,
+`max_total_num_tokens`, ...); smg 1.13.0 answers `loads: []` for HTTP-connected PD workers (observed),
+so an empty answer is "nothing to compare", never agreement.
+
+Identity: an entry names exactly one worker, the one its `url` routes to (`@rank` split off). smg keys
+it by `id` (its `worker_id`, kept as `worker_id`); one pod can be several workers (ports annotation).
+Where
 its other fields say otherwise (a `dp_base_url` that is another worker, a `dp_rank` that is not the
 URL's rank, a rank at or past `dp_size`, a number that is not a sane JSON integer) the entry keeps
 the routed URL and carries the disagreement in `problems`; the fleet gate reports it.
@@ -24,11 +36,39 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvgate.errors import TransportError
-from kvgate.target import NODE_DEADLINE_REQUESTS, SANE_PORT, SANE_RANKS, TargetClient
+from kvgate.target import NODE_DEADLINE_REQUESTS, SANE_MAX, SANE_PORT, SANE_RANKS, TargetClient
 
 #: smg's worker states (`crates/protocols/src/worker.rs`); only "ready" takes traffic normally.
 READY = "ready"
+DRAINING = "draining"
 ROUTER_STATES = ("pending", "ready", "not_ready", "failed", "draining")
+#: The control-plane routes kvgate reads (the rest it reads from the router are public).
+CONTROL_PLANE = ("/workers", "/list_workers", "/get_loads")
+
+
+def control_plane_headers(router_token: str | None) -> dict[str, str] | None:
+    """What a control-plane GET carries: the router's own token when given, else the client's own
+    headers (the `--token-env` token, where a router shares one key for everything)."""
+    return {"Authorization": f"Bearer {router_token}"} if router_token else None
+
+
+def refused(router: str, path: str, exc: TransportError, router_token: str | None) -> TransportError:
+    """A 401/403 on a control-plane route, said plainly; any other failure unchanged."""
+    if not exc.problem.startswith(("HTTP 401", "HTTP 403")):
+        return exc
+    status = exc.problem.split(":", 1)[0]
+    if router_token:
+        why = (
+            f"the router refused the token from --router-token-env ({status}): it is not one of its "
+            "control-plane keys, or its role may not read this route"
+        )
+    else:
+        why = (
+            f"the router refused it ({status}) for lack of a router token: its control plane needs an "
+            "admin or read-only key; give it with --router-token-env VAR (the variable's name, never "
+            "the key itself)"
+        )
+    return TransportError(router.rstrip("/") + path, why)
 
 
 @dataclass(frozen=True)
@@ -47,13 +87,24 @@ class RouterWorker:
     dp_base_url: str | None = None
     # Where the entry's own fields disagree about which worker or rank it names (see the module doc).
     problems: tuple[str, ...] = ()
+    # smg's key for the entry (`id`, the `{worker_id}` of /workers/{worker_id}); None: not given.
+    worker_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How the router names it: its worker_id and the URL it routes to."""
+        return f"{self.worker_id} ({self.url})" if self.worker_id else self.url
+
+    @property
+    def draining(self) -> bool:
+        return self.status == DRAINING
 
     @property
     def ready(self) -> bool | None:
         """Whether the router would route to it now (None: the listing has no state)."""
         if self.status is None and self.healthy is None:
             return None
-        return self.status in (None, READY) and self.healthy is not False
+        return self.status in (None, READY) and self.healthy is not False  # draining: no new requests
 
 
 @dataclass(frozen=True)
@@ -157,6 +208,7 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
         role = entry.get("worker_type")
         status = entry.get("status")
         healthy = entry.get("is_healthy")
+        wid = entry.get("id")
         out.append(
             RouterWorker(
                 url=url,
@@ -169,6 +221,7 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
                 dp_size=dp_size,
                 dp_base_url=entry.get("dp_base_url") if isinstance(entry.get("dp_base_url"), str) else None,
                 problems=tuple(problems),
+                worker_id=wid if isinstance(wid, str) and wid else None,
             )
         )
     total = doc.get("total") if isinstance(doc, dict) else None
@@ -190,21 +243,73 @@ def parse_list_workers(router: str, doc: Any) -> RouterListing:
     return RouterListing(router=router, endpoint="/list_workers", workers=tuple(workers))
 
 
-def list_router_workers(client: TargetClient, router: str) -> RouterListing:
-    """`GET /workers`, else `GET /list_workers`; TransportError when neither gives a worker list.
+def _control_get(client: TargetClient, router: str, path: str, router_token: str | None, deadline: float) -> Any:
+    try:
+        return client.get_json(
+            router, path, missing_ok=True, deadline=deadline, headers=control_plane_headers(router_token)
+        )
+    except TransportError as exc:
+        raise refused(router, path, exc, router_token) from None
+
+
+def list_router_workers(client: TargetClient, router: str, router_token: str | None = None) -> RouterListing:
+    """`GET /workers`, else `GET /list_workers`; TransportError when neither gives a worker list, or
+    when the router refuses it (saying whether a router token was given).
 
     Each answer ends within the client's timeout and metadata cap, both reads within
     NODE_DEADLINE_REQUESTS x the timeout.
     """
     router = router.rstrip("/")
     deadline = time.monotonic() + NODE_DEADLINE_REQUESTS * client.timeout
-    doc = client.get_json(router, "/workers", missing_ok=True, deadline=deadline)
+    doc = _control_get(client, router, "/workers", router_token, deadline)
     if doc is not None:
         return parse_workers(router, doc)
-    doc = client.get_json(router, "/list_workers", missing_ok=True, deadline=deadline)
+    doc = _control_get(client, router, "/list_workers", router_token, deadline)
     if doc is not None:
         return parse_list_workers(router, doc)
     raise TransportError(router, "lists no workers: neither GET /workers (smg) nor GET /list_workers exists")
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """One DP rank's pool as the router's `/get_loads` reports it."""
+
+    worker: str
+    dp_rank: int
+    max_total_num_tokens: int
+
+
+def parse_loads(router: str, doc: Any) -> tuple[RankLoad, ...]:
+    """smg's `/get_loads` document: the ranks whose worker, rank and pool are sane; anything that is not
+    the document raises TransportError."""
+    where = router.rstrip("/") + "/get_loads"
+    loads = doc.get("loads") if isinstance(doc, dict) else None
+    if not isinstance(loads, list):
+        raise TransportError(where, f'not a load report: expected {{"loads": [...]}}, got {_shape(doc)}')
+    out = []
+    for i, entry in enumerate(loads):
+        if not isinstance(entry, dict):
+            raise TransportError(where, f"loads[{i}] is {_shape(entry)}")
+        worker = entry.get("worker")
+        problems: list[str] = []
+        rank = _opt_int(entry, "dp_rank", 0, SANE_RANKS, problems)
+        pool = _opt_int(entry, "max_total_num_tokens", 0, SANE_MAX, problems)
+        if not isinstance(worker, str) or problems or rank is None or pool is None:
+            why = "; ".join(problems) or "no worker, dp_rank or max_total_num_tokens"
+            raise TransportError(where, f"loads[{i}]: {why}")
+        base, url_rank = _split_rank(worker)
+        out.append(RankLoad(base, url_rank if url_rank is not None else rank, pool))
+    return tuple(out)
+
+
+def read_router_loads(
+    client: TargetClient, router: str, router_token: str | None = None
+) -> tuple[RankLoad, ...] | None:
+    """The router's per-rank pools (`GET /get_loads`), or None where the router has no such route."""
+    router = router.rstrip("/")
+    deadline = time.monotonic() + client.timeout
+    doc = _control_get(client, router, "/get_loads", router_token, deadline)
+    return None if doc is None else parse_loads(router, doc)
 
 
 def _shape(value: Any) -> str:

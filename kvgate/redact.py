@@ -91,13 +91,13 @@ def scope() -> Iterator[None]:
         _GRAMS.update(grams)
 
 
-def token_from_env(name: str | None) -> str | None:
+def token_from_env(name: str | None, flag: str = "--token-env") -> str | None:
     """Read a bearer token from environment variable `name`; a named but unset variable is a usage error."""
     if not name:
         return None
     value = os.environ.get(name)
     if value is None or not value.strip():
-        raise UsageError(f"--token-env {name}: environment variable {name} is not set or empty")
+        raise UsageError(f"{flag} {name}: environment variable {name} is not set or empty")
     value = value.strip()
     register(value)
     return value

@@ -237,12 +237,21 @@ class TargetClient:
         request's timeout and stops at `probe_cap` bytes (an `OverCap`, an httpx.TransportError)."""
         return self._http
 
-    def get_json(self, base: str, path: str, *, missing_ok: bool = False, deadline: float | None = None) -> Any | None:
+    def get_json(
+        self,
+        base: str,
+        path: str,
+        *,
+        missing_ok: bool = False,
+        deadline: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any | None:
         """GET base+path and parse JSON. 404 returns None when `missing_ok`; other failures raise.
 
         `deadline` (time.monotonic()) shortens the request's timeout to what is left of it. The timeout
         bounds the whole answer, body included; a body over `metadata_cap` bytes is a TransportError
-        naming the cap.
+        naming the cap. `headers` replace the client's own for this request (the router's admin token
+        on control-plane routes).
         """
         url = base.rstrip("/") + path
         timeout, why = self.timeout, "timeout"
@@ -253,7 +262,7 @@ class TargetClient:
             if left < timeout:
                 timeout, why = left, "the node's read deadline"
         try:
-            resp = self._http.get(url, timeout=timeout, extensions={BODY_CAP: self.metadata_cap})
+            resp = self._http.get(url, timeout=timeout, extensions={BODY_CAP: self.metadata_cap}, headers=headers)
         except httpx.TimeoutException:
             raise TransportError(url, f"no whole answer within {timeout:g}s ({why})") from None
         except OverCap as exc:

@@ -16,6 +16,19 @@ Correctness fixes (missing one fails `kvgate fixes` and the defenses gate for a 
   ack-generations  generation-tagged ABORT_ACKs per endpoint, poisoned rooms (origin PR
           unconfirmed; matches #37077)                                                         0.5.22
   mori-deferred-release  Mori supports deferred release, counted only when the backend is mori  0.5.22
+  #17430  decode checks bootstrap_room in the metadata slot (a collision aborts, not mixes)  <= 0.5.19
+  zmq-send-lock  per-endpoint ZMQ send lock (interleaved frames corrupt aux data; origin PR
+          unconfirmed)                                                                       <= 0.5.19
+  #27372  decode's ABORT stops an in-flight Mooncake prefill, counted only on mooncake       <= 0.5.19
+  #30352  NIXL prefill handles ABORT, Failed stays sticky, counted only on nixl              <= 0.5.19
+
+The last four are in every verified release: they fail only a fork or vendor build whose code lacks
+them (the code scan sees it; a version string cannot). Not gated from the same survey: #27374 (a freed
+slot's room zeroed: without it #17430 aborts falsely, availability), #39357 (rebootstrap to the served
+prefill rank: a hang), #33362 + #37506 (unified-pool page translation: only hybrid SWA / Mamba pools,
+which server_info does not name, so requiring it would block deployments that never run that code).
+Known open problems (`kind: open-problem`, #36707, #40731, #40125, #29978) carry the code the problem
+lives in as signatures: present means "still open here"; they are listed, never gated, never passed.
 
 Why this set. These are the fixes for the three failure classes that let a response read another
 request's KV: admission (gate 2), short handoff / abort cleanup, and page lifetime (gate 4). Detection

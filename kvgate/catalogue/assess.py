@@ -248,6 +248,9 @@ def describe(s: FixStatus) -> str:
     state = s.presence.value
     if s.presence is Presence.TAMPERED:
         state = "tampered or partial backport"
+    if fix.is_open_problem:  # its signatures are the affected code, not a fix
+        state = {Presence.PRESENT: "still open here", Presence.ABSENT: "not affected"}.get(s.presence, state)
+        return f"{state}: {fix.label} open upstream problem: {fix.title} ({fix.failure_class}; {s.how()})"
     return f"{state}: {fix.label} {fix.title} ({fix.failure_class}; {s.how()})"
 
 
@@ -261,7 +264,11 @@ def status_evidence(node: str, s: FixStatus, required: bool) -> list[Evidence]:
         Evidence(node, "present", s.presence.value, "present" if required else None),
         Evidence(node, "decided_by", s.how()),
     ]
-    if not fix.is_backport:
+    if fix.is_open_problem:
+        earlier = " or earlier" if fix.first_release_bound == "at-or-before" else ""
+        first = f"its code first in {fix.first_release}{earlier}"
+        ev.append(Evidence(node, "upstream", f"open problem (evidence {fix.state_evidence}), {first}; no fix released"))
+    elif not fix.is_backport:
         ev.append(Evidence(node, "upstream", f"{fix.state} (evidence {fix.state_evidence}), {first}"))
     ev += [
         Evidence(node, f"by_{d.method}", f"{d.presence.value}{' (weak)' if d.weak else ''}: " + "; ".join(d.evidence))
@@ -304,6 +311,8 @@ def to_findings(
             role = f"correctness only on {'/'.join(fix.backends)}"
         if fix.is_backport:
             role = f"kvgate backport of {a.catalogue.get(fix.backports).label}" if fix.backports else "kvgate backport"
+        if fix.is_open_problem:
+            role = "known open problem, not gated"
         summary = f"{describe(s)} ({role})"  # no square brackets: the table renders with Rich (markup)
         ev = status_evidence(node, s, required)
         if s.presence is Presence.TAMPERED:
@@ -336,8 +345,9 @@ def to_findings(
                     remedy=f"{READ_THE_CODE}; or accept the version string with {version_opt_out}",
                 )
             )
-        elif s.presence is Presence.ABSENT:
-            out.append(info(gate, fix.id, node, summary, *ev))  # absent and not required here: not a pass
+        elif s.presence is Presence.ABSENT or fix.is_open_problem:
+            # absent and not required here, or an open problem (present = still has it): never a pass
+            out.append(info(gate, fix.id, node, summary, *ev))
         else:
             out.append(passed(gate, fix.id, node, summary, *ev))
     return out

@@ -14,7 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from kvgate.errors import KvgateError
 
-_KINDS = {"issue", "pr", "change", "subsystem", "backport"}
+_KINDS = {"issue", "pr", "change", "subsystem", "backport", "open-problem"}
 _STATES = {"merged", "open", "not-merged", "closed", "not-established", "n/a"}
 _EVIDENCE = {"W", "T", "3P", "inferred"}
 _CLASSES = {"admission", "short-handoff", "abort-cleanup", "page-lifetime", "detection"}
@@ -103,7 +103,13 @@ class Fix:
         """How a human names it: '#38935', or the id for entries without an upstream number."""
         if self.kind == "backport":
             return self.id
-        return f"#{self.number}" if self.number is not None and self.kind in ("pr", "issue") else self.id
+        labelled = ("pr", "issue", "open-problem")
+        return f"#{self.number}" if self.number is not None and self.kind in labelled else self.id
+
+    @property
+    def is_open_problem(self) -> bool:
+        """Its signatures are the code a known open upstream problem lives in: present = still has it."""
+        return self.kind == "open-problem"
 
     @property
     def is_backport(self) -> bool:

@@ -79,9 +79,10 @@ def handle_errors(func: F) -> F:
         # library caller) starts without them.
         with redact_scope():
             # Known before anything can print: an error about a flag or a profile is redacted too.
-            name = kwargs.get("token_env")
-            if isinstance(name, str) and name and os.environ.get(name, "").strip():
-                register(os.environ[name].strip())
+            for key in ("token_env", "router_token_env"):
+                name = kwargs.get(key)
+                if isinstance(name, str) and name and os.environ.get(name, "").strip():
+                    register(os.environ[name].strip())
             return _run(*args, **kwargs)
 
     def _run(*args: Any, **kwargs: Any) -> Any:

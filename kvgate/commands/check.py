@@ -69,6 +69,17 @@ def check(
     token_env: str | None = typer.Option(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
+    router_token_env: str | None = typer.Option(
+        None,
+        "--router-token-env",
+        help="Name of the environment variable holding the router's control-plane key (smg "
+        "--control-plane-api-keys), sent only to its /workers and /get_loads.",
+    ),
+    router_health_url: str | None = typer.Option(
+        None,
+        "--router-health-url",
+        help="Where the router serves its probes (smg --health-check-port): /readiness is read there.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
     probe_deadline: float | None = typer.Option(
@@ -178,13 +189,21 @@ def check(
             baseline=baseline,
             write_baseline=write_baseline,
             model_config=model_config,
+            router_health_url=router_health_url,
         )
         token = token_from_env(token_env)
+        router_token = token_from_env(router_token_env, flag="--router-token-env")
         if self_test:
             from kvgate.extras import refuse_in_single_file
 
             refuse_in_single_file("kvgate check --self-test")
-        report = run_check(options, token=token, observer=terminal_observer(quiet), self_test=self_test)
+        report = run_check(
+            options,
+            token=token,
+            observer=terminal_observer(quiet),
+            self_test=self_test,
+            router_token=router_token,
+        )
         if not self_test:
             from kvgate.commands._common import raw_args
             from kvgate.commands.nextstep import next_step
@@ -225,6 +244,7 @@ def check_options(
     baseline: Path | None = None,
     write_baseline: Path | None = None,
     model_config: Path | None = None,
+    router_health_url: str | None = None,
 ) -> CheckOptions:
     """check's flags merged over the profile into CheckOptions (`kvgate watch` takes the same flags)."""
     options = _options(prefill_url, decode_url, router_url, profile, context_len, headroom, timeout, strict)
@@ -263,6 +283,7 @@ def check_options(
         read_deadline=read_deadline if read_deadline is not None else DEFAULT_READ_DEADLINE,
         baseline=str(baseline) if baseline else None,
         write_baseline=str(write_baseline) if write_baseline else None,
+        router_health_url=router_health_url.rstrip("/") if router_health_url else None,
     )
     return _with_model_config(options, model_config)
 

@@ -56,6 +56,12 @@ def watch(
     token_env: str | None = typer.Option(
         None, "--token-env", help="Name of the environment variable holding the bearer token."
     ),
+    router_token_env: str | None = typer.Option(
+        None,
+        "--router-token-env",
+        help="Name of the environment variable holding the router's control-plane key, sent only to "
+        "its /workers and /get_loads.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No log lines on stderr."),
     probe_deadline: float | None = typer.Option(
         None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang."
@@ -148,7 +154,14 @@ def watch(
     settings.check("flags")
     log = (lambda _m: None) if quiet else LineObserver().log
     try:
-        watcher = Watcher(options, settings, listen=(host, port), token=token_from_env(token_env), log=log)
+        watcher = Watcher(
+            options,
+            settings,
+            listen=(host, port),
+            token=token_from_env(token_env),
+            log=log,
+            router_token=token_from_env(router_token_env, flag="--router-token-env"),
+        )
     except OSError as exc:
         raise UsageError(f"--listen {listen}: cannot serve there: {exc}") from None
     try:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvgate.discovery import RouterListing
+from kvgate.discovery import RankLoad, RouterListing
 from kvgate.findings import Finding
 from kvgate.progress import NullObserver, Observer
 from kvgate.target import DEFAULT_CONCURRENCY, NodeReading, NodeSpec, TargetClient
@@ -23,6 +23,8 @@ class CheckOptions:
     prefill_urls: tuple[str, ...] = ()
     decode_urls: tuple[str, ...] = ()
     router_url: str | None = None
+    # Where the router serves its probes (smg --health-check-port): /readiness is read there.
+    router_health_url: str | None = None
     context_len: int | None = None
     headroom: float = 1.25
     timeout: float = 10.0
@@ -66,6 +68,9 @@ class GateContext:
     listing: RouterListing | None = None
     # Every worker the run tried to read (read or not), in order.
     attempted: Sequence[NodeSpec] = ()
+    # The router's per-DP-rank pools (/get_loads; None: not read), or why they could not be read.
+    router_loads: tuple[RankLoad, ...] | None = None
+    router_loads_problem: str | None = None
 
     def nodes(self, role: str) -> list[NodeReading]:
         return [r for r in self.readings if r.spec.role == role]

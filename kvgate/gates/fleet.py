@@ -2,6 +2,10 @@
 
 - router-status: a worker the router lists as failed (or unhealthy) fails; pending, not_ready or
   draining is inconclusive (it takes no traffic now, and nothing proves it will come back as read).
+  "Healthy" is not "routable": smg lists a draining worker `is_healthy: false, status: draining` while
+  it stops taking new requests; that is a drain, not a failure.
+- router-pool: the pool per DP rank the router reports (/get_loads `max_total_num_tokens`) against
+  the worker's own server_info, like every other fact read twice: a difference is inconclusive.
 - router-membership (worker URLs given and --router-url): a worker the router routes to that the gate
   was not told about fails (traffic reaches an ungated worker); a given worker the router does not
   list is inconclusive (gated, but takes no traffic through this router).
@@ -25,8 +29,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from kvgate.discovery import RouterListing, RouterWorker, normalize_url
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.discovery import RankLoad, RouterListing, RouterWorker, normalize_url
+from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
 from kvgate.gates.base import GateContext
 from kvgate.gates.pair import pair_consistency
 from kvgate.target import DECODE, PREFILL, NodeReading
@@ -53,7 +57,21 @@ def router_status(listing: RouterListing, labels: dict[str, str]) -> list[Findin
             ready += 1
             continue
         ev = Evidence(node, f"router {listing.endpoint} status", _state(entries), "ready")
-        if any(e.status == "failed" or e.healthy is False for e in entries):
+        names = Evidence(node, "router worker_id", [e.name for e in entries], "the router's key")
+        if any(e.draining for e in entries) and not any(e.status == "failed" for e in entries):
+            out.append(
+                inconclusive(
+                    GATE,
+                    "router-status",
+                    node,
+                    f"the router is draining this worker ({_state(entries)}): it takes no new requests, so it "
+                    "is not routable; what was read from it may not be what serves after the drain",
+                    ev,
+                    names,
+                    remedy="re-run once the drain finishes (the router then drops the worker) or is undone",
+                )
+            )
+        elif any(e.status == "failed" or e.healthy is False for e in entries):
             out.append(
                 failed(
                     GATE,
@@ -61,6 +79,7 @@ def router_status(listing: RouterListing, labels: dict[str, str]) -> list[Findin
                     node,
                     f"the router lists this worker as {_state(entries)}",
                     ev,
+                    names,
                     remedy="fix or replace the worker (its health check fails), or remove it from "
                     "the router before promoting",
                 )
@@ -73,6 +92,7 @@ def router_status(listing: RouterListing, labels: dict[str, str]) -> list[Findin
                     node,
                     f"the router lists this worker as {_state(entries)}: it takes no traffic now",
                     ev,
+                    names,
                     remedy="re-run the gate once the router lists it as ready",
                 )
             )
@@ -368,6 +388,82 @@ def prefill_admission(prefills: Sequence[NodeReading]) -> list[Finding]:
     return out
 
 
+def router_pool(
+    loads: Sequence[RankLoad] | None, problem: str | None, readings: Sequence[NodeReading], router: str
+) -> list[Finding]:
+    """/get_loads' `max_total_num_tokens` per DP rank against what each worker reports for that rank
+    (`internal_states[rank].memory_usage.token_capacity`, else the top-level `max_total_num_tokens`)."""
+    node = f"router {router}"
+    if problem is not None:
+        return [
+            inconclusive(
+                GATE,
+                "router-pool",
+                node,
+                f"the router's per-rank pools could not be read: {problem}",
+                Evidence(node, "GET /get_loads", problem, "the per-rank pools"),
+                remedy="give the router's control-plane key with --router-token-env, or find why /get_loads fails",
+            )
+        ]
+    if loads is None:
+        return []  # no /get_loads on this router
+    if not loads:
+        return [
+            info(
+                GATE,
+                "router-pool",
+                node,
+                "the router reports no per-rank pool (/get_loads loads: []; smg 1.13.0 answers so for "
+                "HTTP-connected PD workers): its view of the pool was not compared",
+                Evidence(node, "/get_loads loads", 0, "one entry per worker DP rank"),
+            )
+        ]
+    by_url = {normalize_url(r.spec.url): r for r in readings}
+    out: list[Finding] = []
+    compared = 0
+    for load in loads:
+        r = by_url.get(normalize_url(load.worker))
+        if r is None:
+            continue  # a worker not read: router-membership and reachable say so
+        rank = next((rk for rk in r.ranks if rk.dp_rank == load.dp_rank and rk.token_capacity is not None), None)
+        if rank is not None and rank.token_capacity is not None:
+            own, field = rank.token_capacity, f"internal_states[{load.dp_rank}].memory_usage.token_capacity"
+        elif load.dp_rank == 0 and r.max_total_num_tokens is not None:
+            own, field = r.max_total_num_tokens, r.pool_key or "max_total_num_tokens"
+        else:
+            continue
+        compared += 1
+        if own != load.max_total_num_tokens:
+            out.append(
+                inconclusive(
+                    GATE,
+                    "router-pool",
+                    r.node,
+                    f"two answers for the pool of DP rank {load.dp_rank}: the router's /get_loads says "
+                    f"{load.max_total_num_tokens:,}, the worker's {field} says {own:,}",
+                    Evidence(
+                        r.node,
+                        f"router /get_loads dp_rank {load.dp_rank} max_total_num_tokens",
+                        load.max_total_num_tokens,
+                        f"== {own:,}",
+                    ),
+                    Evidence(r.node, field, own, "the worker's own answer"),
+                    remedy="find which answer is the server's (a stale router registration, a proxy, or a worker "
+                    "replaced behind the same URL), and re-run once they agree",
+                )
+            )
+    if compared and not out:
+        out.append(
+            passed(
+                GATE,
+                "router-pool",
+                DEPLOYMENT,
+                f"the router's per-rank pools agree with the workers' own ({compared} DP rank(s))",
+            )
+        )
+    return out
+
+
 class FleetGate:
     """Router cross-checks and fleet-wide consistency over every worker read."""
 
@@ -383,6 +479,7 @@ class FleetGate:
             if given:
                 out += router_membership(ctx.listing, given, labels)
             out += router_identity(ctx.listing, readings, labels)
+            out += router_pool(ctx.router_loads, ctx.router_loads_problem, readings, ctx.listing.router)
         out += router_roles(ctx.listing, readings)
         pd = [r for r in readings if r.spec.role in PD_ROLES]
         out += _consistency(

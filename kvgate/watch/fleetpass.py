@@ -155,11 +155,13 @@ def changes(judged: FleetView | None, new: FleetView) -> list[Change]:
     return out
 
 
-def _list(router: str, timeout: float, token: str | None) -> tuple[RouterListing | None, str | None]:
+def _list(
+    router: str, timeout: float, token: str | None, router_token: str | None = None
+) -> tuple[RouterListing | None, str | None]:
     """The router's listing as `kvgate check` lists it, or why it could not be had."""
     try:
         with TargetClient(timeout=timeout, token=token) as client:
-            listing = list_router_workers(client, router)
+            listing = list_router_workers(client, router, router_token)
     except TransportError as exc:
         return None, str(exc)
     if not listing.workers:
@@ -175,6 +177,7 @@ def read_fleet(
     concurrency: int,
     deadline_s: float,
     expected: Sequence[NodeSpec] = (),
+    router_token: str | None = None,
 ) -> FleetSnapshot:
     """List the router's workers and read every listed worker with the fleet reader.
 
@@ -190,7 +193,7 @@ def read_fleet(
         pending: list[Future[tuple[RouterListing | None, str | None]]] = []
 
         def list_now() -> None:  # once the reads are out: the listing's parsing then overlaps their wait
-            pending.append(pool.submit(_list, router, timeout, token))
+            pending.append(pool.submit(_list, router, timeout, token, router_token))
 
         got = read_workers(list(expected), on_sent=list_now, deadline_name=deadline_name, **kw)  # type: ignore[arg-type]
         read: dict[str, NodeReading | TransportError] = {s.url: r for s, r in zip(expected, got, strict=True)}

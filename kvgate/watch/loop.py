@@ -89,6 +89,7 @@ class Watcher:
         token: str | None = None,
         log: Log = lambda _m: None,
         clock: Callable[[], float] = time.monotonic,
+        router_token: str | None = None,
     ) -> None:
         if not options.router_url:
             raise ValueError("kvgate watch needs a router URL")
@@ -97,6 +98,7 @@ class Watcher:
         self.router = options.router_url.rstrip("/")
         self.settings = settings
         self.token = token
+        self.router_token = router_token  # the router's control-plane key: /workers and /get_loads only
         self.log = log
         self.probe_settings = ProbeSettings.from_mapping(options.probes, options.profile_name or "probe settings")
         default_gates(options)  # a bad profile section is a usage error before anything starts
@@ -237,6 +239,7 @@ class Watcher:
             concurrency=self.settings.pass_concurrency,
             deadline_s=max(self.options.timeout, self.settings.interval_s),
             expected=self.last.specs if self.last else (),
+            router_token=self.router_token,
         )
         found = changes(self.judged, snap.view)
         for c in found:
@@ -269,7 +272,12 @@ class Watcher:
         self.in_gate = True
         tap = _ReadingsTap()
         try:
-            report = run_check(self.options, token=self.token, gates=[*default_gates(self.options), tap])
+            report = run_check(
+                self.options,
+                token=self.token,
+                gates=[*default_gates(self.options), tap],
+                router_token=self.router_token,
+            )
         except Exception as exc:  # noqa: BLE001 - a broken run is kvgate's error (exit 5), never a pass
             report = Report(
                 command="watch",

@@ -32,6 +32,19 @@ EXPECTED: dict[str, set[str]] = {
     "ack-generations": {"0.5.22", "0.5.23"},  # section 1/9: AckTarget refactor from 0.5.22
     "mori-deferred-release": {"0.5.22", "0.5.23"},
     "kv-canary": ALL,
+    # upstream-2026-12.md: merged fixes already in the oldest verified wheel (a fork may lack them)
+    "pr-17430": ALL,
+    "pr-27374": ALL,  # inline in decode.py to 0.5.22, MetadataBuffers.clear_slot (utils.py) in 0.5.23
+    "pr-27372": ALL,
+    "pr-30352": ALL,  # sticky Failed in nixl/conn.py (0.5.19), in common/conn.py from 0.5.20
+    "pr-39357": ALL - {"0.5.19"},
+    "unified-pool-transfer": ALL,
+    "zmq-send-lock": ALL,
+    # open problems: the affected code, in every verified release (no release fixes them)
+    "open-36707": ALL,
+    "open-40731": ALL,
+    "open-40125": ALL,
+    "open-29978": ALL,
     "kvgate-admission-door": set(),
     "kvgate-deferred-release-default": set(),
     "kvgate-retire-aborted-results": set(),
@@ -49,6 +62,9 @@ SIGNATURE_FILES = (
     "_version.py",
     "srt/environ.py",
     "srt/managers/scheduler.py",
+    "srt/managers/schedule_batch.py",
+    "srt/managers/io_struct.py",
+    "srt/mem_cache/allocator/base.py",
     "srt/arg_groups/fields/disagg.py",
     "srt/kv_canary/api.py",
     "kernels/ops/memory/adler32.py",
