@@ -233,8 +233,8 @@ class Engagement:
         sent_extra = 0
         while sent_extra < TOP_UP_MAX:
             zero = [s for s in states if s.role in (PREFILL, DECODE) and s.served is False]
-            if not zero or not any(s.served for s in states):
-                break
+            if not zero or not any(s.served for s in states) or sender.stalled:
+                break  # nothing to cover, nothing served to cover it with, or the deployment stopped answering
             n = min(TOP_UP_PER_WORKER * len(zero), TOP_UP_MAX - sent_extra)
             recs = sender.many(
                 [tenant(f"cover{sent_extra + i:02d}") for i in range(n)],
