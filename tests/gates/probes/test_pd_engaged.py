@@ -135,6 +135,19 @@ def test_healthy_pair_passes_from_its_own_counters(deployment: Any) -> None:
 
 
 @pytest.mark.slow
+def test_every_worker_of_a_two_by_two_fleet_is_covered(deployment: Any) -> None:
+    """Two prefills and two decodes behind the real PD router: each one is shown to have served probes."""
+    dep: SimDeployment = deployment(
+        emulate="0.5.22", prefill=2, decode=2, context_length=CONTEXT, prefill_pool=8192, decode_pool=8192
+    )
+    report = _check(dep.router_url or "", dep.prefill_urls, dep.decode_urls)
+    coverage = _finding(report, "pd.coverage")
+    assert coverage.outcome == Outcome.PASSED, coverage.summary
+    assert all(url in coverage.summary for url in dep.prefill_urls + dep.decode_urls)
+    assert _finding(report, "pd.engaged").outcome == Outcome.PASSED
+
+
+@pytest.mark.slow
 def test_a_prefill_the_router_never_picks_is_named(deployment: Any, own_router: Any) -> None:
     """Two prefills, the router's pool holds one (smg #2375's shape: the other is never routed to)."""
     dep: SimDeployment = deployment(
