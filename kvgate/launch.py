@@ -191,6 +191,8 @@ def worker_argv(plan: PDLaunchPlan, slot: WorkerSlot) -> list[str]:
         plan.transfer_backend,
         "--tp-size",
         str(plan.tp_size),
+        # SGLang's request counters on /metrics: how probes.pd.* shows which workers served the probes.
+        "--enable-metrics",
     ]
     # The simulator accepts (and ignores) the placement flags, so both engines get one command line.
     if plan.device == "gpu":

@@ -299,6 +299,28 @@ class TargetClient:
             model_info = get("/get_model_info")
         return parse_node(spec, info_path, info, models, model_info)
 
+    def get_raw(self, gets: Sequence[tuple[str, str]], *, cap_name: str = "metadata cap") -> list[Any]:
+        """GET each (base URL, path) at once through the one-thread reader (kvgate/wideread.py), under this
+        client's token, timeout, width and metadata cap; one `wideread.Answer` or `wideread.Failure` each,
+        in order, all within one deadline (as many timeouts as the rounds of `concurrency` need, plus one)."""
+        from kvgate.wideread import get_each
+
+        if not gets:
+            return []
+        rounds = -(-len(gets) // max(1, self.concurrency))
+        return list(
+            get_each(
+                gets,
+                headers=f"Authorization: Bearer {self._token}\r\n" if self._token else "",
+                timeout=self.timeout,
+                deadline=time.monotonic() + (rounds + 1) * self.timeout,
+                width=self.concurrency,
+                body_cap=self.metadata_cap,
+                ssl_context=self._ssl,
+                cap_name=cap_name,
+            )
+        )
+
     def read_nodes(
         self,
         specs: Sequence[NodeSpec],

@@ -63,6 +63,7 @@ class WorkerConfig:
     served_model_name: str | None = None
     allow_auto_truncate: bool = False
     skip_tokenizer_init: bool = False
+    enable_metrics: bool = False
     disaggregation_enable_kv_checksum: bool = False
     kv_canary: str = "none"
     kv_canary_real_data: str = "none"

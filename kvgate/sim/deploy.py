@@ -76,6 +76,9 @@ class SimDeployment:
     kv_checksum: bool = False
     allow_auto_truncate: bool = False
     skip_tokenizer_init: bool = False
+    #: `--enable-metrics` on every worker (kvgate's launch plan starts real workers with it too):
+    #: the request counters probes.pd.* read.
+    enable_metrics: bool = True
     router: bool = True
     router_args: Sequence[str] = ()
     light: bool = False
@@ -148,6 +151,8 @@ class SimDeployment:
             argv.append("--allow-auto-truncate")
         if self.skip_tokenizer_init:
             argv.append("--skip-tokenizer-init")
+        if self.enable_metrics:
+            argv.append("--enable-metrics")
         return argv
 
     def start(self, attempts: int = 3) -> SimDeployment:

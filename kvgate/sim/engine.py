@@ -48,6 +48,10 @@ class BaseEngine:
             "late_pages_received": 0,
         }
         self.last_gen_throughput = 0.0
+        # `sglang:num_requests_total` / `sglang:prompt_tokens_total` by is_streaming: what the tokenizer
+        # manager counts for each finished request (an abort from the scheduler included; a tokenizer
+        # rejection never reaches it).
+        self.finished: dict[bool, list[int]] = {False: [0, 0], True: [0, 0]}
 
     @property
     def max_total_num_tokens(self) -> int:
@@ -106,6 +110,26 @@ class BaseEngine:
             )
             req.input_ids = torch.zeros(1, dtype=torch.int32)
             self.stats["rejected"] += 1
+
+    def count_finished(self, req: SimReq, stream: bool) -> None:
+        """One finished request, as `TokenizerManager.collect_metrics` counts it."""
+        self.finished[stream][0] += 1
+        self.finished[stream][1] += int(req.caller_tokens)
+
+    def metrics_text(self, model_name: str) -> str:
+        """`/metrics` with `--enable-metrics`: SGLang's two request counters, in Prometheus text format."""
+        lines: list[str] = []
+        for i, (name, what) in enumerate(
+            (
+                ("sglang:prompt_tokens_total", "Number of prefill tokens processed."),
+                ("sglang:num_requests_total", "Number of requests processed."),
+            )
+        ):
+            lines += [f"# HELP {name} {what}", f"# TYPE {name} counter"]
+            for stream, counts in self.finished.items():
+                labels = f'model_name="{model_name}",is_streaming="{"true" if stream else "false"}"'
+                lines.append(f"{name}{{{labels}}} {float(counts[1 - i])}")
+        return "\n".join(lines) + "\n"
 
     def state(self) -> dict[str, Any]:
         """Simulator-only introspection (`GET /sim/state`)."""

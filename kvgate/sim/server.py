@@ -106,6 +106,12 @@ def build_app(engine: BaseEngine) -> FastAPI:
         async def _ready() -> Response:
             return Response(status_code=200)
 
+    if cfg.enable_metrics:
+
+        @app.get("/metrics")
+        async def _metrics() -> Response:
+            return Response(engine.metrics_text(model_name), media_type="text/plain; version=0.0.4")
+
     @app.get("/v1/loads")
     async def _loads_route() -> Response:
         used = engine.pool.num_pages - engine.pool.free_pages
@@ -203,7 +209,11 @@ def build_app(engine: BaseEngine) -> FastAPI:
         while True:
             done, _ = await asyncio.wait({task}, timeout=poll)
             if done:
-                return task.result()
+                try:
+                    return task.result()
+                finally:
+                    if not task.cancelled():
+                        engine.count_finished(req, stream=False)
             if await request.is_disconnected() and isinstance(engine, (DecodeEngine, PrefillEngine)):
                 engine.abort(req.rid)
 
@@ -326,9 +336,11 @@ async def _stream(
                 result = await engine.generate(req, sink)
             else:
                 result = await engine.generate(req)
+            engine.count_finished(req, stream=True)
             await queue.put(_sse(shape(result)))
             await queue.put(b"data: [DONE]\n\n")
         except RequestError as exc:
+            engine.count_finished(req, stream=True)
             # An abort from the scheduler reaches a streaming client as a normal chunk, under HTTP 200:
             # nothing generated, the one-token placeholder as prompt_tokens, `finish_reason` the abort
             # (real 0.5.22 through smg 1.13.0, measured by tests/real/test_differential.py). Only the

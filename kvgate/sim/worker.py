@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-running-requests", type=int, default=None)
     p.add_argument("--allow-auto-truncate", action="store_true")
     p.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="serve /metrics (SGLang's Prometheus page; the simulator's carries the request counters only)",
+    )
+    p.add_argument(
         "--skip-tokenizer-init",
         action="store_true",
         help="answers carry output_ids only, no text (SGLang's --skip-tokenizer-init)",
@@ -140,6 +145,7 @@ def main(argv: list[str]) -> None:
         served_model_name=args.served_model_name,
         allow_auto_truncate=args.allow_auto_truncate,
         skip_tokenizer_init=args.skip_tokenizer_init,
+        enable_metrics=args.enable_metrics,
         disaggregation_enable_kv_checksum=args.disaggregation_enable_kv_checksum,
         kv_canary=args.kv_canary,
         kv_canary_real_data=args.kv_canary_real_data,

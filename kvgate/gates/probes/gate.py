@@ -29,6 +29,7 @@ from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.engaged import Engagement
 from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, latency_finding, run_latency
 from kvgate.gates.probes.margin import deterministic
@@ -146,6 +147,7 @@ class _Run:
             + f"; sentinels via {self.codec_note}"
         )
         tenant = self._tenant_probe()
+        engagement = Engagement(self.ctx)  # every worker's own request counter, before any probe
         samples: list[LatencySamples | None] = [None]
         self.cal: Calibration | None = None
         self.latency_plan: LatencyPlan | None = None
@@ -305,6 +307,7 @@ class _Run:
                     remedy=REMEDY_KEEP_GOING,
                 )
             )
+        self.findings.extend(engagement.judge(self.sender, self.answered, tenant, self.node))
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
 
