@@ -113,12 +113,28 @@ def _target(repo: Path | None, site: Path | None, python: str | None) -> tuple[T
 def _report(series: Series, target: Target, result: BackportResult) -> Report:
     node = str(target.root)
     findings = []
+    if result.recovered is not None:
+        rec = result.recovered
+        findings.append(
+            info(
+                GATE,
+                "recovery",
+                node,
+                f"{rec.direction}: {rec.message}",
+                Evidence(node, "interrupted", rec.action),
+                Evidence(node, "direction", rec.direction),
+                Evidence(node, "files_rewritten", rec.files),
+                Evidence(node, "temps_removed", rec.temps_removed),
+            )
+        )
     for p in result.patches:
         ev = [Evidence(node, "files", ", ".join(p.files))]
         if p.commit:
             ev.append(Evidence(node, "commit", p.commit))
         findings.append(passed(GATE, p.id, node, f"{p.status}: {p.title}", *ev))
     notes = [result.message]
+    if result.recovered is not None:
+        notes.insert(0, result.recovered.message)
     if result.branch:
         notes.append(f"branch: {result.branch}")
     if result.backup:
