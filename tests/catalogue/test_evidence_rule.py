@@ -47,9 +47,7 @@ def test_code_against_label(code_method: str, code: Presence, label: Presence) -
     assert s.decided_by == (code_method if code is not U else None)
     if code is not P:
         assert s.presence is not P
-    a = assess(
-        [Detection(FIX, code_method, code), Detection(FIX, "version", label)], target="t", release="0.5.23"
-    )
+    a = assess([Detection(FIX, code_method, code), Detection(FIX, "version", label)], target="t", release="0.5.23")
     verdict = correctness_verdict(a)
     finding = next(f for f in to_findings(a) if f.check == FIX)
     if code is A:
