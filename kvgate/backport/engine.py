@@ -660,6 +660,12 @@ def revert_series(target: Target, series: Series) -> BackportResult:
     return replace(result, recovered=recovered) if recovered else result
 
 
+def recover_interrupted(target: Target, series: Series) -> Recovery | None:
+    """Roll an interrupted run back to the last completed state (what --verify does before it reads)."""
+    _validate(target)
+    return _recover(target, series, None)
+
+
 def applied_patches(target: Target, series: Series) -> tuple[Patch, ...]:
     """The patches of the series the target carries (refuses a target at no known stage); an interrupted
     run is rolled back first, as --check does."""

@@ -216,3 +216,19 @@ def test_a_killed_repo_apply_is_finished_by_apply_and_undone_by_revert(
             else:
                 assert tree_digest(repo / "python") == pristine, point
                 assert _git(repo, "rev-parse", "HEAD") == start
+
+
+def test_verify_reads_the_tree_only_after_rolling_an_interrupted_apply_back(
+    reference: dict[str, dict[str, object]], tmp_path: Path
+) -> None:
+    """--verify's first step (`recover_interrupted`) says what it undid; then no patch reads as applied."""
+    from kvgate.backport.engine import Layout, Target, applied_patches, recover_interrupted
+
+    root = _site(tmp_path / "verify")
+    assert _killed_run(root, "renamed:12") == -signal.SIGKILL
+    target = Target(Layout.SITE, root)
+    rec = recover_interrupted(target, SERIES)
+    assert rec is not None and rec.direction == "rolled back" and rec.action == "apply" and rec.files == 12
+    assert recover_interrupted(target, SERIES) is None  # nothing left pending
+    assert applied_patches(target, SERIES) == ()
+    assert _normalised(root) == reference["pristine"] and not _temps(root)
