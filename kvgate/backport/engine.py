@@ -30,6 +30,7 @@ from kvgate.backport.journal import (
     Journal,
     Recovery,
     Transaction,
+    file_state,
     kill_point_test_only,
     recover,
     sweep_temps,
@@ -287,7 +288,7 @@ def _apply_site(
     backup_dir = target.marker_dir / "backup"
     marker_path = target.marker_dir / MARKER_FILE
     inside(target.root, target.marker_dir, target.marker_dir)
-    old_record = marker_path.read_bytes() if marker_path.is_file() else None
+    old_record = file_state(marker_path)
     marker = _read_marker(target) or {
         "series": series.name,
         "base_release": series.base_release,
@@ -305,7 +306,7 @@ def _apply_site(
         if sha256_bytes(base) != files[path].sha256_before:
             raise BackportRefused(f"{rel}: no pristine backup recorded and the file is already patched")
         inside(target.root, dest.parent, dest)  # a link on the way to the backups: refused (the file is replaced)
-        changes.append(Change(_rel(target, dest), dest.read_bytes() if dest.is_file() else None, base))
+        changes.append(Change(_rel(target, dest), file_state(dest), base))
         marker["files"][path] = {"site_path": rel, "sha256_original": files[path].sha256_before}
     changes += [Change(target.rel(files[p]), current[p], data) for p, data in final.items()]
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kvgate.catalogue.series import sha256_bytes
 from kvgate.errors import UsageError
-from kvgate.safeio import confine, inside, write_atomic, write_temp
+from kvgate.safeio import inside, relative_part, write_atomic, write_temp
 
 RECORD = "intent.json"
 FORWARD = "rolled forward"
@@ -126,7 +126,8 @@ def _put(path: Path, data: bytes | None) -> None:
         write_atomic(path, data)
 
 
-def _state(path: Path) -> bytes | None:
+def file_state(path: Path) -> bytes | None:
+    """The bytes of a regular file at `path`; None when absent, or a link (never followed)."""
     return path.read_bytes() if path.is_file() and not path.is_symlink() else None
 
 
@@ -176,7 +177,7 @@ class Transaction:
         inside(j.root, j.folder, j.folder)
         entries = []
         for i, c in enumerate(self.changes):
-            inside(j.root, j.root / c.rel, j.record)
+            inside(j.root, (j.root / c.rel).parent, j.record)  # a link AT the name is replaced, never followed
             for side, data in (("before", c.before), ("after", c.after)):
                 if data is not None:
                     write_atomic(j.folder / f"{i}.{side}", data)
@@ -211,7 +212,7 @@ class Transaction:
         """Put every file back as it was (in this process, after a failure), then drop the journal."""
         for c in reversed(self.changes):
             path = self.journal.root / c.rel
-            if _state(path) != c.before or (c.before is None and path.exists()):
+            if file_state(path) != c.before or (c.before is None and path.exists()):
                 _put(path, c.before)
         self.journal._finish(self.changes)
 
@@ -246,7 +247,7 @@ def recover(journal: Journal, want_forward: bool | None, allowed: Callable[[str]
     for c in changes:
         target = c.after if forward else c.before
         path = j.root / c.rel
-        if _state(path) != target or (target is None and path.exists()):
+        if file_state(path) != target or (target is None and path.exists()):
             _put(path, target)
             rewritten += 1
     swept = j._finish(changes)
@@ -279,9 +280,9 @@ def _load(j: Journal, doc: dict, allowed: Callable[[str], bool]) -> list[Change]
     for i, e in enumerate(doc["changes"]):
         if not isinstance(e, dict):
             raise JournalRefused(f"{j.record}: change {i} is not an object; recover by hand")
-        rel = e.get("rel")
-        path = confine(j.root, rel, j.record)
-        assert isinstance(rel, str)
+        rel = relative_part(e.get("rel"), j.record, j.root)
+        path = j.root / rel
+        inside(j.root, path.parent, j.record)  # a link at the name itself is replaced, never followed
         if not allowed(rel):
             raise JournalRefused(f"{j.record}: names {rel!r}, which this series does not write; recover by hand")
         sides: dict[str, bytes | None] = {}
@@ -295,7 +296,7 @@ def _load(j: Journal, doc: dict, allowed: Callable[[str], bool]) -> list[Change]
             if not isinstance(want, str) or data is None or sha256_bytes(data) != want:
                 raise JournalRefused(f"{staged}: staged copy missing or damaged; recover {rel} by hand")
             sides[side] = data
-        now = _sha(_state(path))
+        now = _sha(file_state(path))
         if now not in (e.get("before"), e.get("after")):
             raise JournalRefused(
                 f"{rel}: changed since the interrupted {action} (sha256 {str(now)[:12]}… is neither the "
