@@ -14,25 +14,38 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import shutil
-import stat
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvgate import __version__
+from kvgate.backport import gitjournal
 from kvgate.backport.diffapply import PatchApplyError, apply, parse
+from kvgate.backport.journal import (
+    BACK,
+    FORWARD,
+    Change,
+    Journal,
+    Recovery,
+    Transaction,
+    file_state,
+    kill_point_test_only,
+    recover,
+    sweep_temps,
+)
 from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.safeio import confine, inside, write_atomic, write_temp
+from kvgate.safeio import confine, inside, write_temp
 
 if TYPE_CHECKING:  # GitPython loads only for a --repo target
     import git
 
 MARKER_DIR = ".kvgate-backport"  # inside the installed `sglang/` package
 MARKER_FILE = "applied.json"
+JOURNAL_DIR = "journal"  # inside MARKER_DIR (site-packages) or the git directory's kvgate-backport/
 
 
 class BackportRefused(UsageError):
@@ -103,6 +116,7 @@ class BackportResult:
     branch: str | None = None
     backup: Path | None = None
     marker: Path | None = None
+    recovered: Recovery | None = None  # an interrupted earlier run this one finished or rolled back
 
 
 def branch_name(series: Series) -> str:
@@ -200,32 +214,21 @@ def _render(
     return steps
 
 
-# -- atomic file writes -----------------------------------------------------------------------------
-def _write_all(paths_and_data: list[tuple[Path, bytes]]) -> None:
-    """Replace every file or none: temp files first, then renames; on failure restore the originals.
-
-    Every temp file is created exclusively (`safeio.write_temp`): a file or symlink planted at a temp
-    name is never opened, and a rename replaces a symlink at the destination instead of following it.
-    """
-    originals: list[tuple[Path, bytes | None, int | None]] = []
-    temps: list[tuple[Path, Path]] = []
-    try:
-        for path, data in paths_and_data:
-            temps.append((write_temp(path, data), path))
-        for tmp, path in temps:
-            originals.append(
-                (path, path.read_bytes() if path.exists() else None, path.stat().st_mode if path.exists() else None)
-            )
+# -- git working-tree writes ----------------------------------------------------------------------
+def _write_files(paths_and_data: list[tuple[Path, bytes]], counter: list[int]) -> None:
+    """Replace each file in one rename from an exclusively created temp (`safeio.write_temp`): a planted
+    temp name is never opened, and a rename replaces a symlink at the destination instead of following
+    it. The caller's journal (the git state it started from) undoes a half-written run."""
+    for path, data in paths_and_data:
+        tmp = write_temp(path, data)
+        counter[0] += 1
+        kill_point_test_only(f"temp:{counter[0]}")
+        try:
             os.replace(tmp, path)
-    except BaseException:
-        for path, saved, mode in reversed(originals):
-            if saved is None:
-                path.unlink(missing_ok=True)
-            else:
-                write_atomic(path, saved, None if mode is None else stat.S_IMODE(mode))
-        for tmp, _ in temps:
+        except BaseException:
             tmp.unlink(missing_ok=True)
-        raise
+            raise
+        kill_point_test_only(f"renamed:{counter[0]}")
 
 
 # -- site-packages ------------------------------------------------------------------------------------
@@ -250,6 +253,30 @@ def _read_marker(target: Target) -> dict | None:
     return marker
 
 
+def _journal(target: Target) -> Journal:
+    """The journal of a site-packages target: inside the backport's own folder, pruned with it."""
+    return Journal(target.root, target.marker_dir / JOURNAL_DIR, target.marker_dir)
+
+
+def _rel(target: Target, path: Path) -> str:
+    return path.relative_to(target.root).as_posix()
+
+
+def _site_allowed(target: Target, series: Series) -> Callable[[str], bool]:
+    """The paths a site-packages journal may name: the series' files and the backport's own folder."""
+    files = {target.rel(pf) for pf in _files(series.patches).values()}
+    own = _rel(target, target.marker_dir) + "/"
+    return lambda rel: rel in files or rel.startswith(own)
+
+
+def _run(txn: Transaction, target: Target) -> None:
+    """Run a journaled transaction; an OSError (disk full, permissions) becomes BackportFailed (exit 4)."""
+    try:
+        txn.run()
+    except OSError as exc:
+        raise BackportFailed(f"writing {target.root} failed, nothing changed: {exc}") from exc
+
+
 def _apply_site(
     target: Target, series: Series, patches: tuple[Patch, ...], k: int, current: dict[str, bytes | None]
 ) -> BackportResult:
@@ -259,39 +286,29 @@ def _apply_site(
     for _, changed in steps:
         final.update(changed)
     backup_dir = target.marker_dir / "backup"
+    marker_path = target.marker_dir / MARKER_FILE
+    inside(target.root, target.marker_dir, target.marker_dir)
+    old_record = file_state(marker_path)
     marker = _read_marker(target) or {
         "series": series.name,
         "base_release": series.base_release,
         "patches": [],
         "files": {},
     }
-    new_backups: list[Path] = []
-    fresh = not target.marker_dir.exists()
-    try:
-        for path in final:
-            rel = target.rel(files[path])
-            dest = backup_dir / rel
-            if path in marker["files"] and dest.is_file():
-                continue  # the original was saved by an earlier run; keep it
-            base = current[path]
-            assert base is not None
-            if sha256_bytes(base) != files[path].sha256_before:
-                raise BackportRefused(f"{rel}: no pristine backup recorded and the file is already patched")
-            inside(target.root, dest.parent, dest)  # a link on the way to the backups: refused (the file is replaced)
-            write_atomic(dest, base)
-            new_backups.append(dest)
-            marker["files"][path] = {"site_path": rel, "sha256_original": files[path].sha256_before}
-        _write_all([(target.file(files[p]), data) for p, data in final.items()])
-    except BaseException as exc:
-        for b in new_backups:
-            b.unlink(missing_ok=True)
-        if fresh:  # leave no empty backup folders behind either
-            shutil.rmtree(target.marker_dir, ignore_errors=True)
-        if isinstance(exc, KvgateError):
-            raise
-        if isinstance(exc, OSError):
-            raise BackportFailed(f"writing {target.root} failed, nothing changed: {exc}") from exc
-        raise
+    changes: list[Change] = []
+    for path in final:
+        rel = target.rel(files[path])
+        dest = backup_dir / rel
+        if path in marker["files"] and dest.is_file():
+            continue  # the original was saved by an earlier run; keep it
+        base = current[path]
+        assert base is not None
+        if sha256_bytes(base) != files[path].sha256_before:
+            raise BackportRefused(f"{rel}: no pristine backup recorded and the file is already patched")
+        inside(target.root, dest.parent, dest)  # a link on the way to the backups: refused (the file is replaced)
+        changes.append(Change(_rel(target, dest), file_state(dest), base))
+        marker["files"][path] = {"site_path": rel, "sha256_original": files[path].sha256_before}
+    changes += [Change(target.rel(files[p]), current[p], data) for p, data in final.items()]
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for patch, _ in steps:
         marker["patches"].append(
@@ -300,8 +317,9 @@ def _apply_site(
     for p, data in final.items():
         marker["files"][p]["sha256_patched"] = sha256_bytes(data)
     marker["kvgate_version"] = __version__
-    marker_path = target.marker_dir / MARKER_FILE
-    write_atomic(marker_path, json.dumps(marker, indent=2) + "\n")
+    record = (json.dumps(marker, indent=2) + "\n").encode("utf-8")
+    changes.append(Change(_rel(target, marker_path), old_record, record))
+    _run(Transaction(_journal(target), "apply", series.name, tuple(changes)), target)
     outcomes = tuple(
         PatchOutcome(p.id, p.title, "already applied", tuple(target.rel(f) for f in p.files)) for p in patches[:k]
     )
@@ -329,7 +347,8 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
         )
     record = target.marker_dir / MARKER_FILE
     known = _files(series.patches)
-    restores: list[tuple[Path, bytes]] = []
+    restores: list[Change] = []
+    drops: list[Change] = []
     for key, info in marker["files"].items():
         # The record is data from the tree itself: every path in it stays inside the tree, and names
         # a file this series touches, before a byte is written.
@@ -339,19 +358,21 @@ def _revert_site(target: Target, series: Series) -> BackportResult:
             raise BackportRefused(
                 f"{record}: records {info['site_path']!r}, which {series.name} does not touch; refusing to revert"
             )
-        if not live.is_file() or sha256_bytes(live.read_bytes()) != info.get("sha256_patched"):
+        patched = live.read_bytes() if live.is_file() else None
+        if patched is None or sha256_bytes(patched) != info.get("sha256_patched"):
             raise BackportRefused(f"{info['site_path']}: changed since kvgate patched it; refusing to revert")
         data = backup.read_bytes() if backup.is_file() else b""
         if sha256_bytes(data) != info.get("sha256_original"):
             raise BackportRefused(f"{backup}: backup missing or damaged; refusing to revert")
-        restores.append((live, data))
+        restores.append(Change(_rel(target, live), patched, data))
+        drops.append(Change(_rel(target, backup), data, None))
     recorded = {str(p.get("id")): p for p in marker["patches"] if isinstance(p, dict)}
     outcomes = tuple(
         PatchOutcome(pid, str(p.get("title", pid)), "reverted", tuple(map(str, p.get("files") or ())))
         for pid, p in recorded.items()
     )
-    _write_all(restores)
-    shutil.rmtree(target.marker_dir)
+    changes = [*restores, Change(_rel(target, record), record.read_bytes(), None), *drops]
+    _run(Transaction(_journal(target), "revert", series.name, tuple(changes)), target)
     return BackportResult(
         "revert",
         target.layout,
@@ -411,20 +432,21 @@ def _apply_git(
     original_ref = None if repo.head.is_detached else repo.head.reference
     on_branch = original_ref is not None and original_ref.name == branch
     created = None
-    if not on_branch:
-        if branch in [h.name for h in repo.heads]:
-            raise BackportRefused(
-                f"{target.root}: branch {branch} already exists; check it out to continue or delete it"
-            )
-        created = repo.create_head(branch, original_head)
-        created.checkout()
+    if not on_branch and branch in [h.name for h in repo.heads]:
+        raise BackportRefused(f"{target.root}: branch {branch} already exists; check it out to continue or delete it")
+    gitjournal.begin(repo, "apply", series.name, original_ref, original_head, None if on_branch else branch)
     outcomes = [PatchOutcome(p.id, p.title, "already applied", tuple(p_.path for p_ in p.files)) for p in patches[:k]]
     try:
+        if not on_branch:
+            created = repo.create_head(branch, original_head)
+            created.checkout()
         actor = _commit_actor(repo)
+        counter = [0]
         for patch, changed in steps:
-            _write_all([(target.root / path, data) for path, data in changed.items()])
+            _write_files([(target.root / path, data) for path, data in changed.items()], counter)
             repo.index.add(list(changed))
             commit = repo.index.commit(_commit_message(series, patch), author=actor, committer=actor)
+            kill_point_test_only(f"commit:{patch.id}")
             outcomes.append(PatchOutcome(patch.id, patch.title, "applied", tuple(changed), commit.hexsha[:12]))
     except BaseException as exc:
         # Leave the checkout exactly as it was: original branch, commit, index and files.
@@ -435,9 +457,12 @@ def _apply_git(
         repo.head.reset(original_head, index=True, working_tree=True)
         if created is not None:
             repo.delete_head(created, force=True)
+        sweep_temps(target.root / pf.path for pf in _files(series.patches).values())
+        gitjournal.end(repo)
         if isinstance(exc, (KvgateError, KeyboardInterrupt)):
             raise
         raise BackportFailed(f"applying {series.name} to {target.root} failed, checkout restored: {exc}") from exc
+    gitjournal.end(repo)
     return BackportResult(
         "apply",
         target.layout,
@@ -450,10 +475,8 @@ def _apply_git(
     )
 
 
-def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> BackportResult:
-    """Add one commit that restores every touched file to its pre-series bytes (history is kept)."""
-    repo = _repo(target.root)
-    _refuse_dirty(repo, target)
+def _backport_commits(repo: git.Repo, series: Series) -> list[tuple[str, git.Commit]]:
+    """The series' patch commits at the tip of HEAD, newest first: (patch id, commit)."""
     ours = []
     for commit in repo.iter_commits("HEAD"):
         message = commit.message if isinstance(commit.message, str) else commit.message.decode("utf-8", "replace")
@@ -462,6 +485,14 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
         if not trailer or series_ln not in message:
             break
         ours.append((trailer[0].split(": ", 1)[1], commit))
+    return ours
+
+
+def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> BackportResult:
+    """Add one commit that restores every touched file to its pre-series bytes (history is kept)."""
+    repo = _repo(target.root)
+    _refuse_dirty(repo, target)
+    ours = _backport_commits(repo, series)
     if not ours:
         raise BackportRefused(f"{target.root}: HEAD carries no {series.name} backport commits to revert")
     base = ours[-1][1].parents[0]
@@ -474,16 +505,28 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
         if sha256_bytes(data) != pf.sha256_before:
             raise BackportRefused(f"{pf.path}: the commit before the backport is not sglang {series.base_release}")
         restores.append((confine(target.root, pf.path, _manifest(patches, pf)), data))
-    _write_all(restores)
-    repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
+    ref = None if repo.head.is_detached else repo.head.reference
+    head = repo.head.commit
+    gitjournal.begin(repo, "revert", series.name, ref, head, None)
     ids = [pid for pid, _ in reversed(ours)]
-    actor = _commit_actor(repo)
-    commit = repo.index.commit(
-        f"Revert kvgate backport {series.name}\n\nRestores the sglang "
-        f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
-        author=actor,
-        committer=actor,
-    )
+    try:
+        _write_files(restores, [0])
+        repo.index.add([str(p.relative_to(target.root)) for p, _ in restores])
+        actor = _commit_actor(repo)
+        commit = repo.index.commit(
+            f"Revert kvgate backport {series.name}\n\nRestores the sglang "
+            f"{series.base_release} files byte for byte.\n\nKvgate-Revert: {', '.join(ids)}\n",
+            author=actor,
+            committer=actor,
+        )
+    except BaseException as exc:
+        repo.head.reset(head, index=True, working_tree=True)
+        sweep_temps(p for p, _ in restores)
+        gitjournal.end(repo)
+        if isinstance(exc, (KvgateError, KeyboardInterrupt)):
+            raise
+        raise BackportFailed(f"reverting {series.name} in {target.root} failed, checkout restored: {exc}") from exc
+    gitjournal.end(repo)
     outcomes = tuple(PatchOutcome(pid, pid, "reverted", (), commit.hexsha[:12]) for pid in ids)
     return BackportResult(
         "revert",
@@ -494,6 +537,29 @@ def _revert_git(target: Target, series: Series, patches: tuple[Patch, ...]) -> B
         True,
         f"reverted {len(ids)} patch(es) in commit {commit.hexsha[:12]}",
     )
+
+
+def _recover(target: Target, series: Series, forward_for: str | None) -> Recovery | None:
+    """Every run starts here: an interrupted earlier run is finished (when it did what this run wants:
+    `forward_for` names that action) or rolled back (otherwise, and always for --check and --verify)."""
+    if target.layout is Layout.GIT:
+        touched = [target.root / pf.path for pf in _files(series.patches).values()]
+        return gitjournal.recover(_repo(target.root), series.name, branch_name(series), touched, forward_for)
+    journal = _journal(target)
+    if not journal.pending():
+        return None
+    inside(target.root, target.marker_dir, target.marker_dir)
+    allowed = _site_allowed(target, series)
+    action = _journal_action(journal)
+    return recover(journal, action is not None and action == forward_for, allowed)
+
+
+def _journal_action(journal: Journal) -> str | None:
+    try:
+        doc = json.loads(journal.record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc.get("action") if isinstance(doc, dict) else None
 
 
 # -- entry points -------------------------------------------------------------------------------------
@@ -516,6 +582,12 @@ def apply_series(
     """
     _validate(target)
     patches = series.select(with_hardening) if until is None else series.patches[: _position(series, until) + 1]
+    recovered = _recover(target, series, None if check else "apply")
+    result = _apply(target, series, patches, check)
+    return replace(result, recovered=recovered) if recovered else result
+
+
+def _apply(target: Target, series: Series, patches: tuple[Patch, ...], check: bool) -> BackportResult:
     if target.layout is Layout.GIT:
         _refuse_dirty(_repo(target.root), target)
     # Stages are read against the whole series, so a tree patched with --with-hardening is "already
@@ -568,14 +640,38 @@ def _position(series: Series, patch_id: str) -> int:
 def revert_series(target: Target, series: Series) -> BackportResult:
     """Undo the series: byte-for-byte restore (site-packages) or a restoring commit (git)."""
     _validate(target)
+    recovered = _recover(target, series, "revert")
+    undone = recovered is not None and (recovered.direction, recovered.action) in ((BACK, "apply"), (FORWARD, "revert"))
+    if recovered is not None and undone:
+        # An interrupted apply undone, or an interrupted revert finished: what remains to revert is
+        # what a completed run recorded.
+        nothing = (
+            not (target.marker_dir / MARKER_FILE).is_file()
+            if target.layout is Layout.SITE
+            else not _backport_commits(_repo(target.root), series)
+        )
+        if nothing:
+            return BackportResult(
+                "revert", target.layout, target.root, series.name, (), True, recovered.message, recovered=recovered
+            )
     if target.layout is Layout.GIT:
-        return _revert_git(target, series, series.patches)
-    return _revert_site(target, series)
+        result = _revert_git(target, series, series.patches)
+    else:
+        result = _revert_site(target, series)
+    return replace(result, recovered=recovered) if recovered else result
+
+
+def recover_interrupted(target: Target, series: Series) -> Recovery | None:
+    """Roll an interrupted run back to the last completed state (what --verify does before it reads)."""
+    _validate(target)
+    return _recover(target, series, None)
 
 
 def applied_patches(target: Target, series: Series) -> tuple[Patch, ...]:
-    """The patches of the series the target carries (refuses a target at no known stage)."""
+    """The patches of the series the target carries (refuses a target at no known stage); an interrupted
+    run is rolled back first, as --check does."""
     _validate(target)
+    _recover(target, series, None)
     full = series.select(True)
     current = read_current(target, full)
     try:

@@ -1,9 +1,14 @@
 """One answer per fix from several detection methods.
 
-The most trusted method that knows (present or absent) decides: behaviour over source over git over
-version. Where methods disagree, every answer stays in the status so reports show both. A kvgate
-backport whose code a method verified (kvgate.catalogue.backports; a marker alone never counts) stands
-in, for that method, for the upstream fix it backports.
+The rule, once for every pair of methods (`decide`): code evidence outranks labels, both ways. Among
+the methods that read or run the code (`CODE_METHODS`: git history and tree, the source files, sglang's
+own behaviour), the most trusted one that knows (present or absent) decides: behaviour over source
+over git. A label (the version string) decides only where no method read the code: where one did, a
+label's "present" never turns the code's "absent" or "unknown" into present, and its "absent" never
+turns the code's "unknown" into absent; the answer stays unknown, an inconclusive that blocks a
+correctness fix. Where methods disagree, every answer stays in the status so reports show both. A
+kvgate backport whose code a method verified (kvgate.catalogue.backports; a marker alone never counts)
+stands in, for that method, for the upstream fix it backports.
 """
 
 from __future__ import annotations
@@ -14,6 +19,19 @@ from dataclasses import dataclass
 from kvgate.catalogue.model import METHODS, Catalogue, Detection, Fix, Presence
 
 _TRUST = {m: i for i, m in enumerate(METHODS)}
+#: The methods whose answer comes from the code itself; every other method reads a label.
+CODE_METHODS = frozenset({"git", "source", "behaviour"})
+
+
+def decide(detections: Iterable[Detection]) -> Detection | None:
+    """The detection that decides one fix (None: unknown), by the module's one rule.
+
+    Where any method read the code, only the code decides (the most trusted code method that knows);
+    a label decides only where nothing read the code.
+    """
+    ds = sorted(detections, key=lambda d: _TRUST[d.method], reverse=True)
+    code = [d for d in ds if d.method in CODE_METHODS]
+    return next((d for d in (code or ds) if d.presence is not Presence.UNKNOWN), None)
 
 
 @dataclass(frozen=True)
@@ -49,6 +67,11 @@ class FixStatus:
     def how(self) -> str:
         """One line: which method decided, and what the others said when they disagree."""
         if self.decided_by is None:
+            labels = [d for d in self.detections if d.method not in CODE_METHODS and d.presence is not Presence.UNKNOWN]
+            if labels and any(d.method in CODE_METHODS for d in self.detections):
+                code = ", ".join(d.method for d in self.detections if d.method in CODE_METHODS)
+                said = ", ".join(f"the {d.method} string says {d.presence.value}" for d in labels)
+                return f"the code could not tell ({code}); {said}: a label, never evidence over the code"
             methods = ", ".join(d.method for d in self.detections) or "nothing"
             return f"no method could tell ({methods})"
         text = "by version string only, code not read" if self.version_only else f"by {self.decided_by}"
@@ -104,7 +127,7 @@ def combine(cat: Catalogue, detections: Iterable[Detection]) -> tuple[FixStatus,
     out = []
     for fix in cat.fixes:
         ds = sorted(by_fix.get(fix.id, []), key=lambda d: _TRUST[d.method], reverse=True)
-        decided = next((d for d in ds if d.presence is not Presence.UNKNOWN), None)
+        decided = decide(ds)
         presence = decided.presence if decided else Presence.UNKNOWN
         backport = via.get((decided.method, fix.id)) if decided is not None else None
         out.append(FixStatus(fix, presence, decided.method if decided else None, tuple(ds), backport))

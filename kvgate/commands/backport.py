@@ -23,6 +23,7 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
     from kvgate.backport.engine import BackportResult, Target
+    from kvgate.backport.journal import Recovery
     from kvgate.catalogue.series import Series
     from kvgate.progress import Observer
 
@@ -110,15 +111,33 @@ def _target(repo: Path | None, site: Path | None, python: str | None) -> tuple[T
     raise UsageError("say where sglang is: --repo PATH, --site-packages PATH or --python INTERPRETER")
 
 
+def _recovery_finding(node: str, rec: Recovery) -> Finding:
+    """An interrupted earlier run this one finished or rolled back: said, for the record."""
+    return info(
+        GATE,
+        "recovery",
+        node,
+        f"{rec.direction}: {rec.message}",
+        Evidence(node, "interrupted", rec.action),
+        Evidence(node, "direction", rec.direction),
+        Evidence(node, "files_rewritten", rec.files),
+        Evidence(node, "temps_removed", rec.temps_removed),
+    )
+
+
 def _report(series: Series, target: Target, result: BackportResult) -> Report:
     node = str(target.root)
     findings = []
+    if result.recovered is not None:
+        findings.append(_recovery_finding(node, result.recovered))
     for p in result.patches:
         ev = [Evidence(node, "files", ", ".join(p.files))]
         if p.commit:
             ev.append(Evidence(node, "commit", p.commit))
         findings.append(passed(GATE, p.id, node, f"{p.status}: {p.title}", *ev))
     notes = [result.message]
+    if result.recovered is not None:
+        notes.insert(0, result.recovered.message)
     if result.branch:
         notes.append(f"branch: {result.branch}")
     if result.backup:
@@ -137,13 +156,16 @@ def _verify(
     series: Series, target: Target, python: str | None, extra: list[str], timeout: float, observer: Observer
 ) -> Report:
     """Applied? Then execute the target's own admission (and, if applied, decode commit) code."""
-    from kvgate.backport.engine import Layout, applied_patches
+    from kvgate.backport.engine import Layout, applied_patches, recover_interrupted
     from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_all_probes
 
     node = str(target.root)
+    recovered = recover_interrupted(target, series)
     have = applied_patches(target, series)
     have_ids = {p.id for p in have}
     findings: list[Finding] = []
+    if recovered is not None:
+        findings.append(_recovery_finding(node, recovered))
     for p in series.patches:
         if p.id in have_ids:
             findings.append(passed(GATE, p.id, node, f"applied: {p.title}"))

@@ -67,7 +67,8 @@ class ModelShape:
     qk_rope_head_dim: int = 0
     index_head_dim: int = 0
     index_kpool: int = 1
-    kv_cache_quant_fp8: bool = False  # the checkpoint's quantization_config asks for an FP8 KV cache
+    kv_cache_quant_fp8: bool = False  # the checkpoint's quantization config asks for an FP8 KV cache
+    kv_cache_quant_source: str = ""  # where it says so (for the plan's reason), or why it does not
     # DSA: per layer, whether it reuses the previous layer's top-k (SGLang's dsa_layer_skips_topk).
     indexer_skips: tuple[bool, ...] = ()
     raw: Mapping[str, Any] | None = None  # the config, for the weight estimate
@@ -85,8 +86,77 @@ def _int(cfg: Mapping[str, Any], key: str, where: str, default: int | None = Non
     return value
 
 
-def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> ModelShape:
-    """The shape SGLang derives from `cfg` (a parsed config.json); PlanError when not plannable."""
+def _scheme_is_fp8(scheme: Mapping[str, Any], static_tensor: bool) -> bool:
+    """A `kv_cache_scheme` of 8-bit floats (compressed-tensors also wants static symmetric per-tensor)."""
+    fp8 = scheme.get("type") == "float" and scheme.get("num_bits") == 8
+    if static_tensor:
+        fp8 = fp8 and scheme.get("strategy") == "tensor" and bool(scheme.get("symmetric", True))
+        fp8 = fp8 and not scheme.get("dynamic", False)
+    return fp8
+
+
+def checkpoint_kv_fp8(
+    cfg: Mapping[str, Any], where: str, hf_quant_config: Mapping[str, Any] | None = None
+) -> tuple[bool, str]:
+    """Whether `--kv-cache-dtype auto` gives an FP8 pool for this checkpoint, as 0.5.19-0.5.23 decide it.
+
+    SGLang's `configure_kv_cache_dtype` (mem_cache/kv_cache_dtype.py) makes `auto` FP8 when the model's
+    quant config object has `kv_cache_quant_algo` FP8; each quant config class derives that from the
+    checkpoint its own way (ModelConfig reads `quantization_config`, else `compression_config`, else a
+    ModelOpt `hf_quant_config.json` beside config.json):
+    ModelOpt FP8 (`ModelOptFp8Config.from_config`, quant_method `modelopt` or none): the flat form's
+    `kv_cache_scheme` {type: float, num_bits: 8} (a scheme decides alone when it is there), else its
+    `kv_cache_quant_algo`; the nested form's `quantization.kv_cache_quant_algo`. compressed-tensors
+    (`CompressedTensorsConfig.kv_cache_quant_algo`): a static symmetric per-tensor 8-bit float
+    `kv_cache_scheme`. FP8 (`Fp8Config.from_config`): `kv_cache_quant_algo`. Another method that states
+    a KV scheme is refused (not approximated); one that states none leaves the model dtype.
+    """
+    quant = cfg.get("quantization_config")
+    key = "quantization_config"
+    if quant is None and cfg.get("compression_config") is not None:
+        quant, key = cfg.get("compression_config"), "compression_config"
+    if quant is None and hf_quant_config is not None:
+        quant, key = hf_quant_config, "hf_quant_config.json"
+    if quant is None:
+        return False, "no quantization config"
+    if not isinstance(quant, Mapping):
+        raise PlanError(f"{where}: '{key}' must be a JSON object")
+    method = quant.get("quant_method")
+    method = method.lower() if isinstance(method, str) else method
+    if method is None or method == "modelopt":
+        flat = quant.get("quant_algo") is not None
+        section = quant if flat else quant.get("quantization")
+        if not isinstance(section, Mapping) or str(section.get("quant_algo")).upper() != "FP8":
+            algo = section.get("quant_algo") if isinstance(section, Mapping) else None
+            raise PlanError(
+                f"{where}: {key} is a ModelOpt {algo or 'unknown'} checkpoint; kvgate plan models ModelOpt FP8 "
+                "(its KV pool is not approximated)"
+            )
+        scheme = section.get("kv_cache_scheme") if flat else None
+        if isinstance(scheme, Mapping):
+            return _scheme_is_fp8(scheme, False), f"{key}.kv_cache_scheme (ModelOpt FP8)"
+        algo = str(section.get("kv_cache_quant_algo") or "").upper()
+        where_algo = f"{key}{'' if flat else '.quantization'}.kv_cache_quant_algo (ModelOpt FP8)"
+        return algo == "FP8", where_algo
+    if method == "compressed-tensors":
+        scheme = quant.get("kv_cache_scheme")
+        fp8 = isinstance(scheme, Mapping) and _scheme_is_fp8(scheme, True)
+        return fp8, f"{key}.kv_cache_scheme (compressed-tensors)"
+    if method == "fp8":
+        return str(quant.get("kv_cache_quant_algo") or "").upper() == "FP8", f"{key}.kv_cache_quant_algo (fp8)"
+    if "kv_cache_scheme" in quant or "kv_cache_quant_algo" in quant:
+        raise PlanError(
+            f"{where}: {key} of quant_method {method!r} states a KV cache scheme; kvgate plan models the KV "
+            "dtype of ModelOpt FP8, compressed-tensors and fp8 checkpoints"
+        )
+    return False, f"{key} ({method}) states no KV cache scheme"
+
+
+def shape_from_config(
+    cfg: Mapping[str, Any], where: str = "model config", hf_quant_config: Mapping[str, Any] | None = None
+) -> ModelShape:
+    """The shape SGLang derives from `cfg` (a parsed config.json, and the `hf_quant_config.json` beside
+    it if any); PlanError when not plannable."""
     if not isinstance(cfg, Mapping):
         raise PlanError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     archs = cfg.get("architectures")
@@ -117,8 +187,7 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
     if layers == 0 or heads == 0:
         raise PlanError(f"{where}: num_hidden_layers and num_attention_heads must be positive")
     mpe = cfg.get("max_position_embeddings")
-    quant = cfg.get("quantization_config") or {}
-    kv_fp8 = isinstance(quant, Mapping) and str(quant.get("kv_cache_quant_algo") or "").upper() == "FP8"
+    kv_fp8, kv_source = checkpoint_kv_fp8(cfg, where, hf_quant_config)
     common: dict[str, Any] = dict(
         architecture=arch,
         num_hidden_layers=layers,
@@ -126,6 +195,7 @@ def shape_from_config(cfg: Mapping[str, Any], where: str = "model config") -> Mo
         dtype_bytes=_DTYPE_BYTES[dtype],
         max_position_embeddings=mpe if isinstance(mpe, int) else None,
         kv_cache_quant_fp8=kv_fp8,
+        kv_cache_quant_source=kv_source,
         raw=dict(cfg),
     )
     if arch in MLA_ARCHS:
@@ -189,12 +259,17 @@ def dsa_indexer_skips(cfg: Mapping[str, Any], layers: int) -> tuple[bool, ...]:
 
 
 def load_shape(path: Path) -> ModelShape:
-    """Read `path` (a config.json, or a directory holding one)."""
+    """Read `path` (a config.json, or a directory holding one and maybe ModelOpt's hf_quant_config.json)."""
     file = path / "config.json" if path.is_dir() else path
+    doc = _read_json(file)
+    extra = file.parent / "hf_quant_config.json"
+    return shape_from_config(doc, str(file), _read_json(extra) if extra.is_file() else None)
+
+
+def _read_json(file: Path) -> Any:
     try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(file.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PlanError(f"--model-config {file}: cannot read: {exc.strerror or exc}") from None
     except json.JSONDecodeError as exc:
         raise PlanError(f"--model-config {file}: not valid JSON: {exc}") from None
-    return shape_from_config(doc, str(file))

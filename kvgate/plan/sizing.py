@@ -45,8 +45,9 @@ def resolve_kv_dtype(shape: ModelShape, requested: str, gpu_sm: int) -> KvDtype:
 
     `auto` on a DSA model: `_dsa_kv_cache_dtype_default` / `_deepseek_family_overrides`
     (arg_groups/) pick fp8_e4m3 on SM >= 10 and bfloat16 below. Otherwise `auto` is FP8 when the
-    checkpoint's quantization_config says `kv_cache_quant_algo: FP8`, else the model dtype
-    (mem_cache/kv_cache_dtype.py `configure_kv_cache_dtype`).
+    checkpoint's quant config asks for an FP8 KV cache (`model.checkpoint_kv_fp8`: ModelOpt's two
+    forms, compressed-tensors, fp8), else the model dtype (mem_cache/kv_cache_dtype.py
+    `configure_kv_cache_dtype`). An explicit dtype wins over the checkpoint.
     """
     if requested not in KV_DTYPE_CHOICES and requested != "bf16":
         raise PlanError(
@@ -61,7 +62,7 @@ def resolve_kv_dtype(shape: ModelShape, requested: str, gpu_sm: int) -> KvDtype:
         return KvDtype(name, KV_DTYPE_BYTES[name], "as given")
     if requested == "auto":
         if shape.kv_cache_quant_fp8:
-            return KvDtype("fp8_e4m3", 1, "auto: the checkpoint's kv_cache_quant_algo is FP8")
+            return KvDtype("fp8_e4m3", 1, f"auto: the checkpoint's {shape.kv_cache_quant_source} asks for FP8")
         return KvDtype("model dtype", shape.dtype_bytes, "auto: the model dtype")
     return KvDtype(requested, KV_DTYPE_BYTES[requested], "as given")
 

@@ -2,7 +2,8 @@
 release's own code and prints the numbers.
 
 Executed for real, from the release: argument parsing and resolution (`prepare_server_args`,
-`runtime_context.publish`), `ModelConfig`, `configure_kv_cache_dtype`, `resolve_layer_indices`,
+`runtime_context.publish`), `ModelConfig` (its quantization detection), the quant method's own config
+parsing (`get_quant_config`), `configure_kv_cache_dtype`, `resolve_layer_indices`,
 `get_pp_indices`, `KVCacheConfigurator`, `create_memory_pool_configurator` (its `_cell_size`),
 `KVCacheConfigurator._profile_available_bytes` and `config_from_budget` (page rounding and the
 `--max-total-tokens` cap).
@@ -83,7 +84,7 @@ def size(spec: dict[str, Any]) -> dict[str, Any]:
     params = inspect.signature(kdt.configure_kv_cache_dtype).parameters
     kw = dict(
         server_args_kv_cache_dtype=resolved_kv,
-        model=None,
+        model=checkpoint_quant_model(model_config),
         model_dtype=model_config.dtype,
         is_draft_worker=False,
         is_dflash=False,
@@ -181,7 +182,21 @@ def size(spec: dict[str, Any]) -> dict[str, Any]:
         kv_cache_dtype=str(kv_dtype),
         kv_cache_dtype_arg=resolved_kv,
         max_req_input_len=worker_max_req_input_len(model_config, pool),
+        quantization=model_config.quantization,
     )
+
+
+def checkpoint_quant_model(model_config: Any) -> Any:
+    """What `configure_kv_cache_dtype` reads of the loaded model: its `quant_config`, built by the release's
+    own loader path (`model_loader.weight_utils.get_quant_config`, which runs the quant method's
+    `from_config` on the checkpoint's quantization config) — no weights are loaded. None when the
+    checkpoint is not quantized, as the release passes a model without a quant config."""
+    if not model_config.quantization:
+        return None
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.weight_utils import get_quant_config
+
+    return SimpleNamespace(quant_config=get_quant_config(model_config, LoadConfig(load_format="dummy"), {}))
 
 
 class _Runner:

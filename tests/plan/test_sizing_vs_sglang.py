@@ -51,9 +51,10 @@ class Case:
     disaggregation_mode: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def inputs(self) -> PlanInputs:
+    def inputs(self, model_dir: Path | None = None) -> PlanInputs:
+        """`model_dir`: read the config from the folder SGLang reads (with a ModelOpt hf_quant_config.json)."""
         return PlanInputs(
-            shape=load_shape(CONFIGS / f"{self.config}.json"),
+            shape=load_shape(model_dir if model_dir is not None else CONFIGS / f"{self.config}.json"),
             gpu_memory_gib=self.gpu_memory_gib,
             gpus_per_worker=self.tp * self.pp,
             tp=self.tp,
@@ -127,6 +128,31 @@ CASES = (
     Case("gqa-explicit-head-dim", "qwen3-gqa", 4, 0.88, 16, "auto", 40960, 79.0, 16.2),
     # q/k/v bias (weights only) and a sliding window switched off: the plain pool all the same.
     Case("gqa-qkv-bias-window-off", "qwen2-gqa", 2, 0.85, 32, "bfloat16", 32768, 79.0, 7.6),
+    # The checkpoint's KV quantisation under --kv-cache-dtype auto, in every shape the releases parse
+    # (each quant method's own from_config runs in the probe), and an explicit dtype over it.
+    Case("modelopt-kv-scheme-fp8", "llama-gqa-modelopt-kv-scheme", 8, 0.85, 64, "auto", 131072, 139.5, 9.5),
+    Case(
+        "modelopt-kv-scheme-explicit-bf16", "llama-gqa-modelopt-kv-scheme", 8, 0.85, 64, "bfloat16", 131072, 139.5, 9.5
+    ),
+    Case("modelopt-kv-algo-fp8", "llama-gqa-modelopt-kv-algo", 8, 0.85, 64, "auto", 131072, 139.5, 9.5),
+    Case("modelopt-int8-scheme-wins", "llama-gqa-modelopt-int8-scheme", 8, 0.85, 64, "auto", 131072, 139.5, 9.5),
+    Case("modelopt-nested-hf-quant-config", "llama-gqa-modelopt-nested", 8, 0.85, 64, "auto", 131072, 139.5, 9.5),
+    Case("compressed-tensors-kv-fp8", "llama-gqa-compressed-tensors-kv", 4, 0.88, 16, "auto", 131072, 79.0, 18.0),
+    Case(
+        "compressed-tensors-dynamic-kv",
+        "llama-gqa-compressed-tensors-dynamic-kv",
+        4,
+        0.88,
+        16,
+        "auto",
+        65536,
+        79.0,
+        18.0,
+    ),
+    Case("compression-config-kv-fp8", "llama-gqa-compression-config-kv", 4, 0.88, 16, "auto", 131072, 79.0, 18.0),
+    Case("fp8-kv-algo", "llama-gqa-fp8-kv", 8, 0.85, 64, "auto", 131072, 139.5, 9.5),
+    Case("fp8-block-weights-bf16-kv", "llama-gqa-fp8-block", 8, 0.85, 64, "auto", 131072, 139.5, 9.5),
+    Case("fp8-block-explicit-fp8-kv", "llama-gqa-fp8-block", 8, 0.85, 64, "fp8_e4m3", 131072, 139.5, 9.5),
     Case(
         "glm-dsa-shared-topk-prefill",
         "glm-dsa",
@@ -162,6 +188,9 @@ def _model_dirs(tmp: Path) -> dict[str, Path]:
         d = tmp / cfg.stem
         d.mkdir()
         (d / "config.json").write_text(cfg.read_text())
+        sidecar = cfg.with_suffix(".hf_quant_config")  # ModelOpt's nested form, beside config.json
+        if sidecar.is_file():
+            (d / "hf_quant_config.json").write_text(sidecar.read_text())
         out[cfg.stem] = d
     return out
 
@@ -194,7 +223,7 @@ def test_kvgate_matches_the_release_sizing_code(version: str, model_dirs: dict[s
     mismatches = []
     for case, got in zip(CASES, results, strict=True):
         assert "error" not in got, f"{version} {case.name}: sglang raised {got['error']}\n{got.get('trace')}"
-        plan = plan_worker(PlanInputs(**{**case.inputs().__dict__, "release": version}))
+        plan = plan_worker(PlanInputs(**{**case.inputs(model_dirs[case.config]).__dict__, "release": version}))
         assert got["page_size"] == case.page_size, f"{case.name}: sglang resolved page_size {got['page_size']}"
         ours = {
             "cell_size": [s.cell.total for s in plan.stages],
