@@ -327,6 +327,7 @@ def run_abort(
         Evidence(node, "abort.victim_tokens_per_try", lengths),
         Evidence(node, "abort.send_lag_s", lags, "seconds from each try's start to its victim going out"),
         Evidence(node, "abort.widened", widened),
+        Evidence(node, "abort.plan_widened", cur.as_evidence() if widened else None, "the plan the last try ran"),
         Evidence(node, "abort.tries", tries),
         Evidence(node, "abort.first_cancel_at_try", first_hit),
         Evidence(node, "abort.plan", plan.as_evidence()),
