@@ -9,18 +9,24 @@ The cancel is SGLang's `POST /abort_request {"rid"}` on every decode worker: a d
 the case deferred release exists for (the router forwards `rid` unchanged). Without decode URLs it
 falls back to the client's disconnect, which a router may or may not propagate.
 
-Sizing and timing (`plan_abort`, `CancelPoints`): the victim is long enough that its prefill (the
-window in which the decode waits for its KV) lasts WINDOW_NOISE calibrated noise units, up to the
-longest accepted prompt. The first cancel aims at the middle of the window the calibration predicts;
-each try that missed says from the victim's own answer where it was (`classify`: too early, the decode
-did not hold it yet or was still in its handshake; too late, its KV had arrived), and the next cancel
-bisects what is left of the time the victim really spent before its answer. The calibration's requests
-ask for one token, so a deployment whose victims take far longer end to end (a slow decode of
-`max_new_tokens`, a different model) is searched where its requests actually are. Tries go on until
-`abort_attempts` acknowledged cancels in flight were observed or the budget (max(abort_budget x
-context, budget_floor_s of measured prefill; where the victim is the longest accepted prompt, room for
-WHOLE_CONTEXT_TRIES_PER_ATTEMPT tries per wanted cancel up to ROOM_CAP_TOKENS) is spent; the finding says how many
-tries it took. One try never goes past the budget: the victim is shortened to fit it.
+Sizing and timing (`plan_abort`, `abort_search.CancelPoints`): the victim is long enough that its
+prefill (the window in which the decode waits for its KV) lasts WINDOW_NOISE calibrated noise units, up
+to the longest accepted prompt. Each cancel is timed from the moment the victim's request goes out (its
+ids built first: on a text-mode server they come from the worker's /v1/tokenize, which a busy worker
+answers late), so it is placed on the victim's own clock, from the router's accept to its answer. The
+first cancel aims at the middle of the window the calibration predicts; each try that missed says from
+the victim's own answer where it was (`classify`: too early, the decode did not hold it yet or was still
+in its handshake; too late, its KV had arrived), and the next cancel bisects what is left of the time the
+victim really spent before its answer. The calibration's requests ask for one token, so a deployment
+whose victims take far longer end to end (a slow decode of `max_new_tokens`, a different model) is
+searched where its requests actually are. Where the bracket between a cancel too early and one too late
+closes with none in flight (the window is narrower than the noise), the victim is lengthened (`_widen`:
+at most WIDEN_FACTOR times, while WIDEN_TRIES tries of it fit the budget) unless the operator fixed its
+length. Tries go on until `abort_attempts` acknowledged cancels in flight were observed or the budget
+(max(abort_budget x context, budget_floor_s of measured prefill; where the victim is the longest
+accepted prompt, room for WHOLE_CONTEXT_TRIES_PER_ATTEMPT tries per wanted cancel up to
+ROOM_CAP_TOKENS) is spent; the finding says how many tries it took, at what lengths. One try never goes
+past the budget: the victim is shortened to fit it.
 
 What a leak needs, and how the probe arranges it: once the prefill learns of the abort it posts no
 more chunks, so what can land late is the write already in flight (one chunk, for at most one chunk's
@@ -41,14 +47,24 @@ import math
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 import httpx
 
 from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.gates.probes.abort_search import (
+    CANCELLED,
+    EARLY,
+    HANDSHAKE,
+    KIND_WORDS,
+    LATE,
+    MIN_BISECTIONS,
+    UNKNOWN,
+    CancelPoints,
+    classify,
+)
 from kvgate.gates.probes.calibrate import ROOM_CAP_TOKENS, Calibration
 from kvgate.gates.probes.canary import Sender, Sent
-from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
@@ -164,134 +180,6 @@ def _canary_tokens(victim: int, page: int, canaries: int, limits: ProbeLimits) -
     return min(max(page * 2, -(-victim // canaries)), limits.longest_accepted)
 
 
-def _van_der_corput(k: int) -> float:
-    """0.5, 0.25, 0.75, 0.125, 0.625, ...: each next point splits the largest gap left."""
-    x, denom, k = 0.0, 1.0, k + 1
-    while k:
-        denom *= 2
-        x += (k % 2) / denom
-        k //= 2
-    return x
-
-
-#: What one try showed about where the victim was when the cancel came (`classify`).
-CANCELLED = "cancelled"  # aborted while the decode waited for its KV: the try counts
-EARLY = "early"  # the cancel found no request to abort: the decode did not hold it yet
-HANDSHAKE = "handshake"  # aborted in the decode's prealloc queue: no page was handed to the prefill yet
-LATE = "late"  # its KV had arrived (the running batch took the abort, or it answered before the cancel)
-UNKNOWN = "unknown"  # no answer that says (a timeout, a transport failure, an unrelated error)
-_KIND_WORDS = {
-    CANCELLED: "aborted in flight",
-    EARLY: "too early: the decode did not hold it yet",
-    HANDSHAKE: "too early: aborted in the handshake, before its transfer",
-    LATE: "too late: its KV had arrived",
-    UNKNOWN: "no answer that says where it was",
-}
-#: Below this share of the tail (or MIN_GAP_S) the bracket around the in-flight window is noise, and
-#: the search reopens.
-GAP_OF_TAIL = 0.25
-MIN_GAP_S = 0.0002
-#: Tries, every one too early, after which the cancels (each later than the last, up to the answers) are
-#: taken to never reach the request.
-MIN_BISECTIONS = 3
-
-
-def classify(result: ProbeResult, at: float, tail: float) -> str:
-    """Where the victim was when it was cancelled at `at`, from its own answer (SGLang 0.5.19-0.5.23):
-
-    - an error answer after the cancel naming the abort: "Decode transfer failed ... Aborted by AbortReq."
-      (the transfer queue: CANCELLED), but "Decode handshake failed ... Aborted by AbortReq." is the
-      prealloc queue, before any page was handed to the prefill (HANDSHAKE: nothing was in flight); an
-      abort answer earlier than the cancel is not ours (UNKNOWN);
-    - HTTP 200 with finish_reason abort ("Abort in running batch", "Abort in waiting queue"): its KV had
-      arrived (LATE);
-    - a normal 200 within `tail` of the cancel: it was answering already (LATE); later than that: the
-      cancel found no request to abort, so the decode did not hold it yet (EARLY);
-    - the client's own disconnect (no decode URL) counts as CANCELLED, unacknowledged.
-    """
-    if result.transport_error is not None or result.timed_out:
-        return UNKNOWN
-    if result.cancelled:
-        return CANCELLED
-    if result.status == 200 and result.finish_abort is not None:
-        return LATE
-    if result.served:
-        return LATE if result.elapsed_s <= at + tail else EARLY
-    # The victim's clock starts when its thread sends, a little after the cancel's (more on a busy
-    # machine): an abort answer up to `tail` before `at` on its own clock still came after the cancel.
-    if result.status is not None and result.elapsed_s >= at - tail and "abort" in result.raw.lower():
-        return HANDSHAKE if "handshake failed" in result.raw.lower() else CANCELLED
-    return UNKNOWN
-
-
-@dataclass
-class CancelPoints:
-    """Where to cancel next: a bisection over the time the victim really spends in flight, from what
-    each try observed (see the module docstring). The first cancel is the calibrated guess; after it,
-    the bracket is (latest EARLY cancel, earliest LATE cancel or answer), and each next cancel splits it.
-    An answer bounds the window from above however long the deployment takes end to end (its decode, a
-    slow transfer, a model the calibration's one-token requests do not show), so the search covers the
-    time the request actually spent in flight, not only the calibrated prefill window. Where noise makes
-    the bracket contradict itself, the search reopens across everything observed."""
-
-    first: float
-    floor: float
-    tail: float
-    early: list[float] = field(default_factory=list)
-    late: list[float] = field(default_factory=list)
-    answered: list[float] = field(default_factory=list)  # end-to-end seconds of answers: KV arrived before
-    hits: list[float] = field(default_factory=list)
-    reopened: int = 0
-
-    @classmethod
-    def from_plan(cls, plan: AbortPlan) -> CancelPoints:
-        """The first cancel: the middle of the calibrated prefill window, which starts about `lead_s` in
-        (the rest of a one-page request's time comes after its KV arrived). Aimed at the middle of
-        [lead, expected - lead] instead, the first cancel came after the KV in 4 of 5 runs of a loaded
-        sim 0.5.23 and of a 1M sim 0.5.22 (a running-batch abort, which no longer counts)."""
-        floor = max(0.001, 0.5 * plan.lead_s)
-        first = max(0.001, plan.lead_s) + max(0.0005, plan.window_s / 2)
-        return cls(first=first, floor=floor, tail=plan.lead_s)
-
-    def bracket(self) -> tuple[float, float]:
-        """(lo, hi): the cancel is best placed after lo (an EARLY cancel) and before hi (a LATE one, or an
-        answer less its tail)."""
-        lo = max([self.floor, *self.early])
-        ends = [*self.late, *(a - self.tail for a in self.answered)]
-        hi = min(ends) if ends else max(2 * lo, 2 * self.first)
-        return lo, hi
-
-    def next(self) -> float:
-        if self.hits:
-            return self.hits[-1]  # a cancel there was in flight: cancel there again
-        if not (self.early or self.late or self.answered):
-            return round(self.first, 4)
-        lo, hi = self.bracket()
-        if hi - lo >= max(MIN_GAP_S, GAP_OF_TAIL * self.tail):
-            return round((lo + hi) / 2, 4)
-        # The bracket closed on noise (an EARLY cancel after a LATE one, or answers sooner than the tail):
-        # forget the bracket and draw the next points across the whole time observed (up to the latest
-        # answer), each splitting the largest gap left.
-        self.early.clear()
-        self.late.clear()
-        span = max(self.answered) if self.answered else 2 * self.first
-        span = max(span, self.floor + max(MIN_GAP_S, GAP_OF_TAIL * self.tail))
-        at = self.floor + _van_der_corput(self.reopened) * (span - self.floor)
-        self.reopened += 1
-        return round(at, 4)
-
-    def learn(self, at: float, kind: str, victim: ProbeResult | None) -> None:
-        """Record what the try cancelled at `at` showed (`classify`)."""
-        if victim is not None and victim.served:
-            self.answered.append(victim.elapsed_s)
-        if kind == CANCELLED:
-            self.hits.append(at)
-        elif kind in (EARLY, HANDSHAKE):
-            self.early.append(at)
-        elif kind == LATE:
-            self.late.append(min(at, victim.elapsed_s) if victim is not None else at)
-
-
 def _abort_on_decodes(http: httpx.Client, decode_urls: Sequence[str], rid: str) -> tuple[list[str], bool]:
     """POST /abort_request to every decode; acknowledged only if every one answered 200 (SGLang's
     `abort_request` answers an empty 200; a 404 or 401 means the cancel never reached the engine)."""
@@ -317,23 +205,8 @@ def run_abort(
     node: str,
 ) -> Finding:
     """Cancel long requests mid-transfer and check that no canary carries their content."""
-    la = plan.victim_tokens
-    victim_p = LengthProbe(
-        "abort_victim",
-        la,
-        ACCEPT,
-        "none",
-        "request cancelled mid-transfer",
-        max_new_tokens_for(limits, la, settings.max_new_tokens),
-    )
-    canary_p = LengthProbe(
-        "abort_canary",
-        plan.canary_tokens,
-        ACCEPT,
-        "none",
-        "canary after a cancel",
-        max_new_tokens_for(limits, plan.canary_tokens, settings.max_new_tokens),
-    )
+    cur = plan  # the victim and budget tries use now: `_widen` lengthens the victim where the window was narrow
+    victim_p, canary_p = _probes(cur, limits, settings)
     cancelled: list[Sent] = []
     canaries: list[Sent] = []
     sightings: list[Sighting] = []  # scanned per batch, as it arrives
@@ -341,41 +214,67 @@ def run_abort(
     acknowledged = 0  # cancels a decode worker confirmed with its /abort_request answer
     n = settings.abort_attempts
     tries = 0
+    spent = 0  # prompt tokens of the tries so far (victims and canaries)
     first_hit: int | None = None
     kinds: list[str] = []  # what each try showed (`classify`)
     points: list[float] = []
-    schedule = CancelPoints.from_plan(plan)
-    with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {la:,} tokens", total=n) as handle:
+    lengths: list[int] = []  # each try's victim length
+    lags: list[float] = []  # each try's seconds from its start to its victim going out (its ids built)
+    answers: list[float] = []  # end-to-end seconds of victims that answered
+    widened: list[str] = []
+    schedule = CancelPoints.start(plan.lead_s, plan.window_s)
+    with sender.observer.step(f"abort mid-transfer: {n} cancel(s) of {plan.victim_tokens:,} tokens", total=n) as handle:
         # A try whose request answered before the cancel observed nothing; it does not count.
-        while len(cancelled) < n and tries < plan.max_tries:
+        while len(cancelled) < n and tries < cur.max_tries and (tries == 0 or _fits(cur, spent)):
             if settings.early_stop and any("abort_victim" in x.source for x in sightings):
                 notes.append(f"stopped after {tries} tries: a canary carried a cancelled request's content")
                 break
+            if schedule.narrow() and (longer := _widen(cur, limits, settings, spent)) is not None:
+                extra = cur.window_s * (longer.victim_tokens - cur.victim_tokens) / max(1, cur.victim_tokens)
+                schedule.widened(extra)
+                widened.append(
+                    f"after try {tries}: {cur.victim_tokens:,} -> {longer.victim_tokens:,} tokens (the bracket "
+                    "between a cancel too early and one too late closed with none in flight)"
+                )
+                sender.observer.log(f"abort: victim lengthened {widened[-1]}")
+                cur = longer
+                victim_p, canary_p = _probes(cur, limits, settings)
             at = schedule.next()
             points.append(at)
+            lengths.append(cur.victim_tokens)
             phase = f"abort{tries}"
             tries += 1
+            spent += cur.per_try_tokens
             box: list[Sent] = []
+            going = threading.Event()
             # Without decode URLs the only cancel left is the client's disconnect.
             disconnect = at if not decode_urls else None
-            # This try's box, phase and deadline, bound now: a thread outliving its join must not see the next's.
+            # This try's box, phase, deadline and event, bound now: a thread outliving its join must not
+            # see the next's.
             t = threading.Thread(
-                target=lambda box=box, phase=phase, disconnect=disconnect: box.append(
-                    sender.one(victim_p, phase, cancel_after_s=disconnect)
+                target=lambda box=box, phase=phase, disconnect=disconnect, going=going, probe=victim_p: box.append(
+                    sender.one(probe, phase, cancel_after_s=disconnect, on_send=going.set)
                 ),
                 daemon=True,
             )
+            began = time.monotonic()
             t.start()
+            # The cancel is timed from the moment the victim goes out, not from the thread's start: building
+            # its ids may ask a busy worker's tokenizer first (ServerCodec), and a cancel timed from before
+            # that found no request at all (no rid yet), however it was placed.
+            while not going.wait(0.005) and t.is_alive() and time.monotonic() - began < settings.deadline_s:
+                pass
+            lags.append(round(time.monotonic() - began, 4))
             time.sleep(at)
             acked = bool(decode_urls)
             rids = sender.pending_rids(phase)
             for rid in rids:
-                answers, ok = _abort_on_decodes(sender.client.http, decode_urls, rid)
+                answers_, ok = _abort_on_decodes(sender.client.http, decode_urls, rid)
                 acked = acked and ok
                 if not ok:
-                    notes.append(f"try {tries}: /abort_request not acknowledged: {answers}")
+                    notes.append(f"try {tries}: /abort_request not acknowledged: {answers_}")
             acked = acked and bool(rids)
-            batch = sender.many([canary_p] * plan.canaries, f"{phase}-canary", f"abort canaries after cancel {tries}")
+            batch = sender.many([canary_p] * cur.canaries, f"{phase}-canary", f"abort canaries after cancel {tries}")
             t.join(timeout=settings.deadline_s + at)
             victim = box[0] if box else None
             # A 200 (even with finish_reason abort) means its KV had arrived: the cancel came too late.
@@ -386,15 +285,18 @@ def run_abort(
             hit = victim if (victim is not None and kind == CANCELLED and (acked or not decode_urls)) else None
             schedule.learn(at, kind, victim.result if victim is not None else None)
             if victim is not None:
+                if victim.result.served:
+                    answers.append(round(victim.result.elapsed_s, 4))
                 sender.observer.log(
-                    f"abort try {tries}: cancel at {at:.3f} s ({_KIND_WORDS[kind]}; HTTP {victim.result.status}, "
+                    f"abort try {tries}: cancel at {at:.3f} s ({KIND_WORDS[kind]}; HTTP {victim.result.status}, "
                     f"answered after {victim.result.elapsed_s:.3f} s)"
                 )
             canaries += batch
             sightings += sender.sightings(batch)
             if hit is not None:
                 if not hit.result.cancelled:
-                    sender.meter.charge_prefill(la)  # aborted, so not counted as served; it was prefilled
+                    # aborted, so not counted as served; it was prefilled
+                    sender.meter.charge_prefill(cur.victim_tokens)
                 cancelled.append(hit)
                 acknowledged += acked
                 first_hit = first_hit or tries
@@ -409,14 +311,23 @@ def run_abort(
                     )
                 )
                 notes.append(f"try {tries}: no acknowledged abort in flight at {at:.3f} s: {kind} ({what})")
-    if len(cancelled) < n and tries >= plan.max_tries and not sightings:
-        notes.append(f"stopped after {tries} tries: the budget allows {plan.max_tries}")
+    if len(cancelled) < n and not sightings:
+        if tries >= cur.max_tries or not _fits(cur, spent):
+            notes.append(
+                f"stopped after {tries} tries ({spent:,} tokens): the budget allows {cur.max_tries} tries, "
+                f"{cur.budget_tokens:,} tokens"
+            )
+    la = cur.victim_tokens
     ev = [
         Evidence(node, "abort.cancelled", [c.label for c in cancelled]),
         Evidence(node, "abort.canaries", len(canaries)),
         Evidence(node, "abort.cancel_points_s", points),
         Evidence(node, "abort.try_outcomes", kinds),
-        Evidence(node, "abort.answered_after_s", [round(a, 4) for a in schedule.answered]),
+        Evidence(node, "abort.answered_after_s", answers),
+        Evidence(node, "abort.victim_tokens_per_try", lengths),
+        Evidence(node, "abort.send_lag_s", lags, "seconds from each try's start to its victim going out"),
+        Evidence(node, "abort.widened", widened),
+        Evidence(node, "abort.plan_widened", cur.as_evidence() if widened else None, "the plan the last try ran"),
         Evidence(node, "abort.tries", tries),
         Evidence(node, "abort.first_cancel_at_try", first_hit),
         Evidence(node, "abort.plan", plan.as_evidence()),
@@ -446,7 +357,7 @@ def run_abort(
             "an acknowledged abort in flight): nothing observed; see abort.notes",
             *ev,
             Evidence(node, "abort.notes", notes[:8]),
-            remedy=_no_cancel_remedy(plan, limits, settings, tries, kinds),
+            remedy=_no_cancel_remedy(cur, limits, settings, tries, kinds),
         )
     if not acknowledged:
         how = (
@@ -484,6 +395,75 @@ def run_abort(
         "is what proves page lifetime)",
         *ev,
     )
+
+
+def _fits(plan: AbortPlan, spent: int) -> bool:
+    """Whether one more try of `plan` fits its budget after `spent` tokens."""
+    return spent + plan.per_try_tokens <= plan.budget_tokens
+
+
+def _probes(plan: AbortPlan, limits: ProbeLimits, settings: ProbeSettings) -> tuple[LengthProbe, LengthProbe]:
+    """The victim and canary requests of a plan."""
+    victim = LengthProbe(
+        "abort_victim",
+        plan.victim_tokens,
+        ACCEPT,
+        "none",
+        "request cancelled mid-transfer",
+        max_new_tokens_for(limits, plan.victim_tokens, settings.max_new_tokens),
+    )
+    canary = LengthProbe(
+        "abort_canary",
+        plan.canary_tokens,
+        ACCEPT,
+        "none",
+        "canary after a cancel",
+        max_new_tokens_for(limits, plan.canary_tokens, settings.max_new_tokens),
+    )
+    return victim, canary
+
+
+#: A victim is lengthened by at most this factor at a time (`_widen`), and only where the budget left holds
+#: WIDEN_TRIES tries of the longer one: a bracket that closed says the window is narrower than the noise,
+#: and one guess at a longer victim is no search.
+WIDEN_FACTOR = 2
+WIDEN_TRIES = 2
+
+
+def _widen(plan: AbortPlan, limits: ProbeLimits, settings: ProbeSettings, spent: int) -> AbortPlan | None:
+    """The plan with a longer victim (a longer prefill window to cancel in), or None where none fits.
+
+    Never where the operator fixed the victim's length (probes.abort_tokens) or it is the longest accepted
+    prompt already. Up to WIDEN_FACTOR times as long and the longest accepted prompt, as long as WIDEN_TRIES
+    tries of it fit what is left of the budget; a victim that becomes the whole (small) context gets the
+    room `plan_abort` gives one planned that long (WHOLE_CONTEXT_TRIES_PER_ATTEMPT tries per wanted cancel
+    up to ROOM_CAP_TOKENS, spent only as tries miss)."""
+    if settings.abort_tokens is not None or plan.victim_tokens >= limits.longest_accepted:
+        return None
+    page = limits.one_page
+
+    def per_try(v: int) -> int:
+        return v + _canary_tokens(v, page, plan.canaries, limits) * plan.canaries
+
+    longer = min(limits.longest_accepted, WIDEN_FACTOR * plan.victim_tokens)
+    step = max(page, (longer - plan.victim_tokens) // 16)
+    least = plan.victim_tokens + max(page, plan.victim_tokens // 4)
+    while longer >= least:
+        budget, cap = plan.budget_tokens, plan.max_tries
+        if longer >= limits.longest_accepted:
+            cap = max(cap, WHOLE_CONTEXT_TRIES_PER_ATTEMPT * settings.abort_attempts)
+            budget = max(budget, min(cap * per_try(longer), ROOM_CAP_TOKENS))
+        if spent + WIDEN_TRIES * per_try(longer) <= budget:
+            return replace(
+                plan,
+                victim_tokens=longer,
+                canary_tokens=_canary_tokens(longer, page, plan.canaries, limits),
+                window_s=plan.window_s * longer / max(1, plan.victim_tokens),
+                budget_tokens=budget,
+                max_tries=cap,
+            )
+        longer -= step
+    return None
 
 
 def _no_cancel_remedy(

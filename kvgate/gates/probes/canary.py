@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -75,9 +75,12 @@ class Sender:
         stream: bool = False,
         sentinel: Sentinel | None = None,
         top_logprobs: int = 0,
+        on_send: Callable[[], None] | None = None,
     ) -> Sent:
         """Send one probe carrying a sentinel densely (every token belongs to a sentinel copy): a fresh
-        one, or `sentinel` again (the same length then sends the very same ids)."""
+        one, or `sentinel` again (the same length then sends the very same ids). `on_send` is called once
+        the ids are built and the rid is registered, right before the request goes out: building them may
+        ask the server's tokenizer (`ServerCodec`), which a busy worker answers late."""
         s = sentinel or self.sentinel(f"{probe.label} [{phase}]")
         if self.stalled is not None:
             rec = Sent(
@@ -95,6 +98,8 @@ class Sender:
         rid = self.rid(probe, phase)
         with self._lock:
             self.rids.setdefault(phase, []).append(rid)
+        if on_send is not None:
+            on_send()
         res = self.client.generate(
             probe.name,
             ids,

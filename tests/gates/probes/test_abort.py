@@ -34,7 +34,7 @@ from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ProbeLimits
-from kvgate.gates.probes.sentinels import ByteCodec
+from kvgate.gates.probes.sentinels import ByteCodec, ServerCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.progress import NullObserver
 from tests.assets.loopback import LoopbackServer
@@ -78,12 +78,19 @@ class _Client:
         return ProbeResult(name, len(ids), max_new_tokens, 200, 0.001, body, '{"text": "ok"}')
 
 
-def _run(victim: Any, decode_urls: tuple[str, ...] = (), attempts: int = 2, cal: Calibration = CAL) -> Any:
+def _run(
+    victim: Any,
+    decode_urls: tuple[str, ...] = (),
+    attempts: int = 2,
+    cal: Calibration = CAL,
+    codec: Any = None,
+    abort_tokens: int | None = 256,
+) -> Any:
     client: Any = _Client(victim)
-    codec: Any = ByteCodec()
+    codec = codec or ByteCodec()
     sender = Sender(client, codec, CostMeter(context=LIMITS.context), NullObserver())
     settings = ProbeSettings(
-        abort_tokens=256, abort_attempts=attempts, abort_canaries=2, abort_budget=4, deadline_s=5.0
+        abort_tokens=abort_tokens, abort_attempts=attempts, abort_canaries=2, abort_budget=4, deadline_s=5.0
     )
     try:
         return run_abort(sender, list(decode_urls), LIMITS, settings, plan_abort(cal, LIMITS, settings), "test")
@@ -272,13 +279,20 @@ class _Timeline:
     `total` end to end, as a deployment whose answer takes ten times its prefill window: a cancel
     (seen by the real loopback /abort_request endpoint) before `start` finds nothing (the victim answers
     normally at `total`), one inside aborts it in flight (SGLang's 500), one after it reaches the
-    running batch (HTTP 200, finish_reason abort)."""
+    running batch (HTTP 200, finish_reason abort). With `per_token_s`, the window is that long per
+    prompt token past `from_tokens` instead (its prefill: none at all at or below `from_tokens`)."""
 
-    def __init__(self, endpoint: Any, start: float, end: float, total: float) -> None:
+    def __init__(
+        self, endpoint: Any, start: float, end: float, total: float, per_token_s: float = 0.0, from_tokens: int = 0
+    ) -> None:
         self.endpoint, self.start, self.end, self.total = endpoint, start, end, total
+        self.per_token_s, self.from_tokens = per_token_s, from_tokens
+        self.lengths: list[int] = []
 
     def __call__(self, n: str, k: int, m: int) -> ProbeResult:
         t0 = time.monotonic()
+        self.lengths.append(k)
+        end = self.start + max(0, k - self.from_tokens) * self.per_token_s if self.per_token_s else self.end
         seen = len(self.endpoint.rids)
         while time.monotonic() - t0 < self.total:
             if len(self.endpoint.rids) > seen:
@@ -286,7 +300,7 @@ class _Timeline:
                 if at < self.start:
                     seen = len(self.endpoint.rids)  # nothing to abort yet: the request goes on
                     continue
-                if at < self.end:
+                if at < end:
                     return replace(_aborted(n, k, m), elapsed_s=time.monotonic() - t0)
                 return _served(n, k, m, time.monotonic() - t0, {"type": "abort", "message": "Abort in running batch."})
             time.sleep(0.002)
@@ -320,9 +334,89 @@ def test_a_victim_in_flight_far_past_the_calibrated_window_is_found_by_bisection
     assert ev["abort.cancel_points_s"][0] < 0.08 and 0.25 <= ev["abort.cancel_points_s"][-1]
 
 
+class _SlowTokenizer:
+    """A real loopback worker's /v1/tokenize that answers after `delay_s`, as a busy worker's tokenizer does
+    (byte ids, offset 3): what `ServerCodec` asks before each request of a text-mode server goes out."""
+
+    def __init__(self, delay_s: float) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                time.sleep(delay_s)
+                out = json.dumps({"tokens": [b + 3 for b in body["prompt"].encode()]}).encode()
+                self.send_response(200 if self.path == "/v1/tokenize" else 404)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = LoopbackServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_cancel_is_timed_from_the_victim_going_out_not_from_building_its_ids(abort_endpoint: Any) -> None:
+    """Issue 46: on a text-mode server the victim's ids come from the worker's /v1/tokenize, which a busy
+    worker answers late. Timed from before that, every cancel of a held-out real pair came before its
+    request existed (no rid to abort: each "early") or at a point the search could not place. Here the
+    tokenizer takes 0.5 s, longer than the victim's whole answer (0.3 s), and the decode holds the victim
+    for its KV in [0.02, 0.1) s of its own clock: only a cancel timed from the send finds it."""
+    decode = abort_endpoint(200)
+    tokenizer = _SlowTokenizer(0.5)
+    http = httpx.Client()
+    try:
+        codec = ServerCodec(http, tokenizer.url)
+        f = _run(_Timeline(decode, 0.02, 0.1, 0.3), (decode.url,), attempts=1, cal=HELD_OUT_CAL, codec=codec)
+    finally:
+        http.close()
+        tokenizer.close()
+    ev = {e.field: e.value for e in f.evidence}
+    seen = (f.summary, ev["abort.cancel_points_s"], ev["abort.try_outcomes"], ev["abort.send_lag_s"])
+    assert f.outcome == Outcome.PASSED, seen
+    assert ev["abort.try_outcomes"][-1] == "cancelled" and ev["abort.acknowledged"] == 1, seen
+    assert all(lag >= 0.5 for lag in ev["abort.send_lag_s"]), seen  # the wait for the tokenizer, measured
+
+
+def test_a_window_narrower_than_the_noise_is_widened_by_a_longer_victim(abort_endpoint: Any) -> None:
+    """Issue 46: where the bracket between a cancel too early and one too late closes with none in
+    flight, the victim is lengthened within the budget (its prefill, the window, grows with it) instead of
+    bisecting on to noise. The decode learns of the victim 50 ms in; its KV arrives at once up to 300
+    prompt tokens (no window at all: the planned 256-token victim can never be cancelled in flight) and
+    0.2 ms later per token past them."""
+    decode = abort_endpoint(200)
+    timeline = _Timeline(decode, 0.05, 0.0, 0.4, per_token_s=0.0002, from_tokens=300)
+    f = _run(timeline, (decode.url,), attempts=1, cal=HELD_OUT_CAL, abort_tokens=None)
+    ev = {e.field: e.value for e in f.evidence}
+    seen = (f.summary, ev["abort.cancel_points_s"], ev["abort.try_outcomes"], ev["abort.victim_tokens_per_try"])
+    assert ev["abort.plan"]["victim_tokens"] == 256, seen
+    assert f.outcome == Outcome.PASSED, seen
+    lengths = ev["abort.victim_tokens_per_try"]
+    assert lengths[0] == 256 and lengths[-1] > 300 and lengths == sorted(lengths), seen
+    assert ev["abort.widened"] and ev["abort.try_outcomes"][-1] == "cancelled", seen
+    assert "early" in ev["abort.try_outcomes"] and "late" in ev["abort.try_outcomes"], seen
+
+
+def test_an_operator_fixed_victim_is_never_lengthened(abort_endpoint: Any) -> None:
+    """probes.abort_tokens is the operator's: a window too narrow at that length stays inconclusive (never
+    passed on nothing observed), and the remedy names a longer victim."""
+    decode = abort_endpoint(200)
+    timeline = _Timeline(decode, 0.05, 0.0, 0.4, per_token_s=0.0002, from_tokens=300)
+    f = _run(timeline, (decode.url,), attempts=1, cal=HELD_OUT_CAL, abort_tokens=256)
+    ev = {e.field: e.value for e in f.evidence}
+    assert f.outcome == Outcome.INCONCLUSIVE, f.summary
+    assert set(timeline.lengths) == {256} and not ev["abort.widened"], ev["abort.victim_tokens_per_try"]
+    assert f.remedy is not None and "probes.abort_tokens: 1024" in f.remedy, f.remedy
+
+
 def test_cancel_points_narrow_to_before_an_observed_answer() -> None:
     plan = plan_abort(CAL, LIMITS, ProbeSettings())
-    points = CancelPoints.from_plan(plan)
+    points = CancelPoints.start(plan.lead_s, plan.window_s)
     first = points.next()
     assert plan.lead_s <= first <= plan.expected_s
     served = _served("abort_victim", 1, 1, first / 2)
@@ -335,7 +429,7 @@ def test_cancel_points_narrow_to_before_an_observed_answer() -> None:
 
 def test_cancel_points_bisect_the_observed_time_in_flight_and_reopen_on_noise() -> None:
     plan = plan_abort(CAL, LIMITS, ProbeSettings())
-    points = CancelPoints.from_plan(plan)
+    points = CancelPoints.start(plan.lead_s, plan.window_s)
     first = points.next()
     points.learn(first, EARLY, _served("abort_victim", 1, 1, 1.0))  # found nothing; answered after 1 s
     second = points.next()
