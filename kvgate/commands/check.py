@@ -134,7 +134,9 @@ def check(
         None, "--baseline", help="Fail on any change since this baseline file (capacity drift, workers added/removed)."
     ),
     write_baseline: Path | None = typer.Option(
-        None, "--write-baseline", help="Record this run's fleet as the baseline file (after comparing with --baseline)."
+        None,
+        "--write-baseline",
+        help="Record this run's fleet as the baseline file, only if the run passes (compared with --baseline first).",
     ),
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
