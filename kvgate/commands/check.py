@@ -234,6 +234,8 @@ def check_options(
     if trust_version:
         defenses["trust_version"] = True
     code = dict(options.code)
+    if write_baseline is not None and str(write_baseline) == "-":
+        raise UsageError("--write-baseline -: a baseline is a file (stdout carries the report); name a path")
     if site_packages is not None and python is not None:
         raise UsageError("give one of --site-packages, --python (per-role sources go in the profile's code:)")
     if site_packages is not None:
