@@ -153,3 +153,11 @@ def test_a_directory_is_refused_by_name(tmp_path: Path) -> None:
     res = runner.invoke(app, [*FIXES, "-o", str(folder)])
     assert "could not write json report" in res.stderr and str(folder) in res.stderr
     assert folder.is_dir() and list(folder.iterdir()) == []
+
+
+def test_a_baseline_is_never_written_to_stdout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stdout carries the report: `--write-baseline -` is a usage error naming it, and no file `-` appears."""
+    monkeypatch.chdir(tmp_path)
+    res = runner.invoke(app, ["check", "--prefill-url", "http://127.0.0.1:9", "--write-baseline", "-", "-f", "json"])
+    assert res.exit_code == 2, res.output
+    assert "--write-baseline -" in json.dumps(json.loads(res.stdout)) and list(tmp_path.iterdir()) == []
