@@ -3,11 +3,13 @@
 Both run side by side in one process, on a warm page cache, for the same strings: every signature of
 the catalogue and every backport file's code signature (substrings as fixed strings, regexes as extended
 regexes), plus the backport marker. kvgate's scan (what `fixes --site-packages` and `--python` run)
-reads and hashes the named files plus one pass over every .py file for globs and markers; grep reads
-the whole tree.
-Goal: ratio <= 2 against `grep -r --include=*.py`. It also prints the CPU time each side used (the
-scan's own process time, grep's as a child), least of the runs: on a loaded machine wall time swings
-with the neighbours, CPU time much less.
+reads and hashes the named files plus one pass over every .py file for globs and markers, and reads
+as Python tokens (comments and strings found) each file whose bytes carry a signature, so that only code
+counts; grep reads the whole tree and matches text. The three run in turn each round (a busy machine
+slows all three alike), and the median of each is compared.
+Goal: ratio <= 0.5 against `grep -r --include=*.py` (0.46 measured before the scan read tokens). It also
+prints the CPU time each side used (the scan's own process time, grep's as a child), least of the runs: on a
+loaded machine wall time swings with the neighbours, CPU time much less.
 
     .venv/bin/python bench/fixes_signature_scan.py [--release 0.5.23 | --path SITE_PACKAGES] [--repeat 5]
 """
@@ -99,9 +101,11 @@ def main() -> None:
     grep_py, grep_all = grep("--include=*.py"), grep()
     for fn in (kvgate_scan, grep_py, grep_all):  # warm the page cache
         fn()
-    t_k = _time(kvgate_scan, args.repeat)
-    t_py = _time(grep_py, args.repeat)
-    t_all = _time(grep_all, args.repeat)
+    samples: dict[str, list[float]] = {"k": [], "py": [], "all": []}
+    for _ in range(args.repeat):
+        for key, fn in (("k", kvgate_scan), ("py", grep_py), ("all", grep_all)):
+            samples[key].append(_time(fn, 1))
+    t_k, t_py, t_all = (statistics.median(samples[k]) for k in ("k", "py", "all"))
     n_py = sum(1 for _ in pkg.rglob("*.py"))
     print(f"tree: {pkg} ({n_py} .py files); {len(_grep_patterns())} patterns; median of {args.repeat}")
     print(f"kvgate code scan           : {t_k * 1000:8.1f} ms")
@@ -112,7 +116,7 @@ def main() -> None:
         f"CPU time, least of {args.repeat}: kvgate {c_k * 1000:.1f} ms, grep -r --include=*.py {c_py * 1000:.1f} ms, "
         f"ratio {c_k / c_py:.2f}"
     )
-    print(f"ratio {t_k / t_py:.2f} (goal <= 2): {'met' if t_k / t_py <= 2 else 'NOT met'}")
+    print(f"ratio {t_k / t_py:.2f} (goal <= 0.5): {'met' if t_k / t_py <= 0.5 else 'NOT met'}")
     Path(patfile).unlink()
 
 

@@ -22,7 +22,8 @@ from typing import Any
 from kvgate import sinks
 from kvgate.discovery import normalize_url
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.exitcodes import ExitStatus
+from kvgate.findings import Evidence, Finding, Outcome, exit_status_for, failed, inconclusive, passed
 from kvgate.redact import redact_obj
 from kvgate.target import NodeReading
 from kvgate.upstream import DEFERRED_ENV
@@ -177,24 +178,54 @@ def _show(value: Any) -> str:
 
 
 def write(
-    path: Path, readings: Sequence[NodeReading], findings: Sequence[Finding], router: str | None, unread: Sequence[str]
+    path: Path,
+    readings: Sequence[NodeReading],
+    findings: Sequence[Finding],
+    router: str | None,
+    unread: Sequence[str],
+    *,
+    strict: bool = True,
 ) -> Finding:
-    """--write-baseline: record the run, unless a worker could not be read (a partial baseline would
-    later call it "added"); the finding says what happened. A file that cannot be written fails."""
+    """--write-baseline: record the run only if it passed. A failed, broken or inconclusive run never
+    becomes the next run's reference: were it written, the same command again (a CI retry, nothing
+    reviewed) would compare against the very state that blocked and pass. Nor is a run with an unread
+    worker written (a partial baseline would later call it "added"). The finding says what happened
+    and, when nothing was written, that the file was left as it was and why. A file that cannot be
+    written fails."""
     node = str(path)
+    kept = f"{path} left as it was" if path.exists() or path.is_symlink() else "nothing written"
     if unread:
         return inconclusive(
             GATE,
             "write",
             node,
-            f"baseline not written: {len(unread)} worker(s) could not be read "
+            f"baseline not renewed ({kept}): {len(unread)} worker(s) could not be read "
             f"({', '.join(sorted(unread)[:3])}{' ...' if len(unread) > 3 else ''})",
             remedy="re-run once every worker answers",
         )
     if not readings:
-        return inconclusive(GATE, "write", node, "baseline not written: no worker was read")
+        return inconclusive(GATE, "write", node, f"baseline not renewed ({kept}): no worker was read")
+    status = exit_status_for(list(findings), strict)
+    if status is not ExitStatus.PASSED:
+        counted = [f for f in findings if f.counts_toward_exit]
+        blocking = [f for f in counted if f.outcome in (Outcome.FAILED, Outcome.ERROR)] or [
+            f for f in counted if f.outcome is Outcome.INCONCLUSIVE
+        ]
+        named = ", ".join(dict.fromkeys(f.test_id for f in blocking[:5]))
+        return inconclusive(
+            GATE,
+            "write",
+            node,
+            f"baseline not renewed ({kept}): this run did not pass (exit {int(status)}, {status.name.lower()}: "
+            f"{len(blocking)} blocking finding(s), {named}{' ...' if len(blocking) > 5 else ''}); "
+            "a run that did not pass never becomes the next run's reference",
+            remedy="resolve or review what blocked, then renew with a run that passes: "
+            "kvgate check ... --write-baseline FILE",
+        )
     try:
         save(record(readings, findings, router), path)
     except OSError as exc:
         return failed(GATE, "write", node, f"baseline not written: {exc}", remedy="check the path and permissions")
-    return passed(GATE, "write", node, f"baseline of {len(readings)} worker(s) written to {path}")
+    doubt = sum(1 for f in findings if f.counts_toward_exit and f.outcome is Outcome.INCONCLUSIVE)
+    how = f"; strictness opted out: {doubt} inconclusive check(s) did not block" if doubt else ""
+    return passed(GATE, "write", node, f"baseline of {len(readings)} worker(s) written to {path} (the run passed{how})")

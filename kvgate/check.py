@@ -165,6 +165,7 @@ def run_check(
         findings.extend(control)
     readings: list[NodeReading] = []
     listing: RouterListing | None = None
+    unread: list[str] = []
     with TargetClient(timeout=options.timeout, token=token, concurrency=options.concurrency) as client:
         ctx = GateContext(options=options, readings=readings, client=client, observer=observer, prior=findings)
         if options.router_url:
@@ -223,9 +224,6 @@ def run_check(
                     )
             if options.write_baseline:
                 unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
-                findings.append(
-                    baseline.write(Path(options.write_baseline), readings, findings, options.router_url, unread)
-                )
     if control and any(f.outcome is not Outcome.PASSED for f in control):
         findings = _distrust_probes(findings, control)
     notes: list[str] = []
@@ -234,6 +232,13 @@ def run_check(
 
         findings, notes = apply_waivers(findings, options.waivers)
     notes += left
+    if options.write_baseline:
+        # Last, on the verdict as it stands: only a run that passed renews the reference of the next.
+        findings.append(
+            baseline.write(
+                Path(options.write_baseline), readings, findings, options.router_url, unread, strict=options.strict
+            )
+        )
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
     return Report(

@@ -34,7 +34,8 @@ READS: tuple[tuple[str, ...], ...] = (
 )
 
 #: server_info keys that move without any change of configuration (load, clocks, live state). What the
-#: gates judge inside `internal_states` (each rank's pool, role and env) is compared through the ranks.
+#: gates judge inside `internal_states` (each rank's pool, role and env) is compared through the ranks;
+#: `startup_time` (the top level's and each rank's) through `process_identity`, a fact of its own.
 VOLATILE_KEYS = frozenset(
     {"internal_states", "startup_time", "status", "last_gen_throughput", "load", "uptime", "num_running_reqs"}
 )
@@ -185,7 +186,8 @@ def read_workers(
 def judged_facts(reading: NodeReading) -> dict[str, object]:
     """Every fact of a reading the gates judge, by name: each parsed field, each DP rank's pool, role
     and env, what could not be read (the problems), and every server_info flag but the volatile ones.
-    Load, clocks and live counters are left out, so an idle or busy fleet compares equal pass after pass.
+    Load, clocks and live counters are left out, so an idle or busy fleet compares equal pass after pass;
+    the process's identity (`process_identity`: its startup times) is in, so a restart is a change.
     """
     out: dict[str, object] = {
         "role": reading.role,
@@ -215,8 +217,44 @@ def judged_facts(reading: NodeReading) -> dict[str, object]:
         out[f"dp{rank.dp_rank} env"] = None if rank.env_vars is None else dict(sorted(rank.env_vars.items()))
     for p in reading.problems:
         out[f"problem {p.field}"] = p.problem
+    out["process"] = process_identity(reading.server_info)
     out.update(flags(reading.server_info))
     return out
+
+
+#: the fixed keys of `judged_facts` (besides them: `dpN ...` per rank, `problem FIELD`, `flag KEY`)
+JUDGED_KEYS = (
+    "role",
+    "version",
+    "pool",
+    "context",
+    "context_source",
+    "context_length_flag",
+    "max_req_input_len",
+    "page_size",
+    "transfer_backend",
+    "bootstrap_port",
+    "kv_checksum",
+    "kv_canary",
+    "tp_size",
+    "dp_size",
+    "dp_attention",
+    "allow_auto_truncate",
+    "model_path",
+    "architectures",
+    "info_path",
+    "dp_ranks",
+    "process",
+)
+
+
+def process_identity(info: Mapping[str, Any]) -> dict[str, object]:
+    """Which processes answered: the server's `startup_time` and each DP rank scheduler's (in
+    `internal_states`). A restart moves it even with the same flags and version label, and a restarted
+    worker may run other code: it is a new worker, gated whole again (the watch compares this fact)."""
+    states = info.get("internal_states")
+    ranks = [s.get("startup_time") for s in states if isinstance(s, dict)] if isinstance(states, list) else []
+    return {"startup_time": info.get("startup_time"), "ranks": ranks}
 
 
 def flags(info: Mapping[str, Any]) -> dict[str, object]:
@@ -224,4 +262,4 @@ def flags(info: Mapping[str, Any]) -> dict[str, object]:
     return {f"flag {k}": v for k, v in sorted(info.items(), key=lambda kv: str(kv[0])) if k not in VOLATILE_KEYS}
 
 
-__all__ = ["READS", "VOLATILE_KEYS", "judged_facts", "flags", "read_workers"]
+__all__ = ["JUDGED_KEYS", "READS", "VOLATILE_KEYS", "judged_facts", "flags", "process_identity", "read_workers"]

@@ -11,6 +11,7 @@ from kvgate.errors import UsageError
 from kvgate.findings import Report
 from kvgate.formats import ReportFormat
 from kvgate.redact import map_strings, redact_obj
+from kvgate.safeio import stream_fd
 
 # Each format's neutralisation of the report's text (server text included) before it is rendered;
 # Markdown escapes cell by cell (formats/markdown.py), JSON escapes by its own syntax.
@@ -22,14 +23,16 @@ _SINK = {
 
 
 def pair_outputs(formats: list[ReportFormat], outputs: list[Path]) -> list[tuple[ReportFormat, Path | None]]:
-    """The i-th --output receives the i-th --format; formats without an output go to stdout."""
+    """The i-th --output receives the i-th --format; formats without an output, or whose output is
+    `-` or names this process's stdout (`/dev/stdout`, `/dev/fd/1`, a link to one), go to stdout."""
     if len(outputs) > max(len(formats), 1):
         raise UsageError(f"{len(outputs)} --output given for {len(formats)} --format; give one --format per --output")
     if not formats:
         formats = [ReportFormat.TABLE]
     pairs: list[tuple[ReportFormat, Path | None]] = []
     for i, fmt in enumerate(formats):
-        pairs.append((fmt, outputs[i] if i < len(outputs) else None))
+        dest = outputs[i] if i < len(outputs) else None
+        pairs.append((fmt, None if dest is not None and (str(dest) == "-" or stream_fd(dest) == 1) else dest))
     return pairs
 
 
@@ -47,8 +50,9 @@ def emit(
     Every format, whatever it is, is redacted twice here: the report before it is rendered (no
     formatter ever sees a secret, so none can fold or cut one) and the rendered text, its final bytes
     (`sinks.write_stream` / `sinks.write_file`, the output boundary). Between the two, the report's
-    text is neutralised for the format's sink (`_SINK`). Files are written through `safeio.write_atomic`
-    (no planted temp name or symlink is followed).
+    text is neutralised for the format's sink (`_SINK`). Files are written through `safeio.write_output`:
+    a regular file atomically (no planted temp name or symlink is followed), a path that exists and is
+    not a regular file (a FIFO, a terminal, `/dev/stdout`) in place.
     """
     from kvgate.formats.table import TableFormatter, terminal_width
 

@@ -14,9 +14,13 @@ before anything is written.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 import stat
+import sys
+import time
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from kvgate.errors import UsageError
@@ -84,6 +88,136 @@ def write_atomic(path: Path, data: bytes | str, mode: int | None = None) -> None
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+#: How long an output FIFO may go without a reader before the write is given up (a bounded wait).
+FIFO_READER_WAIT_S = 10.0
+_STREAM_PATH = re.compile(r"/dev/(stdout|stderr)|/dev/fd/(\d+)|/proc/(self|thread-self|\d+)/fd/(\d+)")
+_MAX_HOPS = 40
+
+
+def write_output(path: Path, data: bytes | str) -> None:
+    """Write an output the operator named (`--output`, `--write-baseline`).
+
+    A path that does not exist, or names a regular file (directly or through a symlink), is replaced
+    through `write_atomic`: a symlink at the destination is replaced, not followed. A path that exists
+    and is not a regular file is written in place, never replaced by a regular file:
+
+    - a path that is, or links through, `/dev/stdout`, `/dev/stderr`, `/dev/fd/N` or `/proc/self/fd/N`
+      is written to that descriptor of this process (whatever it is: a pipe, a terminal, a file the
+      shell opened), after Python's own streams are flushed;
+    - a character device (a terminal, `/dev/null`) or a FIFO is opened without creating or truncating
+      and written; a FIFO with no reader is waited for at most `FIFO_READER_WAIT_S`. Reached through a
+      symlink, every link on the way must be owned by root, by this user or by its folder's owner (the
+      kernel's protected_symlinks rule); a link someone else planted is replaced, as above.
+
+    A directory, a block device or a socket is refused (OSError naming it); nothing else is touched.
+    """
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd = stream_fd(path)
+    if fd is not None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        _write_all(fd, raw)
+        return
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is None or stat.S_ISREG(st.st_mode):
+        write_atomic(path, raw)
+        return
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory: not written", str(path))
+    if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        raise OSError(errno.EINVAL, f"is a {_kind(st.st_mode)}: not written", str(path))
+    if not _links_trusted(path):
+        write_atomic(path, raw)  # a planted link is replaced, never followed
+        return
+    _write_in_place(path, raw)
+
+
+def stream_fd(path: Path) -> int | None:
+    """The descriptor of this process that `path` names (`/dev/stdout`, `/dev/fd/N`, `/proc/self/fd/N`,
+    or a symlink chain to one), or None. Such a path is written to the descriptor itself: opening it
+    anew would start a regular file at offset 0, and replacing it would replace the system's link."""
+    p = os.path.abspath(path)
+    for _ in range(_MAX_HOPS):
+        m = _STREAM_PATH.fullmatch(os.path.normpath(p))
+        if m:
+            if m.group(1):
+                return 1 if m.group(1) == "stdout" else 2
+            if m.group(2):
+                return int(m.group(2))
+            if m.group(3) in ("self", "thread-self") or int(m.group(3)) == os.getpid():
+                return int(m.group(4))
+            return None
+        if not os.path.islink(p):
+            return None
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return None
+
+
+def _links_trusted(path: Path) -> bool:
+    """Every symlink on the way from `path` is owned by root, this user, or the owner of its folder."""
+    p = os.path.abspath(path)
+    for _ in range(_MAX_HOPS):
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return False
+        if not stat.S_ISLNK(st.st_mode):
+            return True
+        try:
+            folder_owner = os.stat(os.path.dirname(p)).st_uid
+        except OSError:
+            return False
+        if st.st_uid not in (0, os.geteuid(), folder_owner):
+            return False
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return False
+
+
+def _write_in_place(path: Path, raw: bytes) -> None:
+    """Open a character device or FIFO (no create, no truncate, never a controlling terminal), check
+    that what was opened is still one, and write every byte."""
+    flags = os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    deadline = time.monotonic() + FIFO_READER_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, flags)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENXIO or time.monotonic() >= deadline:
+                if exc.errno == errno.ENXIO:
+                    raise OSError(
+                        errno.ENXIO, f"a FIFO with no reader for {FIFO_READER_WAIT_S:g} s: not written", str(path)
+                    ) from None
+                raise
+            time.sleep(0.05)
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+            raise OSError(errno.EINVAL, f"became a {_kind(st.st_mode)} while opened: not written", str(path))
+        os.set_blocking(fd, True)
+        _write_all(fd, raw)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, raw: bytes) -> None:
+    view = memoryview(raw)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"), (stat.S_ISDIR, "directory")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def relative_part(value: object, source: Path | str, root: Path) -> str:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from kvgate.redact import redact_output
-from kvgate.safeio import write_atomic
+from kvgate.safeio import write_output
 
 # Bidi embedding/override/isolate controls and marks (Trojan Source, CVE-2021-42574), plus the line
 # and paragraph separators some terminals and editors break lines on.
@@ -179,9 +179,10 @@ def echo(text: str, err: bool = False, *, indent_lines: bool = False) -> None:
     stream.flush()
 
 
-def write_file(path: Path, text: str, mode: int | None = None) -> None:
-    """Write an output file (a report, a baseline) atomically (`safeio.write_atomic`), redacted."""
-    write_atomic(path, redact_output(text), mode)
+def write_file(path: Path, text: str) -> None:
+    """Write an output file (a report, a baseline), redacted: a regular file atomically, a path that
+    exists and is not a regular file (a FIFO, a terminal, `/dev/stdout`) in place (`safeio.write_output`)."""
+    write_output(path, redact_output(text))
 
 
 def http_body(text: str) -> bytes:

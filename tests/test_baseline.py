@@ -76,9 +76,49 @@ def test_round_trip_then_a_pool_change_fails_naming_worker_and_both_values(
     assert pool["evidence"][0]["value"] == 1_500_000 and "2,040,000" in pool["evidence"][0]["expected"]
     assert {f["evidence"][0]["field"] for f in bad} == {"pool", "dp_pools"}  # max_req_input_len held (> context)
 
-    # Renewing the baseline accepts the change; the next run passes again.
-    assert check(*nodes, "--baseline", str(base), "--write-baseline", str(base)).exit_code == ExitStatus.GATE_FAILED
+    # Compare, then renew: the run that found the drift failed, so it does not renew the baseline, and
+    # the same command again (a CI retry, nothing reviewed) still fails.
+    before = base.read_bytes()
+    for _ in range(2):
+        retry = check(*nodes, "--baseline", str(base), "--write-baseline", str(base))
+        assert retry.exit_code == ExitStatus.GATE_FAILED, retry.output
+        write = [f for f in baseline_findings(retry) if f["check"] == "write"]
+        assert [f["outcome"] for f in write] == ["inconclusive"]
+        assert "baseline not renewed" in write[0]["summary"] and "did not pass (exit 1" in write[0]["summary"]
+        assert "baseline.drift" in write[0]["summary"]
+        assert base.read_bytes() == before
+    # After review, a run that passes renews it (without --baseline: the change is what was reviewed).
+    renew = check(*nodes, "--write-baseline", str(base))
+    assert renew.exit_code == ExitStatus.PASSED, renew.output
+    assert [f["outcome"] for f in baseline_findings(renew)] == ["passed"]
     assert check(*nodes, "--baseline", str(base)).exit_code == ExitStatus.PASSED
+
+
+def test_a_failing_run_writes_no_first_baseline_either(
+    payload_server: Callable[..., PayloadServer], tmp_path: Path
+) -> None:
+    p, d = set_worker(payload_server(), "prefill", pool=500_000), set_worker(payload_server(), "decode")
+    base = tmp_path / "baseline.json"
+    res = check("--prefill-url", p.url, "--decode-url", d.url, "--write-baseline", str(base))
+    assert res.exit_code == ExitStatus.GATE_FAILED, res.output
+    write = [f for f in baseline_findings(res) if f["check"] == "write"]
+    assert write[0]["outcome"] == "inconclusive" and "nothing written" in write[0]["summary"]
+    assert "pool-context.headroom" in write[0]["summary"] and not base.exists()
+
+
+def test_an_inconclusive_run_does_not_renew(payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:
+    p, d = set_worker(payload_server(), "prefill"), set_worker(payload_server(), "decode")
+    nodes = ["--prefill-url", p.url, "--decode-url", d.url]
+    base = tmp_path / "baseline.json"
+    assert check(*nodes, "--write-baseline", str(base)).exit_code == ExitStatus.PASSED
+    before = base.read_bytes()
+    # The same run under --strict: the probes did not run for want of a router, which is doubt (exit 3).
+    strict = ["check", "--quiet", "--format", "json", "--trust-version", "--strict"]
+    res = runner.invoke(app, [*strict, *nodes, "--write-baseline", str(base)])
+    assert res.exit_code == ExitStatus.INCONCLUSIVE, res.output
+    write = [f for f in baseline_findings(res) if f["check"] == "write"]
+    assert write[0]["outcome"] == "inconclusive" and f"{base} left as it was" in write[0]["summary"]
+    assert "exit 3" in write[0]["summary"] and base.read_bytes() == before
 
 
 def test_workers_added_and_removed_are_named(payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:

@@ -16,14 +16,16 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-_NAMES = {"print", "typer.echo", "typer.secho", "click.echo", "os.write", "write_atomic", "write_temp"}
+_NAMES = {"print", "typer.echo", "typer.secho", "click.echo", "os.write", "write_atomic", "write_temp", "write_output"}
 _SUFFIXES = (".write", ".writelines", ".write_text", ".write_bytes", ".sendall")
 _CONSOLE = ("console.print", "console.log", "console.rule", "self.console.log", "self.console.print")
 
 # (file, callee) -> (count, why it is the boundary or writes only what the boundary made)
 BOUNDARY: dict[tuple[str, str], tuple[int, str]] = {
     ("kvgate/sinks.py", "stream.write"): (1, "write_stream: the boundary itself"),
-    ("kvgate/sinks.py", "write_atomic"): (1, "write_file: the boundary itself"),
+    ("kvgate/sinks.py", "write_output"): (1, "write_file: the boundary itself"),
+    ("kvgate/safeio.py", "write_atomic"): (2, "write_output, called by sinks.write_file with the boundary's bytes"),
+    ("kvgate/safeio.py", "os.write"): (1, "write_output in place (FIFO, terminal, descriptor): the boundary's bytes"),
     ("kvgate/progress.py", "self.stream.write"): (1, "a BoundaryStream"),
     ("kvgate/progress.py", "self.console.log"): (1, "a Console over a BoundaryStream"),
     ("kvgate/formats/table.py", "console.print"): (13, "renders into a buffer; reporting.emit writes it"),

@@ -281,6 +281,28 @@ def test_at_most_ten_error_annotations_then_how_many_more_and_where() -> None:
     assert more == "16 more findings at this level; all are in the step summary and r.json"
 
 
+def test_a_content_leak_keeps_its_annotation_slot_among_a_fleets_per_worker_findings() -> None:
+    """GitHub shows 10 annotations per level per step: a thousand workers failing their pool, and a dozen
+    other checks listed before it, must not push the leak out. One annotation per check ID, ranked."""
+    gha = _gha()
+    per_worker = [
+        {"id": f"fleet.c{j}", "outcome": "failed", "node": f"prefill[{i}]", "summary": "s"}
+        for j in range(12)
+        for i in range(100)
+    ]
+    pools = [
+        {"id": "pool-context.headroom", "outcome": "failed", "node": f"prefill[{i}]", "summary": "pool"}
+        for i in range(1000)
+    ]
+    leak = {"id": "probes.canary.round_a", "outcome": "failed", "node": "router", "summary": "foreign sentinel"}
+    lines = gha.annotations({"findings": [*per_worker, *pools, leak]}, "r.json")
+    assert len(lines) == 10
+    cmds = [workflow_commands(ln)[0] for ln in lines]
+    assert [c[1]["title"] for c in cmds[:2]] == ["probes.canary.round_a", "pool-context.headroom"]
+    assert "999 more finding(s) of this check" in cmds[1][2]
+    assert cmds[-1][2] == f"{12 * 100 - 7 * 100} more findings at this level; all are in r.json"
+
+
 def test_the_step_summary_gets_no_carriage_return(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 30, case 4: a CR read by universal newlines forged a heading in $GITHUB_STEP_SUMMARY."""
     gha = _gha()

@@ -319,3 +319,29 @@ def test_a_connection_still_pending_is_waited_for_then_read() -> None:
     reader.join(10.0)
     listener.close()
     assert got == [Answer(200, b"{}")]
+
+
+def test_judged_facts_keys_are_the_known_ones_and_a_restart_is_a_change() -> None:
+    """Every fixed key of judged_facts is listed (the watch's change counter starts each kind at 0), and
+    a restart (startup times moved, nothing else) is a `process` change, never volatile."""
+    from kvgate.fleetread import JUDGED_KEYS
+    from kvgate.target import parse_node
+    from tests.assets import sglang_payloads as P
+
+    def read(started: float) -> NodeReading:
+        info = P.server_info("0.5.22", mode="prefill", rank_pools=[4096, 4096])
+        info["startup_time"] = started
+        for state in info["internal_states"]:
+            state["startup_time"] = started + 1
+        return parse_node(NodeSpec("prefill", "u"), "/server_info", info, None, None)
+
+    facts = judged_facts(read(1.0))
+    fixed = {k for k in facts if not k.startswith(("dp0 ", "dp1 ", "problem ", "flag "))}
+    assert fixed == set(JUDGED_KEYS), fixed ^ set(JUDGED_KEYS)
+    assert facts["process"] == {"startup_time": 1.0, "ranks": [2.0, 2.0]}
+
+    def view(r: NodeReading) -> fleetpass.FleetView:
+        return fleetpass.FleetView("ok", {}, {"u": fleetpass.WorkerView((), judged_facts(r), None)})
+
+    moved = fleetpass.changes(view(read(1.0)), view(read(5.0)))
+    assert [(m.fact, m.kind) for m in moved] == [("process", "process")], moved

@@ -4,10 +4,11 @@
 
 Standard library only (it runs on the runner's python3, beside the single-file kvgate), with kvgate's
 output boundary (`kvgate/sinks.py`, standard library only too) from the action's checkout. It appends
-the Markdown report to $GITHUB_STEP_SUMMARY and prints one workflow command per failed, errored or
-inconclusive finding: `::error title=<check ID>::<node>: <summary>` (an inconclusive one is
-`::warning` when the run opted out of strictness, since it did not block), at most 10 per level: past
-10, nine and one saying how many more and where they are. Waived findings get none. Server text in a
+the Markdown report to $GITHUB_STEP_SUMMARY and prints one workflow command per check ID that failed,
+errored or was inconclusive: `::error title=<check ID>::<node>: <summary>` (an inconclusive one is
+`::warning` when the run opted out of strictness, since it did not block), with how many more findings
+that check has, at most 10 per level, a content leak first: past 10, nine and one saying how many more
+and where they are. Waived findings get none. Server text in a
 message is data: escaped as the runner unescapes it, controls shown as escapes, `##[` broken.
 A report that is missing or not kvgate's JSON is itself an `::error` (the gate's exit status still
 decides the step). Exits 0: the action exits with kvgate's own status afterwards.
@@ -45,29 +46,57 @@ def _escape_property(text: str) -> str:
     return sinks.workflow_property(sinks.terminal(text))
 
 
+#: which findings take the first annotation slots: a content leak (another tenant's text in an answer)
+#: first, then the rest of the probes, the pool, the defenses and fixes, the fleet, anything else
+_RANK_PREFIXES = (
+    ("probes.canary", "probes.isolation"),
+    ("probes.",),
+    ("pool-context.",),
+    ("defenses.", "fixes."),
+    ("fleet.", "target."),
+)
+
+
+def _rank(finding_id: str) -> int:
+    for rank, prefixes in enumerate(_RANK_PREFIXES):
+        if finding_id.startswith(prefixes):
+            return rank
+    return len(_RANK_PREFIXES)
+
+
 def annotations(doc: dict, where: str = "the step summary and the JSON report") -> list[str]:
-    """The workflow commands for one kvgate JSON report: per level at most MAX_ANNOTATIONS lines."""
+    """The workflow commands for one kvgate JSON report: per level at most MAX_ANNOTATIONS lines.
+
+    One annotation per check ID and level (the first finding's node and summary, and how many more
+    nodes have it), ranked by `_rank`: a per-worker check failing on a thousand workers takes one slot,
+    and a content leak is never left out for it."""
     strict = bool(doc.get("strict", True))
-    by_level: dict[str, list[str]] = {"error": [], "warning": []}
+    groups: dict[tuple[str, str], list[dict]] = {}
     for f in doc.get("findings", []):
         outcome = f.get("outcome")
         if f.get("waived") or outcome not in BLOCKING | {"inconclusive"}:
             continue
         level = "error" if outcome in BLOCKING or strict or f.get("blocking") else "warning"
-        message = f"{_shown(f.get('node'))}: {_shown(outcome)}: {_shown(f.get('summary'))}"
+        groups.setdefault((level, str(f.get("id"))), []).append(f)
+    by_level: dict[str, list[tuple[str, int]]] = {"error": [], "warning": []}
+    for (level, fid), found in sorted(groups.items(), key=lambda kv: _rank(kv[0][1])):
+        f = found[0]
+        message = f"{_shown(f.get('node'))}: {_shown(f.get('outcome'))}: {_shown(f.get('summary'))}"
+        if len(found) > 1:
+            message += f"\n... and {len(found) - 1} more finding(s) of this check; all are in {where}"
         if f.get("remedy"):
             message += f"\nfix: {_shown(f['remedy'])}"
         if f.get("doc"):
             message += f"\nsee {_shown(f['doc'])}"
-        by_level[level].append(f"::{level} title={_escape_property(str(f.get('id')))}::{_escape_data(message)}")
+        line = f"::{level} title={_escape_property(fid)}::{_escape_data(message)}"
+        by_level[level].append((line, len(found)))
     out: list[str] = []
-    for level, lines in by_level.items():
-        if len(lines) > MAX_ANNOTATIONS:
-            more = len(lines) - (MAX_ANNOTATIONS - 1)
-            lines = lines[: MAX_ANNOTATIONS - 1] + [
-                f"::{level} title=kvgate::{_escape_data(f'{more} more findings at this level; all are in {where}')}"
-            ]
-        out += lines
+    for level, entries in by_level.items():
+        if len(entries) > MAX_ANNOTATIONS:
+            more = sum(n for _, n in entries[MAX_ANNOTATIONS - 1 :])
+            tail = _escape_data(f"{more} more findings at this level; all are in {where}")
+            entries = [*entries[: MAX_ANNOTATIONS - 1], (f"::{level} title=kvgate::{tail}", 0)]
+        out += [line for line, _ in entries]
     return out
 
 

@@ -33,11 +33,13 @@ SCAN_OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of stdout; the answer is a few kB
 
 def pattern_of(sig: Signature) -> str:
     """The scan program's pattern string for a catalogue signature."""
-    return f"sub:{sig.substring}" if sig.substring is not None else f"re:{sig.regex}"
+    return sig.scan_pattern
 
 
 def code_pattern(code: str) -> str:
-    return f"sub:{code}"
+    """A backport's code line: in code the interpreter runs, a string literal included (some lines are
+    the messages it logs); a comment or a docstring never counts."""
+    return f"asub:{code}"
 
 
 def all_series() -> tuple[Series, ...]:
@@ -289,7 +291,7 @@ def scan_tree(
         facts = scanprog.file_facts(data, pats)
         files[rel] = None if facts is None else FileFacts(facts["sha256"], facts["hits"], tuple(facts["markers"]))
     sigs = [s for f in cat.fixes for s in f.signatures if s.is_glob]
-    marker_sig = Signature(file="**/*.py", substring=scanprog.MARKER_PREFIX)
+    marker_sig = Signature(file="**/*.py", substring=scanprog.MARKER_PREFIX, context="text")
     found = tree.search_globs(list(dict.fromkeys(sigs + [marker_sig])))
     markers: dict[str, list[str]] = {}
     for rel in found.get(marker_sig, ()):

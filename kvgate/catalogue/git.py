@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvgate.catalogue.model import Catalogue, Detection, Presence, Signature
+from kvgate.catalogue.scanprog import Code, pattern_matcher
 from kvgate.catalogue.signatures import SourceTree, glob_prefix, glob_regex
 from kvgate.catalogue.source import _VERSION_RX
 from kvgate.errors import UsageError
@@ -55,10 +56,11 @@ class GitTree(SourceTree):
             except git.GitCommandError:  # exit 1: no match
                 text = ""
             files = []
+            match = pattern_matcher(sig.scan_pattern)  # git grep found the text; the code view decides
             for line in text.splitlines():
                 path = line.split(":", 1)[1] if ":" in line else line
                 rel = path[len(self.prefix) :] if path.startswith(self.prefix) else path
-                if rx.match(rel):
+                if rx.match(rel) and match(Code(self.read_bytes(rel) or b"")):
                     files.append(rel)
             out[sig] = tuple(sorted(files))
         return out

@@ -53,14 +53,18 @@ class Detection:
 
 @dataclass(frozen=True)
 class Signature:
-    """One string that must be in a file for a fix to count as present.
+    """One string that must be in a file's code for a fix to count as present.
 
     `file` is relative to the `sglang/` package root and may be a glob (`**/*.py`), meaning "any file".
+    `context` says where it must stand (`scanprog`'s code view: comments and docstrings never count):
+    "code" outside any string literal (a definition, a call), "string" inside a string literal the code
+    uses (a message the fixed code raises or logs), "text" the raw bytes (kvgate's own marker comment).
     """
 
     file: str
     substring: str | None = None
     regex: str | None = None
+    context: str = "code"
 
     @property
     def is_glob(self) -> bool:
@@ -74,8 +78,16 @@ class Signature:
         """A regex for this signature (substring escaped); MULTILINE so ^ anchors lines."""
         return re.compile(re.escape(self.substring) if self.substring is not None else str(self.regex), re.MULTILINE)
 
+    @property
+    def scan_pattern(self) -> str:
+        """The scan program's pattern string (`scanprog.pattern_matcher`)."""
+        kind = {"code": ("sub", "re"), "string": ("ssub", "sre"), "text": ("txt", "txt")}[self.context]
+        return f"{kind[0]}:{self.substring}" if self.substring is not None else f"{kind[1]}:{self.regex}"
+
     def describe(self) -> str:
-        return f"{self.file}: {self.substring!r}" if self.substring is not None else f"{self.file}: /{self.regex}/"
+        where = "" if self.context == "code" else f" (in a {self.context})"
+        what = repr(self.substring) if self.substring is not None else f"/{self.regex}/"
+        return f"{self.file}: {what}{where}"
 
 
 @dataclass(frozen=True)
@@ -178,7 +190,10 @@ def _signature(raw: dict[str, Any], where: str) -> Signature:
     sub, rx = raw.get("substring"), raw.get("regex")
     if (sub is None) == (rx is None):
         raise CatalogueError(f"fixes.yaml: {where}: a signature needs exactly one of substring/regex")
-    sig = Signature(file=str(_req(raw, "file", where)), substring=sub, regex=rx)
+    context = raw.get("in", "code")
+    if context not in ("code", "string"):
+        raise CatalogueError(f"fixes.yaml: {where}: 'in' must be code or string, not {context!r}")
+    sig = Signature(file=str(_req(raw, "file", where)), substring=sub, regex=rx, context=context)
     try:
         sig.compiled()
     except re.error as exc:

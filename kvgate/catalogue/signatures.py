@@ -1,7 +1,9 @@
 """Matching catalogue signatures against a source tree (a directory on disk or a git commit).
 
-A fix is present in a tree when every one of its signatures matches. Glob signatures (`**/*.py`)
-match when any file under the glob carries the string; they are searched in one pass over the tree.
+A fix is present in a tree when every one of its signatures matches, in code the interpreter runs
+(`scanprog.pattern_matcher` over `scanprog.Code`: comments, docstrings and bare strings never count).
+Glob signatures (`**/*.py`) match when any file under the glob carries the string; they are searched in
+one pass over the tree.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.catalogue.model import Fix, Presence, Signature
+from kvgate.catalogue.scanprog import Code, pattern_matcher
 
 
 def glob_regex(glob: str) -> re.Pattern[str]:
@@ -107,7 +110,7 @@ class SourceTree(ABC):
         fixes = list(fixes)
         globs = [s for f in fixes for s in f.signatures if s.is_glob]
         glob_hits = self.search_globs(list(dict.fromkeys(globs))) if globs else {}
-        cache: dict[str, str | None] = {}
+        cache: dict[str, Code | None] = {}
         results: dict[str, SignatureResult] = {}
         for fix in fixes:
             hits = []
@@ -116,12 +119,13 @@ class SourceTree(ABC):
                     hits.append(SignatureHit(sig, glob_hits.get(sig, ())))
                     continue
                 if sig.file not in cache:
-                    cache[sig.file] = self.read_text(sig.file)
-                text = cache[sig.file]
-                if text is None:
+                    data = self.read_bytes(sig.file)
+                    cache[sig.file] = None if data is None else Code(data)
+                code = cache[sig.file]
+                if code is None:
                     hits.append(SignatureHit(sig, (), file_missing=True))
                     continue
-                ok = (sig.substring in text) if sig.substring is not None else bool(sig.compiled().search(text))
+                ok = pattern_matcher(sig.scan_pattern)(code)
                 hits.append(SignatureHit(sig, (sig.file,) if ok else ()))
             results[fix.id] = SignatureResult(fix.id, tuple(hits))
         return results
@@ -141,7 +145,7 @@ class DirTree(SourceTree):
 
     def search_globs(self, signatures: Sequence[Signature]) -> dict[Signature, tuple[str, ...]]:
         found: dict[Signature, list[str]] = {s: [] for s in signatures}
-        matchers = [(s, glob_regex(s.file), _bytes_matcher(s)) for s in signatures]
+        matchers = [(s, glob_regex(s.file), pattern_matcher(s.scan_pattern)) for s in signatures]
         prefixes = {glob_prefix(s.file) for s in signatures}
         # Walk each distinct top directory once; a prefix inside another walked prefix is skipped.
         tops = sorted(p for p in prefixes if not any(p != q and p.startswith(q) for q in prefixes))
@@ -157,19 +161,10 @@ class DirTree(SourceTree):
                     if not wanted:
                         continue
                     try:
-                        data = (self.root / rel).read_bytes()
+                        code = Code((self.root / rel).read_bytes())
                     except OSError:
                         continue
                     for s, m in wanted:
-                        if m(data):
+                        if m(code):
                             found[s].append(rel)
         return {s: tuple(v) for s, v in found.items()}
-
-
-def _bytes_matcher(sig: Signature) -> Callable[[bytes], bool]:
-    """A predicate on a file's bytes for one signature."""
-    if sig.substring is not None:
-        needle = sig.substring.encode("utf-8")
-        return lambda data: needle in data
-    rx = re.compile(str(sig.regex).encode("utf-8"), re.MULTILINE)
-    return lambda data: rx.search(data) is not None

@@ -309,8 +309,16 @@ SARIF_ANCHOR_OPTION: Any = typer.Option(None, "--sarif-anchor", metavar="PATH", 
 
 def with_anchors(report: Report, **files: str | Path | None) -> Report:
     """The report with the files a SARIF reader may anchor results at (profile_file, baseline_file,
-    sarif_anchor): only those that exist as files; the formatter picks the first inside the repository."""
+    sarif_anchor): only those that exist as files; the formatter picks the first inside the repository.
+    A `--sarif-anchor` that is not a file is said in the report's notes (results anchor elsewhere)."""
     named = {k: str(v) for k, v in files.items() if v is not None and Path(v).is_file()}
+    anchor = files.get("sarif_anchor")
+    if anchor is not None and "sarif_anchor" not in named:
+        why = "does not exist" if not Path(anchor).exists() else "is not a file"
+        note = (
+            f"--sarif-anchor {anchor} {why}: SARIF results are anchored at the next file named, or .kvgate/deployment"
+        )
+        report = replace(report, notes=(*report.notes, note))
     if not named or not isinstance(report.target, dict):
         return report
     return replace(report, target={**report.target, **named})

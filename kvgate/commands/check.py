@@ -145,7 +145,9 @@ def check(
         None, "--baseline", help="Fail on any change since this baseline file (capacity drift, workers added/removed)."
     ),
     write_baseline: Path | None = typer.Option(
-        None, "--write-baseline", help="Record this run's fleet as the baseline file (after comparing with --baseline)."
+        None,
+        "--write-baseline",
+        help="Record this run's fleet as the baseline file, only if the run passes (compared with --baseline first).",
     ),
     model_config: Path | None = typer.Option(
         None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
@@ -263,6 +265,8 @@ def check_options(
     if trust_version:
         defenses["trust_version"] = True
     code = dict(options.code)
+    if write_baseline is not None and str(write_baseline) == "-":
+        raise UsageError("--write-baseline -: a baseline is a file (stdout carries the report); name a path")
     if site_packages is not None and python is not None:
         raise UsageError("give one of --site-packages, --python (per-role sources go in the profile's code:)")
     if site_packages is not None:

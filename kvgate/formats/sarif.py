@@ -14,7 +14,8 @@ Alerts are tracked by `partialFingerprints` (the check ID and the node, by URL; 
 itself, in `drill`, by role and index, since its port changes every run) and kept apart per gated
 deployment by `automationDetails.id`, so two deployments never close each other's alerts. Passed
 checks are no results (GitHub ignores `kind`: a pass would be an alert); the counts say how many.
-Rules carry their page of docs/checks.md: `fullDescription`, `help` and `helpUri`.
+Rules carry their page of docs/checks.md: `fullDescription` and `help`, and `helpUri` only where
+KVGATE_DOCS_URL names a published copy (kvgate links to no address it does not own).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvgate import __version__
 from kvgate.checkdocs import doc_for, page_text
@@ -48,9 +50,10 @@ PSEUDO_ARTIFACT = ".kvgate/deployment"
 BASE_ID = "SGLANG"
 SRCROOT = "%SRCROOT%"
 FINGERPRINT = "kvgateFinding/v1"
-# Where a rule's page is published (helpUri): KVGATE_DOCS_URL names where your copy of docs/checks.md lives;
-# the default is the same placeholder repository as action.yml's `your-org/kvgate`.
-DOCS_URL = "https://github.com/your-org/kvgate/blob/main/docs/checks.md"
+# Where a rule's page is published (helpUri): KVGATE_DOCS_URL names where your copy of docs/checks.md lives
+# (an absolute http(s) URL). kvgate has no published address of its own, so without it a rule carries its
+# page as `help` text only, never a link to a placeholder.
+DOCS_URL_ENV = "KVGATE_DOCS_URL"
 
 # outcome -> (SARIF kind, SARIF level); passed has none: it is no result.
 _KIND_LEVEL = {
@@ -99,8 +102,13 @@ def anchor(target: dict[str, Any], root: Path) -> tuple[str, str | None]:
     return PSEUDO_ARTIFACT, note
 
 
-def _docs_url() -> str:
-    return os.environ.get("KVGATE_DOCS_URL") or DOCS_URL
+def _docs_url() -> str | None:
+    """The operator's published docs/checks.md, or None (no helpUri at all)."""
+    url = os.environ.get(DOCS_URL_ENV, "").strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or any(c.isspace() for c in url):
+        return None
+    return url.split("#", 1)[0]
 
 
 def _first_paragraph(page: str) -> str:
@@ -119,13 +127,15 @@ def _rule(check_id: str) -> dict[str, Any]:
     if doc is None:  # tests/conftest.py keeps an undocumented ID from shipping; stay valid anyway
         text = f"kvgate check {check_id}."
         rule.update(shortDescription={"text": text}, fullDescription={"text": text}, help={"text": text})
-        rule["helpUri"] = _docs_url()
+        if (url := _docs_url()) is not None:
+            rule["helpUri"] = url
         return rule
     page = page_text(doc.anchor)
     rule["shortDescription"] = {"text": doc.title}
     rule["fullDescription"] = {"text": _first_paragraph(page) or doc.title}
     rule["help"] = {"text": page, "markdown": page}
-    rule["helpUri"] = f"{_docs_url()}#{doc.anchor}"
+    if (url := _docs_url()) is not None:
+        rule["helpUri"] = f"{url}#{doc.anchor}"
     rule["properties"] = {"doc": doc.ref}
     return rule
 
@@ -230,7 +240,7 @@ class SarifFormatter(Formatter):
                     "name": "kvgate",
                     "version": __version__,
                     "semanticVersion": __version__,
-                    "informationUri": _docs_url(),
+                    **({"informationUri": url} if (url := _docs_url()) is not None else {}),
                     "rules": [_rule(rid) for rid in rule_ids],
                 }
             },

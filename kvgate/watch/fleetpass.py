@@ -6,8 +6,9 @@ every worker's server_info with every DP rank's `internal_states`, `/v1/models`,
 once on one thread: a fleet of 1,024 workers costs about one slow answer (bench/fleet_read.py measures
 it). Every fact the gate judged (`fleetread.judged_facts`, the router's entries for each worker, the
 listing itself) is compared with the value the gate judged; any difference is a change, logged old ->
-new, and re-runs the gate. Load, clocks and live counters are not facts, so a busy fleet re-gates only
-on schedule.
+new, and re-runs the gate. A worker whose process changed (its startup times: `fleetread.process_identity`)
+is a new worker, whatever its flags and version label say: the gate runs again, its code scan included.
+Load, clocks and live counters are not facts, so a busy fleet re-gates only on schedule.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from kvgate.check import discovered_specs
 from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError
-from kvgate.fleetread import judged_facts, read_workers
+from kvgate.fleetread import JUDGED_KEYS, judged_facts, read_workers
 from kvgate.target import NodeReading, NodeSpec, TargetClient
 
 #: flag changes logged per worker (a restart with other flags can move dozens; the first few say enough)
@@ -74,6 +75,19 @@ def view_of(listing: RouterListing | None, results: Mapping[str, NodeReading | s
     return FleetView(state, {"endpoint": listing.endpoint, "total": listing.total}, workers)
 
 
+#: every kind a Change can have (`Change.kind`): the watch's change counter starts each at 0
+CHANGE_KINDS = (
+    *(k for k in JUDGED_KEYS if " " not in k),
+    "rank",
+    "problem",
+    "flag",
+    "listing",
+    "worker",
+    "router",
+    "reachable",
+)
+
+
 @dataclass(frozen=True)
 class Change:
     """One logged change: which worker, which fact, the value the gate judged and the value read now."""
@@ -84,6 +98,8 @@ class Change:
     new: object
 
     def line(self) -> str:
+        if self.fact == "process":
+            return f"{self.worker}: process {self.old} -> {self.new} (restarted: a new worker, gated whole again)"
         return f"{self.worker}: {self.fact} {self.old} -> {self.new}"
 
     @property
@@ -213,4 +229,14 @@ def read_fleet(
     return FleetSnapshot(view, readings, tuple(specs), listing_error, round(time.monotonic() - t0, 4))
 
 
-__all__ = ["Change", "FleetSnapshot", "FleetView", "WorkerView", "changes", "listing_state", "read_fleet", "view_of"]
+__all__ = [
+    "CHANGE_KINDS",
+    "Change",
+    "FleetSnapshot",
+    "FleetView",
+    "WorkerView",
+    "changes",
+    "listing_state",
+    "read_fleet",
+    "view_of",
+]

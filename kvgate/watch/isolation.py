@@ -45,6 +45,10 @@ GOLDEN = 6
 #: the node a watch finding names
 NODE = "watch (golden set)"
 CORRUPTION_ABORT, CHANGED_TOKEN = "corruption_abort", "changed_token"
+VIOLATION_KINDS = (CORRUPTION_ABORT, CHANGED_TOKEN)
+#: why a burst was not sent (the watch counts each as `isolation burst: WHY`)
+NO_GOLDEN, OVER_BUDGET = "no golden set", "over budget"
+BURST_SKIPS = (NO_GOLDEN, OVER_BUDGET)
 #: the share of the request budget the bursts may take (the scheduled probes keep the rest)
 BURST_SHARE = 0.5
 
@@ -128,9 +132,9 @@ class IsolationWatch:
     def burst(self) -> BurstResult:
         """Ask the golden set again, all at once, if the budget affords the whole burst."""
         if not self.golden:
-            return BurstResult(False, problem="no golden set")
+            return BurstResult(False, problem=NO_GOLDEN)
         if not self.budget.try_spend_all([len(g.prompt.ids) for g in self.golden]):
-            return BurstResult(False, problem="over budget")
+            return BurstResult(False, problem=OVER_BUDGET)
         with ThreadPoolExecutor(max_workers=len(self.golden)) as pool:
             futs = [pool.submit(self._send, g.prompt, "watch-burst") for g in self.golden]
             got = [(g, f.result()) for g, f in zip(self.golden, futs, strict=True)]

@@ -37,7 +37,7 @@ from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer
 from kvgate.watch.fleetpass import Change, FleetSnapshot, FleetView, changes, read_fleet, view_of
 from kvgate.watch.latency import ALERT, UNKNOWN, LatencySignal
-from kvgate.watch.metrics import WatchMetrics
+from kvgate.watch.metrics import BURST_SKIP_PREFIX, WatchMetrics
 from kvgate.watch.probes import ScheduledProbes
 from kvgate.watch.settings import WatchSettings
 
@@ -369,7 +369,7 @@ class Watcher:
             return
         out = iso.burst()
         if not out.sent:
-            self.metrics.skipped.labels(reason=f"isolation burst: {out.problem or '?'}").inc()
+            self.metrics.skipped.labels(reason=f"{BURST_SKIP_PREFIX}{out.problem or '?'}").inc()
             return
         self.metrics.isolation_bursts.inc()
         self.metrics.peak_requests.set(self.budget.peak_requests)

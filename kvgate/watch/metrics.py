@@ -15,6 +15,10 @@ from kvgate import sinks
 from kvgate.findings import Finding, Outcome, Report
 from kvgate.redact import redact
 from kvgate.watch.budget import WINDOW_S
+from kvgate.watch.fleetpass import CHANGE_KINDS
+from kvgate.watch.isolation import BURST_SKIPS, VIOLATION_KINDS
+from kvgate.watch.latency import BUCKETS
+from kvgate.watch.probes import SKIP_REASONS
 
 #: the outcome code of kvgate_check_outcome: the exit-status semantics of one finding, and 2 for info
 #: (reported, not required: neither a pass nor a failure, never 0)
@@ -24,6 +28,11 @@ _RANK = {0: 0, 2: 1, 3: 2, 4: 3, 1: 4}
 #: the label of the probes' prompt-length class (`one_page`, `long`); never `bucket`, which reads as a
 #: histogram's own `le` bucket
 LENGTH_LABEL = "prompt_length"
+
+#: how the skip counter labels an isolation burst not sent
+BURST_SKIP_PREFIX = "isolation burst: "
+#: why a full gate ran (`kvgate_full_gates_total`'s reasons)
+GATE_REASONS = ("start", "change", "schedule", "leak")
 
 #: latency buckets' histogram boundaries (seconds)
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -155,6 +164,21 @@ class WatchMetrics:
             "Confident token positions of the golden set (0: only corruption aborts are judged)",
             registry=r,
         )
+
+        # Every labelled counter starts at 0 for each label it can have, so an alert on its increase
+        # sees the first one (a series born at 1 has no increase to see).
+        for fact in CHANGE_KINDS:
+            self.changes.labels(fact=fact)
+        for reason in GATE_REASONS:
+            self.full_gates.labels(reason=reason)
+        for bucket in BUCKETS:
+            self.requests.labels(bucket)
+            self.failures.labels(bucket)
+            self.durations.labels(bucket)
+        for reason in (*SKIP_REASONS, *(f"{BURST_SKIP_PREFIX}{why}" for why in BURST_SKIPS)):
+            self.skipped.labels(reason=reason)
+        for kind in VIOLATION_KINDS:
+            self.isolation_violations.labels(kind=kind)
 
     def render(self) -> bytes:
         """The exposition text, through the output boundary (redacted; labels were neutralised when set)."""

@@ -25,6 +25,10 @@ from kvgate.progress import NullObserver
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.latency import LONG, ONE_PAGE
 
+#: why a scheduled probe was not sent (`kvgate_probe_skipped_total`'s reasons)
+OVER_BUDGET = "over budget"
+SKIP_REASONS = (OVER_BUDGET,)
+
 #: the long bucket without a calibration of the watch's own: a 32nd of the context, at least 8 pages
 #: (probes.latency_long_tokens sets it; the budget and the longest accepted prompt cap it)
 LONG_SHARE = 1 / 32
@@ -100,7 +104,7 @@ class ScheduledProbes:
         """Send the next probe if the budget affords it now."""
         bucket, length = self.next_bucket()
         if not self.budget.try_spend(length):
-            return ProbeOutcome(bucket, length, False, False, None, problem="over budget")
+            return ProbeOutcome(bucket, length, False, False, None, problem=OVER_BUDGET)
         probe = LengthProbe(
             f"watch_{bucket}",
             length,

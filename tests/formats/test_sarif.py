@@ -70,7 +70,7 @@ def test_sarif_validates_and_maps_every_finding() -> None:
         doc_page = doc_for(r["ruleId"])
         assert doc_page is not None, r["ruleId"]
         assert rule["properties"]["doc"] == doc_page.ref and doc_page.title in rule["help"]["text"]
-        assert rule["helpUri"].endswith("#" + doc_page.anchor) and rule["fullDescription"]["text"]
+        assert "helpUri" not in rule and rule["fullDescription"]["text"]  # no published address known
         assert rule["name"] != rule["id"]
         assert "What" in rule["help"]["text"] or "what" in rule["help"]["text"]
     loc = by_id["pool-context.headroom"]["locations"][0]["logicalLocations"][0]
@@ -135,3 +135,35 @@ def test_check_results_are_anchored_at_the_profile_file(
     (loc,) = headroom["locations"]
     assert loc["physicalLocation"]["artifactLocation"]["uri"] == "gate.yaml"
     assert loc["logicalLocations"][0]["name"].startswith("prefill[0] ")
+
+
+def test_help_links_only_to_a_published_copy_the_operator_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kvgate has no address of its own: a rule links only where KVGATE_DOCS_URL says the pages are."""
+    monkeypatch.delenv("KVGATE_DOCS_URL", raising=False)
+    rules = json.loads(ReportFormat.SARIF.formatter().render(_report()))["runs"][0]["tool"]["driver"]["rules"]
+    assert rules and all("helpUri" not in r and r["help"]["text"] for r in rules)
+    for bad in ("not a url", "ftp://x/y", "https://", "javascript:alert(1)"):
+        monkeypatch.setenv("KVGATE_DOCS_URL", bad)
+        rules = json.loads(ReportFormat.SARIF.formatter().render(_report()))["runs"][0]["tool"]["driver"]["rules"]
+        assert all("helpUri" not in r for r in rules), bad
+    monkeypatch.setenv("KVGATE_DOCS_URL", "https://git.example.com/ops/kvgate/blob/v1/docs/checks.md")
+    rules = json.loads(ReportFormat.SARIF.formatter().render(_report()))["runs"][0]["tool"]["driver"]["rules"]
+    for r in rules:
+        doc_page = doc_for(r["id"])
+        assert doc_page is not None
+        assert r["helpUri"] == f"https://git.example.com/ops/kvgate/blob/v1/docs/checks.md#{doc_page.anchor}"
+
+
+def test_a_sarif_anchor_that_does_not_exist_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(tmp_path))
+    args = ["fixes", "--release", "0.5.20", "-q", "-f", "sarif", "-o", "f.sarif", "-f", "json", "-o", "f.json"]
+    res = runner.invoke(app, [*args, "--sarif-anchor", "deploy/missing.yaml"])
+    assert res.exit_code == 1, res.output
+    note = "--sarif-anchor deploy/missing.yaml does not exist"
+    assert any(n.startswith(note) for n in json.loads(Path("f.json").read_text())["notes"])
+    sarif = json.loads(Path("f.sarif").read_text())["runs"][0]
+    assert note in json.dumps(sarif)  # said where code scanning shows the run's notes too
+    assert note in res.stdout  # and in the table on the job log
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in sarif["results"]}
+    assert uris == {".kvgate/deployment"}

@@ -19,6 +19,7 @@ process. None ends with exit 5.
 
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 import os
@@ -103,9 +104,19 @@ def cli_process(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
 def test_1_baseline_holds_no_echoed_token(payload_server: Callable[..., PayloadServer], tmp_path: Path) -> None:
     w = worker(payload_server, backend=f"mooncake-{TOKEN}")
     base = tmp_path / "baseline.json"
+    # A run that passes (only such a run writes a baseline): payload servers run no sglang code, so
+    # their version string is taken as evidence, explicitly; the backend the token rides in is not one
+    # deferred release supports, a failure waived for this test.
+    expires = (datetime.date.today() + datetime.timedelta(days=30)).isoformat()
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(
+        "schema: 1\nname: t\nwaivers:\n  - check: defenses.deferred-release\n"
+        f"    reason: the test's backend name carries the token\n    expires: {expires}\n"
+    )
     res = cli("check", "-q", "--no-probes", "--prefill-url", w.url, "--token-env", "KVGATE_TEST_TOKEN",
+              "--trust-version", "--deferred-release", "--no-strict", "--profile", str(profile),
               "--write-baseline", str(base), "--format", "json")  # fmt: skip
-    assert res.exit_code != ExitStatus.INTERNAL_ERROR, res.output
+    assert res.exit_code == ExitStatus.PASSED, res.output
     text = base.read_text()
     assert "mooncake-" in text  # the field was recorded ...
     assert fragments(text) == [], text  # ... without the token

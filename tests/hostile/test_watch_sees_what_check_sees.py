@@ -111,9 +111,10 @@ def test_a_change_check_fails_on_flips_the_watch_within_one_interval(
     try:
         w.wait(lambda: (res := w.get("/verdict")) is not None and res.status_code == 200, GATE_S, "a passing gate")
         with Timeline(w) as tl:
-            # What a live worker moves on every answer is no change: several passes, no re-gate.
+            # What a live worker moves on every answer is no change: several passes, no re-gate (its
+            # startup time is not among them: a restart is a new worker, tests/hostile/test_watch_restart.py).
             for n in range(1, 4):
-                prefill.routes = prefill_routes([POOL, POOL], throughput=17.0 * n, kvcache=n, startup_time=n)
+                prefill.routes = prefill_routes([POOL, POOL], throughput=17.0 * n, kvcache=n)
                 w.wait(lambda n=n: len(tl.pass_ends) >= 2 * n, INTERVAL * 10 + GATE_S, "passes over a busy fleet")
             assert "change:" not in w.log(), w.log()
             assert len(tl.verdicts) == 1, tl.verdicts  # the start's gate only

@@ -166,4 +166,4 @@ def test_a_real_prefill_restarted_with_a_smaller_pool_flips_the_watch(real_pair:
     # Fail closed in between: once the watch saw the worker go, no verdict passed (the real router keeps
     # sending requests to the stopped prefill: its 502s fail the probes and the gate is 1, not 4).
     assert after_restart and all(v.exit_status != 0 and v.http == 503 for v in after_restart), figures
-    assert metrics is not None and 'kvgate_full_gates_total{reason="schedule"}' not in metrics.text
+    assert metrics is not None and 'kvgate_full_gates_total{reason="schedule"} 0.0' in metrics.text

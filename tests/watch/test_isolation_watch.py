@@ -157,7 +157,10 @@ def test_a_fault_after_promotion_flips_the_verdict_within_two_bursts(tmp_path: P
             w.wait(healthy_bursts, INTERVAL * HEALTHY_BURSTS + 120, "healthy bursts of the golden set")
             assert seen and set(seen) == {200}, seen
             assert w.metric("kvgate_isolation_ok") == 1
-            assert "kvgate_isolation_violations_total{" not in (w.get("/metrics") or httpx.Response(500)).text
+            before = (w.get("/metrics") or httpx.Response(500)).text
+            # Both kinds' series exist from the start at 0 (an alert on their increase sees the first).
+            assert 'kvgate_isolation_violations_total{kind="corruption_abort"} 0.0' in before, before
+            assert 'kvgate_isolation_violations_total{kind="changed_token"} 0.0' in before, before
 
             r = httpx.post(dep.decode_urls[0] + "/sim/fault", json={"fault": fault}, timeout=10)
             assert r.status_code == 200 and r.json() == {"fault": fault}

@@ -69,3 +69,52 @@ def test_the_alert_rules_cover_every_role() -> None:
     assert pool, "no alert on the pool/context ratio"
     for role in ROLES:  # a rule that filters on one role leaves the other unwatched
         assert any(f'role="{role}"' in r["expr"] or "role=" not in r["expr"] for r in pool), role
+
+
+def test_every_labelled_counter_starts_at_zero_for_every_label_it_can_have() -> None:
+    """An alert on `increase(...) > 0` sees the first failure only if the series existed at 0 before it:
+    a series born at 1 has no increase. Parsed with prometheus_client's own parser, before anything ran."""
+    from kvgate.watch.fleetpass import CHANGE_KINDS
+    from kvgate.watch.isolation import BURST_SKIPS, VIOLATION_KINDS
+    from kvgate.watch.latency import BUCKETS
+    from kvgate.watch.metrics import BURST_SKIP_PREFIX, GATE_REASONS
+    from kvgate.watch.probes import SKIP_REASONS
+
+    fresh = WatchMetrics(lambda: None).render().decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(fresh)
+        for s in fam.samples
+    }
+    want = {
+        "kvgate_changes_total": ("fact", CHANGE_KINDS),
+        "kvgate_full_gates_total": ("reason", GATE_REASONS),
+        "kvgate_probe_requests_total": (LENGTH_LABEL, BUCKETS),
+        "kvgate_probe_failures_total": (LENGTH_LABEL, BUCKETS),
+        "kvgate_probe_skipped_total": ("reason", (*SKIP_REASONS, *(BURST_SKIP_PREFIX + w for w in BURST_SKIPS))),
+        "kvgate_isolation_violations_total": ("kind", VIOLATION_KINDS),
+        "kvgate_probe_prefill_seconds_count": (LENGTH_LABEL, BUCKETS),
+    }
+    for name, (label, values) in want.items():
+        assert values, name
+        for value in values:
+            assert samples.get((name, ((label, value),))) == 0.0, (name, value)
+    assert {"process", "rank", "flag", "listing", "worker", "reachable"} <= set(CHANGE_KINDS)
+
+
+def test_every_change_the_pass_can_log_has_a_counter_label() -> None:
+    from kvgate.watch.fleetpass import CHANGE_KINDS, Change, FleetView, WorkerView, changes
+
+    facts = {"pool": 1, "dp0 pool": 1, "problem x": "a", "flag y": 1, "process": {"startup_time": 1.0}}
+    was = FleetView("ok", {"total": 1}, {"a": WorkerView((("r",),), facts, None), "b": WorkerView((), facts, None)})
+    now_facts = {k: (v, 2) for k, v in facts.items()}
+    now = FleetView(
+        "partial: x", {"total": 2}, {"a": WorkerView((("s",),), now_facts, None), "c": WorkerView((), None, "down")}
+    )
+    found = changes(was, now)
+    assert {c.kind for c in found} <= set(CHANGE_KINDS), {c.kind for c in found} - set(CHANGE_KINDS)
+    assert (
+        Change("w", "process", {"startup_time": 1}, {"startup_time": 2})
+        .line()
+        .endswith("(restarted: a new worker, gated whole again)")
+    )

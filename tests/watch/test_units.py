@@ -101,10 +101,14 @@ def _view(docs: dict[str, dict[str, object] | str], context: int = 4096) -> Flee
 def test_changes_name_the_old_and_new_value() -> None:
     a = _view({"http://p:1": _info(8192), "http://p:2": _info(8192)})
     assert changes(None, a) == []
-    # Volatile fields (load, clocks, a rank's live counters) are no change.
-    busy = _info(8192, startup_time=9.0)
+    # Volatile fields (load, live counters, a rank's live memory figures) are no change ...
+    busy = _info(8192)
     busy["internal_states"] = [{"last_gen_throughput": 88.0, "memory_usage": {"token_capacity": 8192, "kvcache": 7}}]
     assert changes(a, _view({"http://p:1": busy, "http://p:2": _info(8192)})) == []
+    # ... but a restart is: another process (startup time) is a new worker, whatever else it says.
+    restarted = changes(a, _view({"http://p:1": _info(8192, startup_time=9.0), "http://p:2": _info(8192)}))
+    assert [(c.worker, c.fact) for c in restarted] == [("http://p:1", "process")]
+    assert "restarted: a new worker" in restarted[0].line()
     b = _view({"http://p:1": _info(2048), "http://p:3": _info(8192, tp_size=2)})
     lines = [c.line() for c in changes(a, b)]
     assert "http://p:1: pool 8192 -> 2048" in lines and "http://p:1: dp0 pool 8192 -> 2048" in lines

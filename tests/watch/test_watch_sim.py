@@ -134,7 +134,7 @@ def test_healthy_release_passes_and_a_smaller_pool_flips_it(tmp_path: Path) -> N
             after = w.log().split(change.search(w.log()).group(0), 1)[1]  # type: ignore[union-attr]
             assert "full gate (change): gate_failed (exit 1)" in after and "pool 2,048 < 5,120 required" in after
             metrics = w.get("/metrics")
-            assert metrics is not None and 'kvgate_full_gates_total{reason="schedule"}' not in metrics.text
+            assert metrics is not None and 'kvgate_full_gates_total{reason="schedule"} 0.0' in metrics.text
             assert re.search(r'kvgate_worker_kv_pool_context_ratio\{role="prefill",worker="[^"]+"\} 0\.5', metrics.text)
         finally:
             assert w.terminate() == 0
