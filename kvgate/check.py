@@ -280,6 +280,7 @@ def _list_workers(client: TargetClient, router: str, findings: list[Finding]) ->
             )
         )
         return None
+    findings.extend(refused_urls(listing))
     partial = listing.total_problem()
     if partial is not None:
         # Some workers the router routes to may not be listed, so not gated: no opt-out lets that pass.
@@ -308,6 +309,28 @@ def _list_workers(client: TargetClient, router: str, findings: list[Finding]) ->
         )
     )
     return listing
+
+
+def refused_urls(listing: RouterListing) -> list[Finding]:
+    """One blocking finding per entry whose URL the router and Python read as different workers: the
+    worker taking its traffic cannot be named by kvgate's reader, so it is not read (kvgate/weburl.py)."""
+    where = f"router {listing.router}"
+    return [
+        replace(
+            inconclusive(
+                "fleet",
+                "router-url",
+                f"worker {w.url}",
+                f"the router lists {w.url!r}, a URL its parser and kvgate's read differently, so it was not gated: "
+                f"{w.refused}",
+                Evidence(where, f"{listing.endpoint} url", w.url, "one URL both parsers read alike"),
+                remedy="register the worker with the router under a plain http(s)://host:port URL (no backslash, "
+                "userinfo, query, percent-escapes, dot segments or control characters), and re-run",
+            ),
+            blocking=True,
+        )
+        for w in listing.refused()
+    ]
 
 
 def run_self_test(

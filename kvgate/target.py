@@ -20,6 +20,7 @@ import httpx
 from kvgate.errors import TransportError, UsageError
 from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client, parse_json
 from kvgate.redact import clip
+from kvgate.weburl import disagreement
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -40,6 +41,9 @@ def validate_url(flag: str, url: str) -> str:
     """An http(s) URL with a host, as httpx will parse it; anything else is a usage error naming the flag."""
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"{flag} {url}: expected an http:// or https:// URL")
+    why = disagreement(url)
+    if why is not None:  # the router would reach another worker than kvgate reads (kvgate/weburl.py)
+        raise UsageError(f"{flag} {url}: refused: {why}")
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError) as exc:

@@ -40,7 +40,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     # What the workers and the router say about themselves, over HTTP whose every answer is bounded.
-    ("target", ("kvgate.httpbounds", "kvgate.wideread", "kvgate.target", "kvgate.fleetread", "kvgate.discovery")),
+    (
+        "target",
+        (
+            "kvgate.weburl",
+            "kvgate.httpbounds",
+            "kvgate.wideread",
+            "kvgate.target",
+            "kvgate.fleetread",
+            "kvgate.discovery",
+        ),
+    ),
     # Results: frozen findings and the report, waivers over them, the baseline file.
     ("findings", ("kvgate.findings", "kvgate.waivers", "kvgate.baseline")),
     # Knowledge the gates apply: the fix catalogue (and backport series as data), pool sizing, profiles.
