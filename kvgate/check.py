@@ -17,6 +17,7 @@ from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
+from kvgate.stability import confirm
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
 
 if TYPE_CHECKING:  # each gate's module loads when the run needs it
@@ -204,6 +205,16 @@ def run_check(
                             gate.name, "internal", "kvgate", Outcome.ERROR, f"gate crashed: {type(exc).__name__}: {exc}"
                         )
                     )
+            # The second look: the verdict is on the fleet as it stands now, or there is none (kvgate/stability.py).
+            findings.extend(
+                confirm(
+                    client,
+                    options.router_url.rstrip("/") if options.router_url else None,
+                    listing,
+                    readings,
+                    read_deadline_s=options.read_deadline,
+                )
+            )
             if options.write_baseline:
                 unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
                 findings.append(

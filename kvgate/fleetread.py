@@ -182,6 +182,64 @@ def read_workers(
     return [n.result if n.result is not None else n.reading() for n in nodes]
 
 
+def self_view(reading: NodeReading) -> dict[str, object]:
+    """What a worker's server_info says of itself: its process (`startup_time`) and every fact of it the
+    gates judge. Two reads of one run compare equal only when the worker neither restarted nor changed;
+    what comes from /v1/models and /model_info is left out (the re-read asks server_info only)."""
+    view = {
+        k: v
+        for k, v in judged_facts(reading).items()
+        if k not in _FROM_OTHER_READS and not k.startswith(("problem /v1/models", "problem /model_info"))
+    }
+    view["startup_time"] = reading.server_info.get("startup_time")
+    return view
+
+
+_FROM_OTHER_READS = frozenset({"context", "context_source", "architectures"})
+
+
+def reread_views(
+    readings: Sequence[NodeReading],
+    *,
+    timeout: float,
+    token: str | None = None,
+    width: int,
+    deadline: float,
+    ssl_context: ssl.SSLContext | None = None,
+    body_cap: int = METADATA_BODY_CAP,
+) -> list[dict[str, object] | TransportError]:
+    """Each reading's server_info read again (the path it answered before), as `self_view`s in order: the
+    second look `check` takes before its verdict. One GET per worker, all at once, bounded as the first read."""
+    headers = f"Authorization: Bearer {token}\r\n" if token else ""
+    answers = get_each(
+        [(r.spec.url.rstrip("/"), r.info_path) for r in readings],
+        headers=headers,
+        timeout=timeout,
+        deadline=deadline,
+        width=_fd_room(max(1, width)),
+        body_cap=body_cap,
+        ssl_context=ssl_context,
+        deadline_name="the second read's deadline",
+        cap_name="metadata cap",
+    )
+    out: list[dict[str, object] | TransportError] = []
+    for r, got in zip(readings, answers, strict=True):
+        where = r.spec.url.rstrip("/") + r.info_path
+        if isinstance(got, Failure):
+            out.append(_problem(where, got))
+            continue
+        try:
+            doc = decode_answer(where, got.status, got.body, got.location, missing_ok=False)
+        except TransportError as exc:
+            out.append(exc)
+            continue
+        if not isinstance(doc, dict):
+            out.append(TransportError(where, f"expected a JSON object, got {type(doc).__name__}"))
+            continue
+        out.append(self_view(parse_node(r.spec, r.info_path, doc, None, None)))
+    return out
+
+
 def judged_facts(reading: NodeReading) -> dict[str, object]:
     """Every fact of a reading the gates judge, by name: each parsed field, each DP rank's pool, role
     and env, what could not be read (the problems), and every server_info flag but the volatile ones.
@@ -224,4 +282,4 @@ def flags(info: Mapping[str, Any]) -> dict[str, object]:
     return {f"flag {k}": v for k, v in sorted(info.items(), key=lambda kv: str(kv[0])) if k not in VOLATILE_KEYS}
 
 
-__all__ = ["READS", "VOLATILE_KEYS", "judged_facts", "flags", "read_workers"]
+__all__ = ["READS", "VOLATILE_KEYS", "judged_facts", "flags", "read_workers", "reread_views", "self_view"]

@@ -326,6 +326,23 @@ class TargetClient:
             ),
         )
 
+    def reread_views(
+        self, readings: Sequence[NodeReading], *, read_deadline_s: float | None = None
+    ) -> list[dict[str, object] | TransportError]:
+        """Each reading's server_info again, as `fleetread.self_view`s: the second look before a verdict."""
+        from kvgate.fleetread import reread_views
+
+        budget = read_deadline_s if read_deadline_s is not None else NODE_DEADLINE_REQUESTS * self.timeout
+        return reread_views(
+            readings,
+            timeout=self.timeout,
+            token=self._token,
+            width=self.concurrency,
+            deadline=time.monotonic() + budget,
+            ssl_context=self._ssl,
+            body_cap=self.metadata_cap,
+        )
+
 
 # ---------------------------------------------------------------------------------------------
 # Field extraction. Pure functions over parsed JSON, so every shape is testable without a server.

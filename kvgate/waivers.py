@@ -32,6 +32,7 @@ PROTECTED = ("pool-context", "fixes", "defenses.release", "probes")
 UNWAIVABLE = (
     "fleet.router-membership",
     "fleet.router-url",
+    "fleet.stable",
     "fleet.router-list",
     "fleet.router-identity",
     "target.reachable",

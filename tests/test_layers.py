@@ -63,7 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sim", ("kvgate.sim",)),
     ("launch", ("kvgate.launch",)),
     # The pipeline: target -> gates -> findings (and the self-test's positive control).
-    ("check", ("kvgate.check",)),
+    ("check", ("kvgate.check", "kvgate.stability")),
     # Rendering a report.
     ("report", ("kvgate.formats", "kvgate.reporting")),
     # `kvgate watch`: the pipeline and the report on a loop, metrics and a verdict over HTTP.
