@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kvgate.compact import compact_info, compact_model_info, compact_models
 from kvgate.defaults import METADATA_BODY_CAP
 from kvgate.errors import TransportError
 from kvgate.target import NodeReading, NodeSpec, decode_answer, parse_node
@@ -32,6 +33,14 @@ READS: tuple[tuple[str, ...], ...] = (
     ("/v1/models",),
     ("/model_info", "/get_model_info"),
 )
+
+
+def _info(doc: Any) -> Any:
+    return compact_info(doc) if isinstance(doc, dict) else doc  # not an object: the reading says so
+
+
+#: per fact of READS, what is kept of its document
+_COMPACT: tuple[Callable[[Any], Any], ...] = (_info, compact_models, compact_model_info)
 
 #: server_info keys that move without any change of configuration (load, clocks, live state). What the
 #: gates judge inside `internal_states` (each rank's pool, role and env) is compared through the ranks.
@@ -158,8 +167,8 @@ def read_workers(
                 return
             if doc is None and alt + 1 < len(READS[j]):
                 todo.append((n, j, alt + 1))
-            else:
-                node.settle(j, None if doc is None else (path, doc), on_done)
+            else:  # only the facts the gates judge are kept, not the document (kvgate/compact.py)
+                node.settle(j, None if doc is None else (path, _COMPACT[j](doc)), on_done)
 
         answers = get_each(
             [(nodes[n].spec.url.rstrip("/"), READS[j][alt]) for n, j, alt in batch],
@@ -173,6 +182,7 @@ def read_workers(
             on_sent=on_sent,
             deadline_name=deadline_name,
             cap_name="metadata cap",
+            keep_bodies=False,  # each body is judged (and dropped) as it arrives
         )
         on_sent = None
         for (n, j, alt), got in zip(batch, answers, strict=True):
@@ -211,6 +221,21 @@ def reread_views(
     """Each reading's server_info read again (the path it answered before), as `self_view`s in order: the
     second look `check` takes before its verdict. One GET per worker, all at once, bounded as the first read."""
     headers = f"Authorization: Bearer {token}\r\n" if token else ""
+    out: list[dict[str, object] | TransportError | None] = [None] * len(readings)
+
+    def view(i: int, got: Answer) -> None:  # judged as it arrives: no body outlives its turn
+        r = readings[i]
+        where = r.spec.url.rstrip("/") + r.info_path
+        try:
+            doc = decode_answer(where, got.status, got.body, got.location, missing_ok=False)
+        except TransportError as exc:
+            out[i] = exc
+            return
+        if not isinstance(doc, dict):
+            out[i] = TransportError(where, f"expected a JSON object, got {type(doc).__name__}")
+            return
+        out[i] = self_view(parse_node(r.spec, r.info_path, compact_info(doc), None, None))
+
     answers = get_each(
         [(r.spec.url.rstrip("/"), r.info_path) for r in readings],
         headers=headers,
@@ -219,25 +244,17 @@ def reread_views(
         width=_fd_room(max(1, width)),
         body_cap=body_cap,
         ssl_context=ssl_context,
+        on_answer=view,
         deadline_name="the second read's deadline",
         cap_name="metadata cap",
+        keep_bodies=False,
     )
-    out: list[dict[str, object] | TransportError] = []
-    for r, got in zip(readings, answers, strict=True):
-        where = r.spec.url.rstrip("/") + r.info_path
+    for i, (r, got) in enumerate(zip(readings, answers, strict=True)):
         if isinstance(got, Failure):
-            out.append(_problem(where, got))
-            continue
-        try:
-            doc = decode_answer(where, got.status, got.body, got.location, missing_ok=False)
-        except TransportError as exc:
-            out.append(exc)
-            continue
-        if not isinstance(doc, dict):
-            out.append(TransportError(where, f"expected a JSON object, got {type(doc).__name__}"))
-            continue
-        out.append(self_view(parse_node(r.spec, r.info_path, doc, None, None)))
-    return out
+            out[i] = _problem(r.spec.url.rstrip("/") + r.info_path, got)
+    return [
+        v if v is not None else TransportError(r.spec.url, "not read again") for v, r in zip(out, readings, strict=True)
+    ]
 
 
 def judged_facts(reading: NodeReading) -> dict[str, object]:

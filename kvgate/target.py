@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 
+from kvgate.compact import RANK_COUNT, compact_info, compact_model_info, compact_models
 from kvgate.errors import TransportError, UsageError
 from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client, parse_json
 from kvgate.redact import clip
@@ -292,7 +293,7 @@ class TargetClient:
         model_info = get("/model_info")
         if model_info is None:
             model_info = get("/get_model_info")
-        return parse_node(spec, info_path, info, models, model_info)
+        return parse_node(spec, info_path, compact_info(info), compact_models(models), compact_model_info(model_info))
 
     def read_nodes(
         self,
@@ -445,6 +446,12 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
     states = info.get("internal_states")
     if not isinstance(states, list) or not states:
         r.note("internal_states", "missing or empty: per-DP-rank capacities cannot be checked")
+    elif _rank_entries(info, states) > len(states):
+        r.note(
+            "internal_states",
+            f"{_rank_entries(info, states):,} entries, more DP ranks than kvgate reads ({len(states)}): "
+            "not one SGLang server",
+        )
     else:
         for i, state in enumerate(states):
             if not isinstance(state, dict):
@@ -514,8 +521,16 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         problems=tuple(r.problems),
         server_info=dict(info),
         dp_attention=dp_attention,
-        rank_entries=len(states) if isinstance(states, list) else 0,
+        rank_entries=_rank_entries(info, states),
     )
+
+
+def _rank_entries(info: Mapping[str, Any], states: Any) -> int:
+    """How many `internal_states` entries the server sent (the compact form keeps the count, not them all)."""
+    if not isinstance(states, list):
+        return 0
+    sent = info.get(RANK_COUNT)
+    return sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > len(states) else len(states)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ import selectors
 import socket
 import ssl as ssl_module
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -30,6 +31,10 @@ from urllib.parse import urlsplit
 from kvgate.httpbounds import cap_text
 
 MAX_HEAD = 64 << 10
+#: the most answer bytes buffered at once over all requests: past it, only the oldest holder reads on
+#: and the others wait (their sockets unread) until bytes are freed; a fleet of near-cap answers then
+#: holds about this much, not width x the cap
+INFLIGHT_BYTES = 192 << 20
 #: the most of one chunk-size line (hex size and extensions) a chunked answer may send
 MAX_CHUNK_LINE = 1024
 _RECV = 256 << 10
@@ -69,6 +74,10 @@ class _Response:
         self.chunk_at = 0  # chunked: where the next chunk-size line starts
         self.body = bytearray()  # chunked: the body decoded so far
         self.location: str | None = None
+
+    def held(self) -> int:
+        """Answer bytes this parser holds now."""
+        return len(self.buf) + len(self.body)
 
     def feed(self, data: bytes) -> Answer | None:
         self.buf += data
@@ -184,6 +193,9 @@ class _Request:
         self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
         self.state = _CONNECT
         self.unsent = False  # counted among the requests not yet sent whole
+        self.held = 0  # answer bytes buffered, counted against the in-flight budget
+        self.parked = False  # waiting for the in-flight budget, its socket unread
+        self.left = 0.0  # parked: what was left of its window when it stopped
         self.tried = 0  # addresses of the host tried so far
         self.problem = "no address"  # why the last address did not connect
         self.sock: socket.socket | ssl_module.SSLSocket | None = None
@@ -238,6 +250,8 @@ def get_many(
     on_sent: Callable[[], None] | None = None,
     deadline_name: str = "the pass's deadline",
     cap_name: str = "cap",
+    keep_bodies: bool = True,
+    inflight_bytes: int = INFLIGHT_BYTES,
 ) -> list[Answer | Failure]:
     """GET `path` from every base URL (`get_each` with one path for all)."""
     return get_each(
@@ -253,6 +267,8 @@ def get_many(
         on_sent=on_sent,
         deadline_name=deadline_name,
         cap_name=cap_name,
+        keep_bodies=keep_bodies,
+        inflight_bytes=inflight_bytes,
     )
 
 
@@ -270,6 +286,8 @@ def get_each(
     on_sent: Callable[[], None] | None = None,
     deadline_name: str = "the pass's deadline",
     cap_name: str = "cap",
+    keep_bodies: bool = True,
+    inflight_bytes: int = INFLIGHT_BYTES,
 ) -> list[Answer | Failure]:
     """GET each (base URL, path), up to `width` at once; one Answer or Failure per pair, in order.
 
@@ -281,6 +299,11 @@ def get_each(
     (on `clock`). `headers` are whole header lines (each ending in CRLF) sent with every request.
     Failures name `deadline_name` when the deadline, not the timeout, cut a request, and `cap_name`
     (e.g. "metadata cap") when a body is over `body_cap`.
+
+    Memory: at most about `inflight_bytes` of answers are buffered at once (the oldest answer being
+    read may pass it by one body cap, so some answer always completes); a request that would go past
+    it waits, unread, within its own timeout. With `keep_bodies` False an answer handed to
+    `on_answer` is returned without its body, so a fleet's bodies are not all held to the end.
     """
     reqs = [_Request(i, u, path, headers, body_cap, 0.0, cap_name) for i, (u, path) in enumerate(gets)]
     results: list[Answer | Failure | None] = [None] * len(reqs)
@@ -292,10 +315,47 @@ def get_each(
     waiting = list(reversed(reqs))
     active = 0
     unsent = 0  # requests started and not yet sent whole
+    held = 0  # answer bytes buffered over all requests
+    holders: dict[int, _Request] = {}  # requests holding answer bytes, oldest first: the first may always read
+    parked: deque[_Request] = deque()  # requests waiting for room under `inflight_bytes`
+
+    def hold(r: _Request) -> None:
+        nonlocal held
+        now = r.response.held()
+        held += now - r.held
+        r.held = now
+        if now and r.index not in holders:
+            holders[r.index] = r
+
+    def unpark(q: _Request) -> bool:
+        if not q.parked or results[q.index] is not None or q.sock is None:
+            return False
+        q.parked = False
+        q.end = min(clock() + q.left, deadline)
+        heapq.heappush(timers, (q.end, q.index))
+        sel.register(q.sock, selectors.EVENT_READ, q)
+        return True
+
+    def release(r: _Request) -> None:
+        """The request's bytes leave the budget; the oldest holder reads on (woken if it waited) and as
+        many waiting requests as the room freed wake up."""
+        nonlocal held
+        freed, r.held = r.held, 0
+        held -= freed
+        holders.pop(r.index, None)
+        if holders:
+            unpark(holders[next(iter(holders))])
+        wake = max(1, freed // _RECV) if parked else 0
+        while parked and wake:
+            if unpark(parked.popleft()):
+                wake -= 1
 
     def finish(r: _Request, outcome: Answer | Failure) -> None:
         nonlocal active, unsent
-        results[r.index] = outcome
+        results[r.index] = outcome if keep_bodies or isinstance(outcome, Failure) else Answer(outcome.status, b"")
+        r.response.buf, r.response.body = bytearray(), bytearray()  # the answer is out: its buffers go now
+        if r.held:
+            release(r)
         if r.unsent:
             r.unsent = False
             unsent -= 1
@@ -413,9 +473,19 @@ def get_each(
                 sent_whole(r)
                 sel.modify(sock, selectors.EVENT_READ, r)
                 return  # the answer is at least a round trip away
-            while True:  # _READ: take everything the kernel (and TLS) has now
-                data = sock.recv(_RECV)
+            while True:  # _READ: take everything the kernel (and TLS) has now, within the budget
+                first = not holders or next(iter(holders)) == r.index
+                room = inflight_bytes - held
+                if room <= 0 and not first:  # wait unread; the wait is kvgate's, not the server's: its
+                    sel.unregister(sock)  # clock stops (only the whole read's deadline runs on)
+                    r.parked = True
+                    r.left = r.end - clock()
+                    r.end = deadline
+                    parked.append(r)
+                    return
+                data = sock.recv(_RECV if first else min(_RECV, room))
                 answer = r.response.feed(data) if data else r.response.eof()
+                hold(r)
                 if answer is not None:
                     finish(r, answer)
                     if on_answer is not None:
@@ -449,6 +519,9 @@ def get_each(
                 _, i = heapq.heappop(timers)
                 if results[i] is None:
                     r = reqs[i]
+                    if r.end > now:  # its clock was stopped while it waited for the budget: re-armed
+                        heapq.heappush(timers, (r.end, i))
+                        continue
                     why = "timeout" if r.window >= timeout else deadline_name
                     fail(r, f"no whole answer within {r.window:.3g}s ({why})")
             if on_sent is not None and not waiting and not unsent:

@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "target",
         (
             "kvgate.weburl",
+            "kvgate.compact",
             "kvgate.httpbounds",
             "kvgate.wideread",
             "kvgate.target",

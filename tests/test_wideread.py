@@ -319,3 +319,24 @@ def test_a_connection_still_pending_is_waited_for_then_read() -> None:
     reader.join(10.0)
     listener.close()
     assert got == [Answer(200, b"{}")]
+
+
+def test_the_bytes_in_flight_are_bounded_and_every_answer_still_arrives(serve: list[ScriptedServer]) -> None:
+    """Eight 1 MiB answers under a 1 MiB budget: the oldest reader always goes on, the others wait
+    unread (their clocks stopped), and every answer arrives whole: no deadlock, nothing cut."""
+    body = bytes(range(256)) * 4096
+
+    def script(req: Request, conn: socket.socket) -> None:
+        conn.sendall(head(length=len(body)) + body)
+
+    s = _start(serve, script)
+    got = get_many(
+        [s.url] * 8,
+        "/big",
+        timeout=20,
+        deadline=time.monotonic() + 60,
+        width=8,
+        body_cap=2 << 20,
+        inflight_bytes=1 << 20,
+    )
+    assert got == [Answer(200, body)] * 8
