@@ -444,14 +444,14 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
 
     ranks: list[RankReading] = []
     states = info.get("internal_states")
-    if not isinstance(states, list) or not states:
-        r.note("internal_states", "missing or empty: per-DP-rank capacities cannot be checked")
-    elif _rank_entries(info, states) > len(states):
+    if isinstance(states, list) and states and _rank_entries(info, states) > len(states):
         r.note(
             "internal_states",
             f"{_rank_entries(info, states):,} entries, more DP ranks than kvgate reads ({len(states)}): "
             "not one SGLang server",
         )
+    if not isinstance(states, list) or not states:
+        r.note("internal_states", "missing or empty: per-DP-rank capacities cannot be checked")
     else:
         for i, state in enumerate(states):
             if not isinstance(state, dict):
