@@ -31,10 +31,14 @@ from urllib.parse import urlsplit
 from kvgate.httpbounds import cap_text
 
 MAX_HEAD = 64 << 10
-#: the most answer bytes buffered at once over all requests: past it, only the oldest holder reads on
-#: and the others wait (their sockets unread) until bytes are freed; a fleet of near-cap answers then
-#: holds about this much, not width x the cap
+#: the most answer bytes granted at once over all requests: an answer whose head announces more than
+#: SMALL_ANSWER (or none: then the whole cap) is read only once its bytes are granted, oldest first,
+#: and waits unread (its clock stopped) until they are; a fleet of near-cap answers then holds about
+#: this much, not width x the cap
 INFLIGHT_BYTES = 192 << 20
+#: answers this small are read without a grant (a healthy worker's are); heads are read in small steps
+SMALL_ANSWER = 32 << 10
+_HEAD_RECV = 16 << 10
 #: the most of one chunk-size line (hex size and extensions) a chunked answer may send
 MAX_CHUNK_LINE = 1024
 _RECV = 256 << 10
@@ -193,8 +197,9 @@ class _Request:
         self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
         self.state = _CONNECT
         self.unsent = False  # counted among the requests not yet sent whole
-        self.held = 0  # answer bytes buffered, counted against the in-flight budget
-        self.parked = False  # waiting for the in-flight budget, its socket unread
+        self.granted = 0  # answer bytes granted under the in-flight budget (answers over SMALL_ANSWER)
+        self.small = False  # its answer is at most SMALL_ANSWER: read without a grant
+        self.parked = False  # waiting for its grant, its socket unread
         self.left = 0.0  # parked: what was left of its window when it stopped
         self.tried = 0  # addresses of the host tried so far
         self.problem = "no address"  # why the last address did not connect
@@ -315,46 +320,56 @@ def get_each(
     waiting = list(reversed(reqs))
     active = 0
     unsent = 0  # requests started and not yet sent whole
-    held = 0  # answer bytes buffered over all requests
-    holders: dict[int, _Request] = {}  # requests holding answer bytes, oldest first: the first may always read
-    parked: deque[_Request] = deque()  # requests waiting for room under `inflight_bytes`
+    reserved = 0  # answer bytes granted to requests over SMALL_ANSWER, over all requests
+    parked: deque[_Request] = deque()  # requests waiting for their grant, oldest first
 
-    def hold(r: _Request) -> None:
-        nonlocal held
-        now = r.response.held()
-        held += now - r.held
-        r.held = now
-        if now and r.index not in holders:
-            holders[r.index] = r
+    def need(r: _Request) -> int:
+        """The bytes an answer whose head is in may take: its Content-Length, else the whole cap."""
+        resp = r.response
+        return resp.length if resp.length is not None else resp.cap
 
-    def unpark(q: _Request) -> bool:
-        if not q.parked or results[q.index] is not None or q.sock is None:
-            return False
+    def grantable(n: int) -> bool:
+        return n <= SMALL_ANSWER or reserved == 0 or reserved + n <= inflight_bytes
+
+    def grant(r: _Request, n: int) -> None:
+        nonlocal reserved
+        if n > SMALL_ANSWER:
+            r.granted = n
+            reserved += n
+
+    def queued() -> bool:
+        """Whether a request is still waiting for its grant (the finished ones leave the queue here)."""
+        while parked and (not parked[0].parked or results[parked[0].index] is not None or parked[0].sock is None):
+            parked.popleft()
+        return bool(parked)
+
+    def unpark(q: _Request) -> None:
         q.parked = False
         q.end = min(clock() + q.left, deadline)
         heapq.heappush(timers, (q.end, q.index))
+        assert q.sock is not None
         sel.register(q.sock, selectors.EVENT_READ, q)
-        return True
 
     def release(r: _Request) -> None:
-        """The request's bytes leave the budget; the oldest holder reads on (woken if it waited) and as
-        many waiting requests as the room freed wake up."""
-        nonlocal held
-        freed, r.held = r.held, 0
-        held -= freed
-        holders.pop(r.index, None)
-        if holders:
-            unpark(holders[next(iter(holders))])
-        wake = max(1, freed // _RECV) if parked else 0
-        while parked and wake:
-            if unpark(parked.popleft()):
-                wake -= 1
+        """The request's grant returns to the budget; waiting requests are granted, oldest first, while
+        they fit (the oldest always, when nothing else is granted: some answer always completes)."""
+        nonlocal reserved
+        reserved -= r.granted
+        r.granted = 0
+        while queued():
+            q = parked[0]
+            n = need(q)
+            if not grantable(n):
+                break
+            parked.popleft()
+            grant(q, n)
+            unpark(q)
 
     def finish(r: _Request, outcome: Answer | Failure) -> None:
         nonlocal active, unsent
         results[r.index] = outcome if keep_bodies or isinstance(outcome, Failure) else Answer(outcome.status, b"")
         r.response.buf, r.response.body = bytearray(), bytearray()  # the answer is out: its buffers go now
-        if r.held:
+        if r.granted or parked:
             release(r)
         if r.unsent:
             r.unsent = False
@@ -473,19 +488,21 @@ def get_each(
                 sent_whole(r)
                 sel.modify(sock, selectors.EVENT_READ, r)
                 return  # the answer is at least a round trip away
-            while True:  # _READ: take everything the kernel (and TLS) has now, within the budget
-                first = not holders or next(iter(holders)) == r.index
-                room = inflight_bytes - held
-                if room <= 0 and not first:  # wait unread; the wait is kvgate's, not the server's: its
-                    sel.unregister(sock)  # clock stops (only the whole read's deadline runs on)
-                    r.parked = True
-                    r.left = r.end - clock()
-                    r.end = deadline
-                    parked.append(r)
-                    return
-                data = sock.recv(_RECV if first else min(_RECV, room))
-                answer = r.response.feed(data) if data else r.response.eof()
-                hold(r)
+            while True:  # _READ: take everything the kernel (and TLS) has now, within the grant
+                resp = r.response
+                if resp.body_at >= 0 and not r.granted and not r.small:
+                    n = need(r)
+                    if n > SMALL_ANSWER and (queued() or not grantable(n)):  # wait unread, clock stopped
+                        sel.unregister(sock)
+                        r.parked = True
+                        r.left = r.end - clock()
+                        r.end = deadline
+                        parked.append(r)
+                        return
+                    grant(r, n)
+                    r.small = n <= SMALL_ANSWER
+                data = sock.recv(_RECV if resp.body_at >= 0 else _HEAD_RECV)
+                answer = resp.feed(data) if data else resp.eof()
                 if answer is not None:
                     finish(r, answer)
                     if on_answer is not None:

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import selectors
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 from tests.assets import router_payloads as R
 from tests.assets import sglang_payloads as P
 
 POOL = 2_040_000
+#: a server_info this close to kvgate's 16 MiB metadata cap (its JSON around the padding takes the rest)
+NEAR_CAP = (16 << 20) - 80_000
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _answer(body: list[bytes | memoryview]) -> list[memoryview]:
@@ -109,6 +115,46 @@ def serve(workers: int, pad: int) -> None:
                 sel.unregister(conn)
                 conn.close()
                 del state[conn]
+
+
+def peak_rss_of_check(workers: int, pad: int) -> tuple[int, int, str]:
+    """(exit status, peak RSS in bytes, stderr tail) of `kvgate check --no-probes` over a bulk fleet."""
+    host = subprocess.Popen(
+        [sys.executable, "-m", "tests.assets.bulk_fleet", "--workers", str(workers), "--pad", str(pad)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert host.stdout is not None
+        port = int(host.stdout.readline())
+        argv = [
+            str(Path(sys.executable).with_name("kvgate")),
+            "check",
+            "--quiet",
+            "--router-url",
+            f"http://127.0.0.1:{port}",
+            "--no-probes",
+            "--trust-version",
+            "--deferred-release",
+            "--timeout",
+            "120",
+            "--read-deadline",
+            "3000",
+            "--format",
+            "json",
+            "--output",
+            os.devnull,
+        ]
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        assert child.stderr is not None
+        err = child.stderr.read()  # read before waiting: a full pipe must not stall the child
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        return child.returncode, usage.ru_maxrss * 1024, err.decode(errors="replace")[-2000:]
+    finally:
+        host.terminate()
+        host.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:

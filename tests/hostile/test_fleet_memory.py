@@ -11,59 +11,13 @@ peak RSS (its own `ru_maxrss`, from wait4) must stay under PEAK_RSS. Memory is a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from kvgate.defaults import METADATA_BODY_CAP
 from kvgate.exitcodes import ExitStatus
+from tests.assets.bulk_fleet import NEAR_CAP, peak_rss_of_check
 
 #: the stated bound on a whole check's peak RSS, whatever the fleet answers
 PEAK_RSS = 1 << 30
-#: a server_info this close to the cap (its JSON around the padding takes the rest)
-NEAR_CAP = METADATA_BODY_CAP - 80_000
-
-
-def peak_rss_of_check(workers: int, pad: int) -> tuple[int, int, str]:
-    """(exit status, peak RSS in bytes, stderr tail) of `kvgate check --no-probes` over a bulk fleet."""
-    host = subprocess.Popen(
-        [sys.executable, "-m", "tests.assets.bulk_fleet", "--workers", str(workers), "--pad", str(pad)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert host.stdout is not None
-        port = int(host.stdout.readline())
-        argv = [
-            str(Path(sys.executable).with_name("kvgate")),
-            "check",
-            "--quiet",
-            "--router-url",
-            f"http://127.0.0.1:{port}",
-            "--no-probes",
-            "--trust-version",
-            "--deferred-release",
-            "--timeout",
-            "120",
-            "--read-deadline",
-            "3000",
-            "--format",
-            "json",
-            "--output",
-            os.devnull,
-        ]
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        assert child.stderr is not None
-        err = child.stderr.read()  # read before waiting: a full pipe must not stall the child
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        return child.returncode, usage.ru_maxrss * 1024, err.decode(errors="replace")[-2000:]
-    finally:
-        host.terminate()
-        host.wait(timeout=30)
 
 
 @pytest.mark.slow
