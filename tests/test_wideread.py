@@ -322,7 +322,7 @@ def test_a_connection_still_pending_is_waited_for_then_read() -> None:
 
 
 def test_the_bytes_in_flight_are_bounded_and_every_answer_still_arrives(serve: list[ScriptedServer]) -> None:
-    """Eight 1 MiB answers under a 1 MiB budget: the oldest reader always goes on, the others wait
+    """Eight 1 MiB answers under a 1 MiB budget: one answer is granted at a time, the others wait
     unread (their clocks stopped), and every answer arrives whole: no deadlock, nothing cut."""
     body = bytes(range(256)) * 4096
 
