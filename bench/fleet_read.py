@@ -18,6 +18,13 @@ distant worker). On each fleet, in one run, interleaved, median of --repeat runs
   much.
 
     .venv/bin/python bench/fleet_read.py [--sizes 2,1024] [--delay 0.3] [--repeat 5] [--json]
+    .venv/bin/python bench/fleet_read.py --rss 1024,10240 [--near-cap-max 1024]
+
+`--rss SIZES` prints, instead, the peak RSS of a whole `kvgate check --no-probes` (a child process:
+its own ru_maxrss from wait4) over a fleet of that many listed workers (tests/assets/bulk_fleet.py:
+one host process, real sockets, workers under path prefixes), healthy beside each worker answering a
+server_info near the 16 MiB cap (up to --near-cap-max workers: 1,024 near-cap answers are 16 GiB read
+twice, minutes on a small machine). The bound the tests hold is 1 GiB (tests/hostile/test_fleet_memory.py).
 
 Before the one reader (2026-12-01..04): check read with a thread per worker over httpx, three GETs in
 a row each, 64 workers at once: 512 workers 10.2x the pass over 2 (6.4x at --concurrency 512); the
@@ -34,6 +41,7 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvgate.check import run_check
@@ -141,14 +149,38 @@ def floor_pass(urls: list[str], paths: tuple[str, ...] = tuple(r[0] for r in REA
     return time.monotonic() - t0
 
 
+def rss_rows(sizes: list[int], near_cap_max: int) -> int:
+    """Peak RSS of check over healthy and near-cap fleets of each size, side by side."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the bulk fleet host lives in tests/assets
+    from tests.assets.bulk_fleet import NEAR_CAP, peak_rss_of_check
+
+    for size in sizes:
+        line = f"{size:>6} workers: check peak RSS"
+        for name, pad in (("healthy", 0), ("near the cap", NEAR_CAP)):
+            if pad and size > near_cap_max:
+                line += f"; {name}: not run (over --near-cap-max)"
+                continue
+            t0 = time.monotonic()
+            code, rss, err = peak_rss_of_check(size, pad)
+            line += f"; {name}: {rss / (1 << 20):,.0f} MiB (exit {code}, {time.monotonic() - t0:.0f} s)"
+            if code not in (0, 1, 3):
+                print(err, file=sys.stderr)
+        print(line, flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rss", default="", help="print check's peak RSS over these fleet sizes instead")
+    ap.add_argument("--near-cap-max", type=int, default=1024, help="largest --rss fleet read near the cap")
     ap.add_argument("--sizes", default="2,1024", help="fleet sizes; the first is the reference")
     ap.add_argument("--delay", type=float, default=0.3, help="seconds every metadata answer takes")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="check's --concurrency")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.rss:
+        return rss_rows([int(s) for s in args.rss.split(",")], args.near_cap_max)
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = [measure(size, args.delay, max(args.repeat, 1), args.concurrency) for size in sizes]
     ref = rows[0]

@@ -17,6 +17,7 @@ from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
+from kvgate.stability import confirm
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
 
 if TYPE_CHECKING:  # each gate's module loads when the run needs it
@@ -222,6 +223,16 @@ def run_check(
                             gate.name, "internal", "kvgate", Outcome.ERROR, f"gate crashed: {type(exc).__name__}: {exc}"
                         )
                     )
+            # The second look: the verdict is on the fleet as it stands now, or there is none (kvgate/stability.py).
+            findings.extend(
+                confirm(
+                    client,
+                    options.router_url.rstrip("/") if options.router_url else None,
+                    listing,
+                    readings,
+                    read_deadline_s=options.read_deadline,
+                )
+            )
             if options.write_baseline:
                 unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
     if control and any(f.outcome is not Outcome.PASSED for f in control):
@@ -382,6 +393,7 @@ def _list_workers(
             )
         )
         return None
+    findings.extend(refused_urls(listing))
     partial = listing.total_problem()
     if partial is not None:
         # Some workers the router routes to may not be listed, so not gated: no opt-out lets that pass.
@@ -410,6 +422,28 @@ def _list_workers(
         )
     )
     return listing
+
+
+def refused_urls(listing: RouterListing) -> list[Finding]:
+    """One blocking finding per entry whose URL the router and Python read as different workers: the
+    worker taking its traffic cannot be named by kvgate's reader, so it is not read (kvgate/weburl.py)."""
+    where = f"router {listing.router}"
+    return [
+        replace(
+            inconclusive(
+                "fleet",
+                "router-url",
+                f"worker {w.url}",
+                f"the router lists {w.url!r}, a URL its parser and kvgate's read differently, so it was not gated: "
+                f"{w.refused}",
+                Evidence(where, f"{listing.endpoint} url", w.url, "one URL both parsers read alike"),
+                remedy="register the worker with the router under a plain http(s)://host:port URL (no backslash, "
+                "userinfo, query, percent-escapes, dot segments or control characters), and re-run",
+            ),
+            blocking=True,
+        )
+        for w in listing.refused()
+    ]
 
 
 def run_self_test(

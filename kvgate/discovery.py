@@ -25,6 +25,11 @@ Where
 its other fields say otherwise (a `dp_base_url` that is another worker, a `dp_rank` that is not the
 URL's rank, a rank at or past `dp_size`, a number that is not a sane JSON integer) the entry keeps
 the routed URL and carries the disagreement in `problems`; the fleet gate reports it.
+
+One parse: a URL the router (WHATWG rules) and Python's urllib read differently (a backslash, odd
+userinfo, a percent-encoded or numeric host, a dropped tab: `weburl.disagreement`) is refused, never
+read as the host urllib names: its entry carries `refused`, stays out of `by_base_url` (so it is not
+read, matched or counted as a worker) and `check` reports it (`fleet.router-url`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from urllib.parse import urlsplit
 
 from kvgate.errors import TransportError
 from kvgate.target import NODE_DEADLINE_REQUESTS, SANE_MAX, SANE_PORT, SANE_RANKS, TargetClient
+from kvgate.weburl import disagreement
 
 #: smg's worker states (`crates/protocols/src/worker.rs`); only "ready" takes traffic normally.
 READY = "ready"
@@ -99,6 +105,9 @@ class RouterWorker:
     def draining(self) -> bool:
         return self.status == DRAINING
 
+    # Why the URL is not gated: the router's parser and Python's read it as different workers (None: they agree).
+    refused: str | None = None
+
     @property
     def ready(self) -> bool | None:
         """Whether the router would route to it now (None: the listing has no state)."""
@@ -129,10 +138,18 @@ class RouterListing:
             return None
         return f"it says total {self.total} but lists {len(self.workers)} entries ({len(self.by_base_url())} workers)"
 
+    def accepted(self) -> list[RouterWorker]:
+        """The entries whose URL both parsers read alike (the only ones read and gated)."""
+        return [w for w in self.workers if w.refused is None]
+
+    def refused(self) -> list[RouterWorker]:
+        """The entries whose URL the router and Python read as different workers: never read."""
+        return [w for w in self.workers if w.refused is not None]
+
     def by_base_url(self) -> dict[str, list[RouterWorker]]:
         """Entries grouped by normalized worker URL (a DP worker is listed once per rank)."""
         out: dict[str, list[RouterWorker]] = {}
-        for w in self.workers:
+        for w in self.accepted():
             out.setdefault(normalize_url(w.base_url), []).append(w)
         return out
 
@@ -140,7 +157,7 @@ class RouterListing:
         """(worker, rank, the URLs as listed) for every worker and rank listed more than once,
         under the same spelling or several."""
         seen: dict[tuple[str, int | None], list[str]] = {}
-        for w in self.workers:
+        for w in self.accepted():
             seen.setdefault((normalize_url(w.base_url), w.dp_rank), []).append(w.url)
         return [(url, rank, urls) for (url, rank), urls in seen.items() if len(urls) > 1]
 
@@ -222,6 +239,7 @@ def parse_workers(router: str, doc: Any) -> RouterListing:
                 dp_base_url=entry.get("dp_base_url") if isinstance(entry.get("dp_base_url"), str) else None,
                 problems=tuple(problems),
                 worker_id=wid if isinstance(wid, str) and wid else None,
+                refused=disagreement(base),
             )
         )
     total = doc.get("total") if isinstance(doc, dict) else None
@@ -239,7 +257,17 @@ def parse_list_workers(router: str, doc: Any) -> RouterListing:
     workers = []
     for url in urls:
         base, rank = _split_rank(url)
-        workers.append(RouterWorker(url=url, base_url=base, role=None, status=None, healthy=None, dp_rank=rank))
+        workers.append(
+            RouterWorker(
+                url=url,
+                base_url=base,
+                role=None,
+                status=None,
+                healthy=None,
+                dp_rank=rank,
+                refused=disagreement(base),
+            )
+        )
     return RouterListing(router=router, endpoint="/list_workers", workers=tuple(workers))
 
 

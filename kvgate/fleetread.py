@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from kvgate.compact import compact_info, compact_model_info, compact_models
 from kvgate.defaults import METADATA_BODY_CAP
 from kvgate.errors import TransportError
 from kvgate.target import NodeReading, NodeSpec, decode_answer, parse_node
@@ -32,6 +33,14 @@ READS: tuple[tuple[str, ...], ...] = (
     ("/v1/models",),
     ("/model_info", "/get_model_info"),
 )
+
+
+def _info(doc: Any) -> Any:
+    return compact_info(doc) if isinstance(doc, dict) else doc  # not an object: the reading says so
+
+
+#: per fact of READS, what is kept of its document
+_COMPACT: tuple[Callable[[Any], Any], ...] = (_info, compact_models, compact_model_info)
 
 #: server_info keys that move without any change of configuration (load, clocks, live state). What the
 #: gates judge inside `internal_states` (each rank's pool, role and env) is compared through the ranks;
@@ -159,8 +168,8 @@ def read_workers(
                 return
             if doc is None and alt + 1 < len(READS[j]):
                 todo.append((n, j, alt + 1))
-            else:
-                node.settle(j, None if doc is None else (path, doc), on_done)
+            else:  # only the facts the gates judge are kept, not the document (kvgate/compact.py)
+                node.settle(j, None if doc is None else (path, _COMPACT[j](doc)), on_done)
 
         answers = get_each(
             [(nodes[n].spec.url.rstrip("/"), READS[j][alt]) for n, j, alt in batch],
@@ -174,6 +183,7 @@ def read_workers(
             on_sent=on_sent,
             deadline_name=deadline_name,
             cap_name="metadata cap",
+            keep_bodies=False,  # each body is judged (and dropped) as it arrives
         )
         on_sent = None
         for (n, j, alt), got in zip(batch, answers, strict=True):
@@ -181,6 +191,71 @@ def read_workers(
                 node = nodes[n]
                 node.settle(j, _problem(node.spec.url.rstrip("/") + READS[j][alt], got), on_done)
     return [n.result if n.result is not None else n.reading() for n in nodes]
+
+
+def self_view(reading: NodeReading) -> dict[str, object]:
+    """What a worker's server_info says of itself: its process (`startup_time`) and every fact of it the
+    gates judge. Two reads of one run compare equal only when the worker neither restarted nor changed;
+    what comes from /v1/models and /model_info is left out (the re-read asks server_info only)."""
+    view = {
+        k: v
+        for k, v in judged_facts(reading).items()
+        if k not in _FROM_OTHER_READS and not k.startswith(("problem /v1/models", "problem /model_info"))
+    }
+    view["startup_time"] = reading.server_info.get("startup_time")
+    return view
+
+
+_FROM_OTHER_READS = frozenset({"context", "context_source", "architectures"})
+
+
+def reread_views(
+    readings: Sequence[NodeReading],
+    *,
+    timeout: float,
+    token: str | None = None,
+    width: int,
+    deadline: float,
+    ssl_context: ssl.SSLContext | None = None,
+    body_cap: int = METADATA_BODY_CAP,
+) -> list[dict[str, object] | TransportError]:
+    """Each reading's server_info read again (the path it answered before), as `self_view`s in order: the
+    second look `check` takes before its verdict. One GET per worker, all at once, bounded as the first read."""
+    headers = f"Authorization: Bearer {token}\r\n" if token else ""
+    out: list[dict[str, object] | TransportError | None] = [None] * len(readings)
+
+    def view(i: int, got: Answer) -> None:  # judged as it arrives: no body outlives its turn
+        r = readings[i]
+        where = r.spec.url.rstrip("/") + r.info_path
+        try:
+            doc = decode_answer(where, got.status, got.body, got.location, missing_ok=False)
+        except TransportError as exc:
+            out[i] = exc
+            return
+        if not isinstance(doc, dict):
+            out[i] = TransportError(where, f"expected a JSON object, got {type(doc).__name__}")
+            return
+        out[i] = self_view(parse_node(r.spec, r.info_path, compact_info(doc), None, None))
+
+    answers = get_each(
+        [(r.spec.url.rstrip("/"), r.info_path) for r in readings],
+        headers=headers,
+        timeout=timeout,
+        deadline=deadline,
+        width=_fd_room(max(1, width)),
+        body_cap=body_cap,
+        ssl_context=ssl_context,
+        on_answer=view,
+        deadline_name="the second read's deadline",
+        cap_name="metadata cap",
+        keep_bodies=False,
+    )
+    for i, (r, got) in enumerate(zip(readings, answers, strict=True)):
+        if isinstance(got, Failure):
+            out[i] = _problem(r.spec.url.rstrip("/") + r.info_path, got)
+    return [
+        v if v is not None else TransportError(r.spec.url, "not read again") for v, r in zip(out, readings, strict=True)
+    ]
 
 
 def judged_facts(reading: NodeReading) -> dict[str, object]:
@@ -262,4 +337,14 @@ def flags(info: Mapping[str, Any]) -> dict[str, object]:
     return {f"flag {k}": v for k, v in sorted(info.items(), key=lambda kv: str(kv[0])) if k not in VOLATILE_KEYS}
 
 
-__all__ = ["JUDGED_KEYS", "READS", "VOLATILE_KEYS", "judged_facts", "flags", "process_identity", "read_workers"]
+__all__ = [
+    "JUDGED_KEYS",
+    "READS",
+    "VOLATILE_KEYS",
+    "judged_facts",
+    "flags",
+    "process_identity",
+    "read_workers",
+    "reread_views",
+    "self_view",
+]

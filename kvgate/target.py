@@ -17,9 +17,11 @@ from typing import Any
 
 import httpx
 
+from kvgate.compact import RANK_COUNT, compact_info, compact_model_info, compact_models
 from kvgate.errors import TransportError, UsageError
 from kvgate.httpbounds import BODY_CAP, OverCap, bounded_client, parse_json
 from kvgate.redact import clip
+from kvgate.weburl import disagreement
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -40,6 +42,9 @@ def validate_url(flag: str, url: str) -> str:
     """An http(s) URL with a host, as httpx will parse it; anything else is a usage error naming the flag."""
     if not url.startswith(("http://", "https://")):
         raise UsageError(f"{flag} {url}: expected an http:// or https:// URL")
+    why = disagreement(url)
+    if why is not None:  # the router would reach another worker than kvgate reads (kvgate/weburl.py)
+        raise UsageError(f"{flag} {url}: refused: {why}")
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
@@ -297,7 +302,7 @@ class TargetClient:
         model_info = get("/model_info")
         if model_info is None:
             model_info = get("/get_model_info")
-        return parse_node(spec, info_path, info, models, model_info)
+        return parse_node(spec, info_path, compact_info(info), compact_models(models), compact_model_info(model_info))
 
     def get_raw(self, gets: Sequence[tuple[str, str]], *, cap_name: str = "metadata cap") -> list[Any]:
         """GET each (base URL, path) at once through the one-thread reader (kvgate/wideread.py), under this
@@ -351,6 +356,23 @@ class TargetClient:
                 if read_deadline_s is not None
                 else "the whole read's deadline"
             ),
+        )
+
+    def reread_views(
+        self, readings: Sequence[NodeReading], *, read_deadline_s: float | None = None
+    ) -> list[dict[str, object] | TransportError]:
+        """Each reading's server_info again, as `fleetread.self_view`s: the second look before a verdict."""
+        from kvgate.fleetread import reread_views
+
+        budget = read_deadline_s if read_deadline_s is not None else NODE_DEADLINE_REQUESTS * self.timeout
+        return reread_views(
+            readings,
+            timeout=self.timeout,
+            token=self._token,
+            width=self.concurrency,
+            deadline=time.monotonic() + budget,
+            ssl_context=self._ssl,
+            body_cap=self.metadata_cap,
         )
 
 
@@ -453,6 +475,12 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
 
     ranks: list[RankReading] = []
     states = info.get("internal_states")
+    if isinstance(states, list) and states and _rank_entries(info, states) > len(states):
+        r.note(
+            "internal_states",
+            f"{_rank_entries(info, states):,} entries, more DP ranks than kvgate reads ({len(states)}): "
+            "not one SGLang server",
+        )
     if not isinstance(states, list) or not states:
         r.note("internal_states", "missing or empty: per-DP-rank capacities cannot be checked")
     else:
@@ -524,8 +552,16 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         problems=tuple(r.problems),
         server_info=dict(info),
         dp_attention=dp_attention,
-        rank_entries=len(states) if isinstance(states, list) else 0,
+        rank_entries=_rank_entries(info, states),
     )
+
+
+def _rank_entries(info: Mapping[str, Any], states: Any) -> int:
+    """How many `internal_states` entries the server sent (the compact form keeps the count, not them all)."""
+    if not isinstance(states, list):
+        return 0
+    sent = info.get(RANK_COUNT)
+    return sent if isinstance(sent, int) and not isinstance(sent, bool) and sent > len(states) else len(states)
 
 
 @dataclass(frozen=True)

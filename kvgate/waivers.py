@@ -29,7 +29,14 @@ MAX_HORIZON_DAYS = 90
 PROTECTED = ("pool-context", "fixes", "defenses.release", "probes")
 # Checks that mean a worker went ungated (the router routes to a worker the gate did not read, or its
 # list may be partial, or a worker could not be read): no waiver reaches them, not even by exact id.
-UNWAIVABLE = ("fleet.router-membership", "fleet.router-list", "fleet.router-identity", "target.reachable")
+UNWAIVABLE = (
+    "fleet.router-membership",
+    "fleet.router-url",
+    "fleet.stable",
+    "fleet.router-list",
+    "fleet.router-identity",
+    "target.reachable",
+)
 _GLOB = set("*?[")
 
 

@@ -22,6 +22,7 @@ import selectors
 import socket
 import ssl as ssl_module
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -30,6 +31,14 @@ from urllib.parse import urlsplit
 from kvgate.httpbounds import cap_text
 
 MAX_HEAD = 64 << 10
+#: the most answer bytes granted at once over all requests: an answer whose head announces more than
+#: SMALL_ANSWER (or none: then the whole cap) is read only once its bytes are granted, oldest first,
+#: and waits unread (its clock stopped) until they are; a fleet of near-cap answers then holds about
+#: this much, not width x the cap
+INFLIGHT_BYTES = 192 << 20
+#: answers this small are read without a grant (a healthy worker's are); heads are read in small steps
+SMALL_ANSWER = 32 << 10
+_HEAD_RECV = 16 << 10
 #: the most of one chunk-size line (hex size and extensions) a chunked answer may send
 MAX_CHUNK_LINE = 1024
 _RECV = 256 << 10
@@ -69,6 +78,10 @@ class _Response:
         self.chunk_at = 0  # chunked: where the next chunk-size line starts
         self.body = bytearray()  # chunked: the body decoded so far
         self.location: str | None = None
+
+    def held(self) -> int:
+        """Answer bytes this parser holds now."""
+        return len(self.buf) + len(self.body)
 
     def feed(self, data: bytes) -> Answer | None:
         self.buf += data
@@ -184,6 +197,10 @@ class _Request:
         self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
         self.state = _CONNECT
         self.unsent = False  # counted among the requests not yet sent whole
+        self.granted = 0  # answer bytes granted under the in-flight budget (answers over SMALL_ANSWER)
+        self.small = False  # its answer is at most SMALL_ANSWER: read without a grant
+        self.parked = False  # waiting for its grant, its socket unread
+        self.left = 0.0  # parked: what was left of its window when it stopped
         self.tried = 0  # addresses of the host tried so far
         self.problem = "no address"  # why the last address did not connect
         self.sock: socket.socket | ssl_module.SSLSocket | None = None
@@ -238,6 +255,8 @@ def get_many(
     on_sent: Callable[[], None] | None = None,
     deadline_name: str = "the pass's deadline",
     cap_name: str = "cap",
+    keep_bodies: bool = True,
+    inflight_bytes: int = INFLIGHT_BYTES,
 ) -> list[Answer | Failure]:
     """GET `path` from every base URL (`get_each` with one path for all)."""
     return get_each(
@@ -253,6 +272,8 @@ def get_many(
         on_sent=on_sent,
         deadline_name=deadline_name,
         cap_name=cap_name,
+        keep_bodies=keep_bodies,
+        inflight_bytes=inflight_bytes,
     )
 
 
@@ -270,6 +291,8 @@ def get_each(
     on_sent: Callable[[], None] | None = None,
     deadline_name: str = "the pass's deadline",
     cap_name: str = "cap",
+    keep_bodies: bool = True,
+    inflight_bytes: int = INFLIGHT_BYTES,
 ) -> list[Answer | Failure]:
     """GET each (base URL, path), up to `width` at once; one Answer or Failure per pair, in order.
 
@@ -281,6 +304,11 @@ def get_each(
     (on `clock`). `headers` are whole header lines (each ending in CRLF) sent with every request.
     Failures name `deadline_name` when the deadline, not the timeout, cut a request, and `cap_name`
     (e.g. "metadata cap") when a body is over `body_cap`.
+
+    Memory: at most about `inflight_bytes` of answers are buffered at once (the oldest answer being
+    read may pass it by one body cap, so some answer always completes); a request that would go past
+    it waits, unread, within its own timeout. With `keep_bodies` False an answer handed to
+    `on_answer` is returned without its body, so a fleet's bodies are not all held to the end.
     """
     reqs = [_Request(i, u, path, headers, body_cap, 0.0, cap_name) for i, (u, path) in enumerate(gets)]
     results: list[Answer | Failure | None] = [None] * len(reqs)
@@ -292,10 +320,57 @@ def get_each(
     waiting = list(reversed(reqs))
     active = 0
     unsent = 0  # requests started and not yet sent whole
+    reserved = 0  # answer bytes granted to requests over SMALL_ANSWER, over all requests
+    parked: deque[_Request] = deque()  # requests waiting for their grant, oldest first
+
+    def need(r: _Request) -> int:
+        """The bytes an answer whose head is in may take: its Content-Length, else the whole cap."""
+        resp = r.response
+        return resp.length if resp.length is not None else resp.cap
+
+    def grantable(n: int) -> bool:
+        return n <= SMALL_ANSWER or reserved == 0 or reserved + n <= inflight_bytes
+
+    def grant(r: _Request, n: int) -> None:
+        nonlocal reserved
+        if n > SMALL_ANSWER:
+            r.granted = n
+            reserved += n
+
+    def queued() -> bool:
+        """Whether a request is still waiting for its grant (the finished ones leave the queue here)."""
+        while parked and (not parked[0].parked or results[parked[0].index] is not None or parked[0].sock is None):
+            parked.popleft()
+        return bool(parked)
+
+    def unpark(q: _Request) -> None:
+        q.parked = False
+        q.end = min(clock() + q.left, deadline)
+        heapq.heappush(timers, (q.end, q.index))
+        assert q.sock is not None
+        sel.register(q.sock, selectors.EVENT_READ, q)
+
+    def release(r: _Request) -> None:
+        """The request's grant returns to the budget; waiting requests are granted, oldest first, while
+        they fit (the oldest always, when nothing else is granted: some answer always completes)."""
+        nonlocal reserved
+        reserved -= r.granted
+        r.granted = 0
+        while queued():
+            q = parked[0]
+            n = need(q)
+            if not grantable(n):
+                break
+            parked.popleft()
+            grant(q, n)
+            unpark(q)
 
     def finish(r: _Request, outcome: Answer | Failure) -> None:
         nonlocal active, unsent
-        results[r.index] = outcome
+        results[r.index] = outcome if keep_bodies or isinstance(outcome, Failure) else Answer(outcome.status, b"")
+        r.response.buf, r.response.body = bytearray(), bytearray()  # the answer is out: its buffers go now
+        if r.granted or parked:
+            release(r)
         if r.unsent:
             r.unsent = False
             unsent -= 1
@@ -413,9 +488,21 @@ def get_each(
                 sent_whole(r)
                 sel.modify(sock, selectors.EVENT_READ, r)
                 return  # the answer is at least a round trip away
-            while True:  # _READ: take everything the kernel (and TLS) has now
-                data = sock.recv(_RECV)
-                answer = r.response.feed(data) if data else r.response.eof()
+            while True:  # _READ: take everything the kernel (and TLS) has now, within the grant
+                resp = r.response
+                if resp.body_at >= 0 and not r.granted and not r.small:
+                    n = need(r)
+                    if n > SMALL_ANSWER and (queued() or not grantable(n)):  # wait unread, clock stopped
+                        sel.unregister(sock)
+                        r.parked = True
+                        r.left = r.end - clock()
+                        r.end = deadline
+                        parked.append(r)
+                        return
+                    grant(r, n)
+                    r.small = n <= SMALL_ANSWER
+                data = sock.recv(_RECV if resp.body_at >= 0 else _HEAD_RECV)
+                answer = resp.feed(data) if data else resp.eof()
                 if answer is not None:
                     finish(r, answer)
                     if on_answer is not None:
@@ -449,6 +536,9 @@ def get_each(
                 _, i = heapq.heappop(timers)
                 if results[i] is None:
                     r = reqs[i]
+                    if r.end > now:  # its clock was stopped while it waited for the budget: re-armed
+                        heapq.heappush(timers, (r.end, i))
+                        continue
                     why = "timeout" if r.window >= timeout else deadline_name
                     fail(r, f"no whole answer within {r.window:.3g}s ({why})")
             if on_sent is not None and not waiting and not unsent:

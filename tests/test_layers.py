@@ -40,7 +40,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     # What the workers and the router say about themselves, over HTTP whose every answer is bounded.
-    ("target", ("kvgate.httpbounds", "kvgate.wideread", "kvgate.target", "kvgate.fleetread", "kvgate.discovery")),
+    (
+        "target",
+        (
+            "kvgate.weburl",
+            "kvgate.compact",
+            "kvgate.httpbounds",
+            "kvgate.wideread",
+            "kvgate.target",
+            "kvgate.fleetread",
+            "kvgate.discovery",
+        ),
+    ),
     # Results: frozen findings and the report, waivers over them, the baseline file.
     ("findings", ("kvgate.findings", "kvgate.waivers", "kvgate.baseline")),
     # Knowledge the gates apply: the fix catalogue (and backport series as data), pool sizing, profiles.
@@ -53,7 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sim", ("kvgate.sim",)),
     ("launch", ("kvgate.launch",)),
     # The pipeline: target -> gates -> findings (and the self-test's positive control).
-    ("check", ("kvgate.check",)),
+    ("check", ("kvgate.check", "kvgate.stability")),
     # Rendering a report.
     ("report", ("kvgate.formats", "kvgate.reporting")),
     # `kvgate watch`: the pipeline and the report on a loop, metrics and a verdict over HTTP.

@@ -345,3 +345,24 @@ def test_judged_facts_keys_are_the_known_ones_and_a_restart_is_a_change() -> Non
 
     moved = fleetpass.changes(view(read(1.0)), view(read(5.0)))
     assert [(m.fact, m.kind) for m in moved] == [("process", "process")], moved
+
+
+def test_the_bytes_in_flight_are_bounded_and_every_answer_still_arrives(serve: list[ScriptedServer]) -> None:
+    """Eight 1 MiB answers under a 1 MiB budget: one answer is granted at a time, the others wait
+    unread (their clocks stopped), and every answer arrives whole: no deadlock, nothing cut."""
+    body = bytes(range(256)) * 4096
+
+    def script(req: Request, conn: socket.socket) -> None:
+        conn.sendall(head(length=len(body)) + body)
+
+    s = _start(serve, script)
+    got = get_many(
+        [s.url] * 8,
+        "/big",
+        timeout=20,
+        deadline=time.monotonic() + 60,
+        width=8,
+        body_cap=2 << 20,
+        inflight_bytes=1 << 20,
+    )
+    assert got == [Answer(200, body)] * 8
