@@ -9,7 +9,8 @@ answer and at once keeps only this compact form:
   small, or its digest), and whatever is left folded into one digest entry. Every flag still counts
   for what a watch compares (a changed large value changes its digest), none costs more than a line;
 - `internal_states`: per DP rank only what is read (the pool, the live role, the env vars, the running
-  limit, the weights' size, the scheduler's start time), at most MAX_RANKS_KEPT ranks; the number sent is kept (RANK_COUNT);
+  limit, the weights' size, the scheduler's start time), at most MAX_RANKS_KEPT ranks; the number sent
+  is kept (RANK_COUNT);
 - `/v1/models` and `/model_info`: the context and the architectures.
 
 A healthy SGLang worker's answer (about 10-100 KB) is kept as it is: nothing it says is digested.
