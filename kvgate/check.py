@@ -231,6 +231,7 @@ def run_check(
                     listing,
                     readings,
                     read_deadline_s=options.read_deadline,
+                    router_token=router_token,
                 )
             )
             if options.write_baseline:

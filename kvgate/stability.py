@@ -65,13 +65,14 @@ def confirm(
     readings: Sequence[NodeReading],
     *,
     read_deadline_s: float | None,
+    router_token: str | None = None,
 ) -> list[Finding]:
     """The second look: one finding, passed when the fleet read is the fleet now, else blocking doubt."""
     node = f"router {router}" if router else "deployment"
     changes: list[str] = []
     if router is not None and listing is not None:
         try:
-            now = list_router_workers(client, router)
+            now = list_router_workers(client, router, router_token)
         except TransportError as exc:
             changes.append(f"the router's listing could not be read again: {exc}")
         else:
