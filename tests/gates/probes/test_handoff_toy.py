@@ -55,10 +55,11 @@ def garbled(prev: int) -> int:
     return (step(prev) + 1) % VOCAB
 
 
-def logprobs(tokens: list[int]) -> dict[str, Any]:
+def logprobs(tokens: list[int], gap: float = 6.0) -> dict[str, Any]:
+    """SGLang's logprob fields; `gap`: nats by which each token leads its runner-up."""
     return {
         "output_token_logprobs": [[-0.01, t, None] for t in tokens],
-        "output_top_logprobs": [[[-0.01, t, None], [-6.0, (t + 1) % VOCAB, None]] for t in tokens],
+        "output_top_logprobs": [[[-0.01, t, None], [-0.01 - gap, (t + 1) % VOCAB, None]] for t in tokens],
     }
 
 
@@ -69,6 +70,7 @@ class Toy:
     role: str
     fault: str | None = None
     peers: dict[str, str] = field(default_factory=dict)
+    gap: float = 6.0
     kv: dict[int, list[int]] = field(default_factory=dict)
     url: str = ""
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
@@ -112,7 +114,7 @@ class Toy:
             "cached_tokens": 0,
         }
         if body.get("return_logprob"):
-            meta.update(logprobs(out))
+            meta.update(logprobs(out, self.gap))
         return 200, {"output_ids": out, "meta_info": meta}
 
     def route(self, body: dict[str, Any], ids: list[int], new: int) -> tuple[int, Any]:
@@ -187,9 +189,9 @@ class Toy:
 def toy() -> Iterator[Any]:
     started: list[Toy] = []
 
-    def make(fault: str | None) -> tuple[Toy, Toy, Toy]:
+    def make(fault: str | None, gap: float = 6.0) -> tuple[Toy, Toy, Toy]:
         prefill = Toy("prefill").start()
-        decode = Toy("decode", fault, {"prefill": prefill.url}).start()
+        decode = Toy("decode", fault, {"prefill": prefill.url}, gap).start()
         router = Toy("router", None, {"prefill": prefill.url, "decode": decode.url}).start()
         started.extend((prefill, decode, router))
         return prefill, decode, router
@@ -252,3 +254,13 @@ def test_a_decode_that_garbles_its_tokens_fails_on_the_handoff_check_alone(
     other_f = {k: v for k, v in outcomes(faulty).items() if k != HANDOFF}
     assert other_f == other_h, {k: (other_h.get(k), other_f.get(k)) for k in set(other_h) | set(other_f)}
     assert code != ExitStatus.GATE_FAILED
+
+
+def test_a_model_never_confident_by_the_margin_is_inconclusive_never_passed(toy: Any, tmp_path: Path) -> None:
+    _, report = check(toy("every", gap=0.5), tmp_path / "unsure.json")
+    f = finding(report, HANDOFF)
+    assert f["outcome"] == "inconclusive", f["summary"]
+    assert "only 0 confident position(s) compared" in f["summary"] and "at 0 of its" in f["summary"], f["summary"]
+    assert "--enable-deterministic-inference" in f["remedy"]
+    plan = next(e["value"] for e in f["evidence"] if e["field"] == "handoff.plan")
+    assert "one_page_5" in plan  # the four extra one-page prompts were tried first
