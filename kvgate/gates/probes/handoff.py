@@ -238,7 +238,13 @@ def run_handoff(
         for p in prompts:
             one(p)
         extra = 0
-        while len(tally.compared) < settings.handoff_min_positions and extra < EXTRA_PROMPTS and prompts:
+        # more prompts help a model that is seldom confident, not a deployment that stopped answering
+        while (
+            len(tally.compared) < settings.handoff_min_positions
+            and extra < EXTRA_PROMPTS
+            and prompts
+            and not tally.unanswered
+        ):
             extra += 1
             p = HandoffPrompt(f"one_page_{extra + 1}", prompts[0].length, 3)
             prompts.append(p)
