@@ -96,7 +96,7 @@ class ProbeSettings:
     load_waves: int = 2
     load_new_tokens: int = 4
     handoff_probe: bool = True
-    handoff_new_tokens: int = 16
+    handoff_new_tokens: int = 32
     handoff_long_tokens: int | None = None
     handoff_min_positions: int = 3
     logprob_margin: float = 2.0
