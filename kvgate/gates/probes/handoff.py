@@ -160,7 +160,8 @@ def prompt_ids(sender: Sender, label: str, length: int) -> list[int]:
 
 
 def _served_by(res: ProbeResult) -> dict[str, Any]:
-    return {k: clip(str(res.meta[k]), 80) for k in SERVED_BY_KEYS if k in res.meta}
+    # real 0.5.22 answers carry `dp_rank: null` through smg: a null names nothing
+    return {k: clip(str(res.meta[k]), 80) for k in SERVED_BY_KEYS if res.meta.get(k) is not None}
 
 
 def _who(s: Sample) -> str:
