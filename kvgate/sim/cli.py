@@ -118,8 +118,9 @@ def up(
     expose_env_vars: bool = typer.Option(False, help="SGLANG_EXPOSE_OWN_ENV_VARS=1 (env_vars in internal_states)."),
     inject_fault: str | None = typer.Option(
         None,
-        help="An injected decode fault under load (not a release): meta-slot-shared, "
-        "meta-slot-shared-unchecked or early-page-reuse (kvgate/sim/faults.py).",
+        help="An injected decode fault (not a release): under load meta-slot-shared, "
+        "meta-slot-shared-unchecked or early-page-reuse; on every request handoff-layout "
+        "(kvgate/sim/faults.py).",
     ),
     log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),

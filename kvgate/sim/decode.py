@@ -19,7 +19,7 @@ from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import PoolExhausted
 from kvgate.sim.releases import SimRelease
 from kvgate.sim.request import Abort, RequestError, SimReq, TokenSink, meta_info
-from kvgate.sim.toymodel import attend
+from kvgate.sim.toymodel import Context
 
 log = logging.getLogger("kvgate.sim")
 
@@ -378,11 +378,14 @@ class DecodeEngine(BaseEngine):
         slot, then the decode reads the slot back and checks the room (#17430, in 0.5.19-0.5.23).
         Returns the first output token the slot holds (None when the toy model reads nothing)."""
         req = t.req
-        if self.fault is not None:
+        if self.fault in faults.LOAD_FAULTS:
             await asyncio.sleep(faults.TICK_S)  # the faulty decode commits on a scheduler tick
-        digest = attend(self.pool, t.pages, t.num_tokens)
+        sent = t.done.result().get("first_token")
+        # The first output token is prefill's, computed on its own KV and sent with the transfer; a
+        # request prefill sent none for (the fake bootstrap, a placeholder) is read from the pages.
+        first = sent if isinstance(sent, int) else self._context(t, []).next_token()
         room = req.bootstrap_room if req.bootstrap_room is not None else 0
-        self._meta_buf[t.slot] = (room, digest[0] if digest else None)
+        self._meta_buf[t.slot] = (room, first)
         t.written.set()
         if t.wait_for is not None:
             try:
@@ -414,7 +417,7 @@ class DecodeEngine(BaseEngine):
                 )
             )
         version_seen = -1
-        digest = b""
+        ctx = Context()
         out: list[int] = []
         delay = 1.0 / self.cfg.sim_decode_tokens_per_s if self.cfg.sim_decode_tokens_per_s > 0 else 0.0
         t0 = time.time()
@@ -432,13 +435,15 @@ class DecodeEngine(BaseEngine):
                 break
             if self.pool.version != version_seen:
                 version_seen = self.pool.version
-                digest = attend(self.pool, t.pages, t.num_tokens)
-            if not digest:
+                ctx = self._context(t, out)
+            # The first output token is the one prefill computed, read from the metadata slot; every
+            # later one is this decode's own step over the pages it received plus what it generated.
+            token = first if step == 0 and first is not None else ctx.next_token()
+            if token is None:
                 finish = {"type": "stop", "matched": None}
                 break
-            # The first output token is the one prefill computed, read from the metadata slot.
-            token = first if step == 0 and first is not None else digest[step % len(digest)]
             out.append(token)
+            ctx.feed(token)
             # The output token's KV goes into the reservation after the prompt, so a later tenant
             # that gets these pages finds this request's partial generation there too. It lies outside
             # the attended range [0, num_tokens), so no re-read is needed (no version bump).
@@ -461,6 +466,18 @@ class DecodeEngine(BaseEngine):
         if req.return_logprob:
             meta.update(_logprobs(out, req.top_logprobs_num))
         return {"text": tokenizer.decode(out), "output_ids": out, "meta_info": meta}
+
+    def _context(self, t: _Transfer, out: list[int]) -> Context:
+        """The toy model's state over the received prompt pages plus the tokens generated so far. With
+        the handoff fault on, the received pages are read in the wrong layout (each page's slots in
+        reverse order): what a page-format mismatch between prefill and decode does, the same every time."""
+        ctx = self.pool.read_pages(t.pages[: self.pool.pages_for(t.num_tokens)])[: t.num_tokens]
+        if self.fault == faults.HANDOFF_LAYOUT:
+            # each page's written slots reversed (a partial last page's own slots only: the garbling
+            # depends on this request's KV alone, never on what earlier tenants left in the page)
+            ctx = torch.cat([piece.flip(0) for piece in ctx.split(self.pool.page_size)]) if ctx.numel() else ctx
+        raw = tokenizer.tensor_to_bytes(ctx)
+        return Context(raw + bytes(b if 0 <= b < tokenizer.VOCAB_SIZE else 0xFF for b in out))
 
     def state(self) -> dict[str, Any]:
         base = super().state()

@@ -1,4 +1,5 @@
-"""Injected faults of the simulated decode (issue 32): cross-request corruption that only load shows.
+"""Injected faults of the simulated decode (issue 32): cross-request corruption that only load shows,
+and a handoff that decode misreads (issue 39).
 
 These are faults, not releases: any emulated release can carry one, selected by the environment
 variable `KVGATE_SIM_INJECT_FAULT` of the decode worker (`kvgate sim up --inject-fault NAME`), or
@@ -13,8 +14,13 @@ switched on later through `POST /sim/fault {"fault": NAME}` (a fault that starts
   #17430, or a path that skips it): the victim silently appends the other request's first token.
 - `early-page-reuse`: the decode hands pages to a new request while the prefill still writes into
   them for an earlier one (sglang #24527): the earlier request attends the later one's prompt.
+- `handoff-layout` (issue 39): not a load fault. The decode reads every page it received in the wrong
+  layout (each page's slots in reverse order: a page-format mismatch between prefill and decode, as a
+  heterogeneous-TP head slice or a dtype/layout disagreement would make). Deterministic and alone: the
+  first output token (prefill's, sent with the transfer) is right, every later one is computed over
+  garbled KV, the same way every time, with nothing foreign in it. Only `probes.handoff` sees it.
 
-"Under load only": a fault strikes a new request only while at least `LOAD_MIN` requests are in the
+"Under load only" (the load faults): a fault strikes a new request only while at least `LOAD_MIN` requests are in the
 decode, and only when an earlier request has not committed its transfer yet; a request sent alone is
 never hit. SIMULATOR CHOICES (the worst case of the race, so that a test is deterministic): with a
 fault on, the decode commits each transfer on a scheduler tick (`TICK_S`; SGLang's decode polls
@@ -30,7 +36,10 @@ ENV = "KVGATE_SIM_INJECT_FAULT"
 META_SLOT_SHARED = "meta-slot-shared"
 META_SLOT_SHARED_UNCHECKED = "meta-slot-shared-unchecked"
 EARLY_PAGE_REUSE = "early-page-reuse"
-FAULTS = (META_SLOT_SHARED, META_SLOT_SHARED_UNCHECKED, EARLY_PAGE_REUSE)
+HANDOFF_LAYOUT = "handoff-layout"
+#: the faults that strike only under load (the rest strike every request)
+LOAD_FAULTS = (META_SLOT_SHARED, META_SLOT_SHARED_UNCHECKED, EARLY_PAGE_REUSE)
+FAULTS = (*LOAD_FAULTS, HANDOFF_LAYOUT)
 #: requests in the decode (the new one not counted) before a fault strikes
 LOAD_MIN = 3
 #: the faulty decode's scheduler tick (seconds between a transfer's end and its commit)

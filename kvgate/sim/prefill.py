@@ -16,6 +16,7 @@ from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import PoolExhausted
 from kvgate.sim.releases import SimRelease
 from kvgate.sim.request import Abort, RequestError, SimReq, meta_info
+from kvgate.sim.toymodel import context_of
 
 
 @dataclass
@@ -220,7 +221,7 @@ class PrefillEngine(BaseEngine):
             if not room.peer_aborted or not self.release.stops_late_chunks_after_abort():
                 # Transfer-complete with what prefill claims (`KVPoll.Success`). Pre-0.5.20 this is
                 # sent even for a request whose decode aborted (late results are not retired).
-                await self._send_done(room, n, sent_pages)
+                await self._send_done(room, n, sent_pages, self._first_token(own, n))
             if room.peer_aborted:
                 if self.release.acks_abort_after_drain():
                     await self._send(room, {"type": "abort_ack", "room": room.room})
@@ -311,7 +312,21 @@ class PrefillEngine(BaseEngine):
             room, {"type": "kv", "room": room.room, "count": int(dst.numel())}, transfer.pack_pages(dst, content), delay
         )
 
-    async def _send_done(self, room: _Room, claimed_tokens: int, claimed_pages: int) -> None:
+    def _first_token(self, own: torch.Tensor, n: int) -> int | None:
+        """The first output token, computed on this prefill's own KV (SGLang sends it in the metadata
+        buffer with the transfer); None when the prompt holds nothing the toy model reads."""
+        return context_of(self.pool, own, n).next_token()
+
+    async def _send_done(
+        self, room: _Room, claimed_tokens: int, claimed_pages: int, first_token: int | None = None
+    ) -> None:
         await self._send(
-            room, {"type": "done", "room": room.room, "claimed_tokens": claimed_tokens, "claimed_pages": claimed_pages}
+            room,
+            {
+                "type": "done",
+                "room": room.room,
+                "claimed_tokens": claimed_tokens,
+                "claimed_pages": claimed_pages,
+                "first_token": first_token,
+            },
         )

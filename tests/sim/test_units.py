@@ -14,7 +14,7 @@ from kvgate.sim.kvpool import KVPool, PoolExhausted
 from kvgate.sim.prefill import PrefillEngine
 from kvgate.sim.releases import KvgateBackport, SimRelease, get_release
 from kvgate.sim.request import RequestError, SimReq
-from kvgate.sim.toymodel import attend
+from kvgate.sim.toymodel import Context, attend
 from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
@@ -49,6 +49,27 @@ def test_attend_reads_distinct_lines_and_skips_pad() -> None:
     # a pad token at slot 0 (SGLang's one-token placeholder) is not part of the text
     pool.write_tokens(pages[:1], torch.zeros(1, dtype=torch.int32))
     assert attend(pool, pages, len(text)) == b"a\naa\nSECRET\n"
+
+
+def _generate(ctx: Context, n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        tok = ctx.next_token()
+        assert tok is not None
+        out.append(tok)
+        ctx.feed(tok)
+    return out
+
+
+def test_toy_model_is_autoregressive_so_prefill_is_the_oracle() -> None:
+    """Issue 39: the next token is a function of the context alone, so `X + y[:k]` gives `y[k]`."""
+    for prompt in (b"hello\nworld\n", b"ab1\nab2\nab3\nab", b"x" * 40, b"\x00\x00q1\nq2\n\x00q"):
+        y = _generate(Context(prompt), 24)
+        for k in range(24):
+            assert Context(prompt + bytes(y[:k])).next_token() == y[k], (prompt, k)
+    # a whole-line prompt is echoed from its first distinct line
+    assert bytes(_generate(Context(b"hello\nworld\n"), 8)) == b"hello\nwo"
+    assert Context(b"").next_token() is None and Context(b"\n\n").next_token() is None
 
 
 def _engine(version: str, context: int, pool: int) -> BaseEngine:

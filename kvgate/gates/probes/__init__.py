@@ -12,6 +12,7 @@ API:
 
 Check names (finding.check, gate "probes"): contract.{beyond_context,context_limit,pool_limit,
 reject_band_middle,longest_accepted}, canary.round_a, canary.round_b, tenants.round_a, tenants.round_b,
+isolation.greedy_replay, isolation.load, isolation.load_errors, handoff.prefill_oracle,
 latency.prefill_scaling, abort.mid_transfer, calibration (info: what the timing probes were sized
 from), plus setup / skipped / transport when they apply.
 Cost keys put in `ctx.cost`: probe_requests, probe_tokens_sent, probe_prefill_tokens,

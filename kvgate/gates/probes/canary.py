@@ -121,14 +121,20 @@ class Sender:
         return rec
 
     def send_ids(
-        self, name: str, ids: list[int], max_new_tokens: int, phase: str, top_logprobs: int = 0
+        self,
+        name: str,
+        ids: list[int],
+        max_new_tokens: int,
+        phase: str,
+        top_logprobs: int = 0,
+        rid: str | None = None,
     ) -> ProbeResult:
         """Send an accepted-length prompt of the caller's own ids (no sentinel), metered like the rest; once
-        the deployment stopped answering (`stalled`), not sent, as `one` does."""
+        the deployment stopped answering (`stalled`), not sent, as `one` does. `rid`: the caller's own."""
         with self._lock:
             if self.stalled is not None:
                 return ProbeResult(name, len(ids), max_new_tokens, None, 0.0, not_sent=self.stalled)
-            rid = f"kvgate-{self.run_id}-{phase}-{name}-{secrets.token_hex(3)}"
+            rid = rid or f"kvgate-{self.run_id}-{phase}-{name}-{secrets.token_hex(3)}"
             self.rids.setdefault(phase, []).append(rid)
         res = self.client.generate(name, ids, max_new_tokens, rid=rid, top_logprobs=top_logprobs)
         self.meter.add(res, accepted_length=True)

@@ -6,6 +6,7 @@ Order (cheapest that can fail first; incident.md sections 4-5):
    the pool bound, the middle of the reject band) together with fresh concurrent tenants;
 1b. isolation under load (under_load.py): distinct prompts alone, then together in waves;
 2b. isolation: greedy replay of one prompt around other tenants' traffic (needs no decodable text);
+2c. handoff (handoff.py): decode's answer tokens against prefill's own first token of prompt + answer;
 3. calibration (calibrate.py): the noise and the prefill time per token, measured through the router;
    then latency: one-page vs long prompts (sized from the calibration), one-sided KS;
 4. abort mid-transfer (victim length and cancel points from the calibration, retried within budget);
@@ -30,6 +31,8 @@ from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.contract import Classified, Verdict, classify
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.engaged import Engagement
+from kvgate.gates.probes.handoff import CHECK as HANDOFF_CHECK
+from kvgate.gates.probes.handoff import Sample, run_handoff
 from kvgate.gates.probes.isolation import run_isolation
 from kvgate.gates.probes.latency import LatencyPlan, LatencySamples, latency_finding, run_latency
 from kvgate.gates.probes.margin import deterministic
@@ -132,6 +135,8 @@ class _Run:
         self.answered: list[Sent] = []  # every classified request, phase by phase (a batch's requests together)
         self.stopped_by: str | None = None
         self.stalled_by: str | None = None
+        #: every request of the handoff check (prompt, position, rid, what the answer says served it)
+        self.handoff_samples: list[Sample] = []
 
     # -- orchestration -----------------------------------------------------------------------
 
@@ -179,6 +184,23 @@ class _Run:
                 )
                 return
             self.findings.append(run_isolation(self.sender, lim, s, self.node, deterministic(self.ctx.readings)))
+
+        def handoff() -> None:
+            if not s.handoff_probe:
+                self.findings.append(
+                    inconclusive(
+                        GATE,
+                        HANDOFF_CHECK,
+                        self.node,
+                        "not run: handoff_probe is false",
+                        remedy="set the profile key probes.handoff_probe: true",
+                    )
+                )
+                return
+            finding, self.handoff_samples = run_handoff(
+                self.sender, lim, s, self.node, deterministic(self.ctx.readings)
+            )
+            self.findings.append(finding)
 
         def under_load() -> None:
             if not s.load_probe:
@@ -247,6 +269,7 @@ class _Run:
             ("isolation under load", under_load),
             ("canary round A (small plants)", round_a),
             ("isolation (greedy replay)", isolation),
+            ("handoff (prefill is the oracle)", handoff),
             ("calibration", calibration),
             ("latency", latency),
             ("abort mid-transfer", abort),

@@ -70,6 +70,13 @@ def answer_ids(res: ProbeResult) -> tuple[int, ...] | None:
     return None
 
 
+def tops_at(res: ProbeResult, j: int) -> list[tuple[float, int]]:
+    """The top logprobs `(logprob, id)` of output position `j`, best first ([] when not reported)."""
+    tops = res.meta.get("output_top_logprobs")
+    cand = tops[j] if isinstance(tops, list) and j < len(tops) and isinstance(tops[j], list) else []
+    return [e for e in (_entry(x) for x in cand[:TOP_N]) if e is not None]
+
+
 def score(res: ProbeResult, margin: float, exact: bool = False) -> Scored | None:
     """The answer with its confident positions; None when it carries no ids (not served, or text only)."""
     ids = answer_ids(res)

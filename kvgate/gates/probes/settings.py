@@ -54,6 +54,13 @@ class ProbeSettings:
       workers' reported running-request limit lowers it.
     - load_waves: concurrent waves of the load check.
     - load_new_tokens: answer length of each load request (short: the check's cost stays small).
+    - handoff_probe: run the handoff check (prefill is the oracle; handoff.py).
+    - handoff_new_tokens: answer length of each handoff prompt (confident positions early and late in it
+      are replayed; a longer answer offers a model that is seldom confident more of them).
+    - handoff_long_tokens: length of the handoff's near-limit prompt; None = the longest accepted prompt
+      less the answer, sent where that is at most 65,536 tokens (beyond, it and its replay would cost two
+      such prefills without a prefix cache, so it is not sent unless asked).
+    - handoff_min_positions: confident positions the handoff check must compare to judge.
     - logprob_margin: nats by which a solo answer's top-1 logprob must beat its top-2 for that token
       to be judged by the isolation checks (margin.py); numerical noise cannot flip such a token.
     - tokenizer: how sentinel text becomes input_ids. "auto": the workers' /v1/tokenize and
@@ -88,6 +95,10 @@ class ProbeSettings:
     load_concurrency: int = 20
     load_waves: int = 2
     load_new_tokens: int = 4
+    handoff_probe: bool = True
+    handoff_new_tokens: int = 32
+    handoff_long_tokens: int | None = None
+    handoff_min_positions: int = 3
     logprob_margin: float = 2.0
     tokenizer: str = "auto"
     byte_offset: int = 0
@@ -124,6 +135,8 @@ class ProbeSettings:
             ("load_concurrency", 4, 256),
             ("load_waves", 1, 16),
             ("load_new_tokens", 1, 64),
+            ("handoff_new_tokens", 2, 64),
+            ("handoff_min_positions", 1, 64),
             ("byte_offset", 0, 1 << 30),
         ):
             v = getattr(self, key)
@@ -133,7 +146,7 @@ class ProbeSettings:
             bad("latency_samples", f"must be between 3 and 1000 or null, got {self.latency_samples}")
         if not 0 <= self.budget_floor_s <= 600:
             bad("budget_floor_s", "must be >= 0 and <= 600 (seconds of measured prefill)")
-        for key in ("tenant_tokens", "latency_long_tokens", "abort_tokens"):
+        for key in ("tenant_tokens", "latency_long_tokens", "abort_tokens", "handoff_long_tokens"):
             v = getattr(self, key)
             if v is not None and v < 1:
                 bad(key, f"must be a positive integer or null, got {v}")
@@ -157,8 +170,8 @@ class ProbeSettings:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-_INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens", "latency_samples"}
-_BOOL = {"early_stop", "abort_probe", "isolation_probe", "load_probe"}
+_INT_OR_NONE = {"tenant_tokens", "latency_long_tokens", "abort_tokens", "latency_samples", "handoff_long_tokens"}
+_BOOL = {"early_stop", "abort_probe", "isolation_probe", "load_probe", "handoff_probe"}
 _FLOAT = {
     "logprob_margin",
     "deadline_s",
