@@ -151,7 +151,7 @@ def test_a_directory_is_refused_by_name(tmp_path: Path) -> None:
     folder = tmp_path / "out"
     folder.mkdir()
     res = runner.invoke(app, [*FIXES, "-o", str(folder)])
-    assert "could not write json report" in res.stderr and str(folder) in res.stderr
+    assert "cannot write the json report" in res.stderr and "it is a folder" in res.stderr and str(folder) in res.stderr
     assert folder.is_dir() and list(folder.iterdir()) == []
 
 
