@@ -329,7 +329,9 @@ def process_identity(info: Mapping[str, Any]) -> dict[str, object]:
     worker may run other code: it is a new worker, gated whole again (the watch compares this fact)."""
     states = info.get("internal_states")
     ranks = [s.get("startup_time") for s in states if isinstance(s, dict)] if isinstance(states, list) else []
-    return {"startup_time": info.get("startup_time"), "ranks": ranks}
+    # Sorted: a DP worker lists its ranks in whatever order their answers came (seen on the real --dp-size 2
+    # pair: two reads of one process, ranks swapped); a restart still moves the values.
+    return {"startup_time": info.get("startup_time"), "ranks": sorted(ranks, key=repr)}
 
 
 def flags(info: Mapping[str, Any]) -> dict[str, object]:
