@@ -47,7 +47,6 @@ NOT_OUTPUT: dict[tuple[str, str], tuple[int, str]] = {
     ("kvgate/backport/_lifetime_payload.py", "print"): (1, "runs in the probe's interpreter; kvgate parses it"),
     ("kvgate/backport/_lifetime_payload.py", "pair.pool.write"): (1, "a simulated KV pool, not a file"),
     ("kvgate/backport/_lifetime_payload.py", "self.pool.write"): (1, "a simulated KV pool, not a file"),
-    ("kvgate/backport/engine.py", "write_temp"): (1, "a patch for git apply"),
     ("kvgate/backport/journal.py", "write_atomic"): (2, "a backport's staged bytes and a recovered sglang file"),
     ("kvgate/backport/journal.py", "write_temp"): (2, "the journal's intent record and a patched sglang file"),
     ("kvgate/backport/gitjournal.py", "write_atomic"): (1, "the --repo journal's intent record"),

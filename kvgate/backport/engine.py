@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -33,12 +32,13 @@ from kvgate.backport.journal import (
     file_state,
     kill_point_test_only,
     recover,
+    replace_file,
     sweep_temps,
 )
 from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.safeio import confine, inside, write_temp
+from kvgate.safeio import confine, inside
 
 if TYPE_CHECKING:  # GitPython loads only for a --repo target
     import git
@@ -220,15 +220,8 @@ def _write_files(paths_and_data: list[tuple[Path, bytes]], counter: list[int]) -
     temp name is never opened, and a rename replaces a symlink at the destination instead of following
     it. The caller's journal (the git state it started from) undoes a half-written run."""
     for path, data in paths_and_data:
-        tmp = write_temp(path, data)
         counter[0] += 1
-        kill_point_test_only(f"temp:{counter[0]}")
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        kill_point_test_only(f"renamed:{counter[0]}")
+        replace_file(path, data, counter[0])
 
 
 # -- site-packages ------------------------------------------------------------------------------------

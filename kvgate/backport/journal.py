@@ -47,6 +47,19 @@ def kill_point_test_only(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def replace_file(path: Path, data: bytes, n: int) -> None:
+    """Write `path` in one rename from an exclusively created temp (`safeio.write_temp`), the temp removed
+    if the rename fails; write number `n` for the test-only kill points."""
+    tmp = write_temp(path, data)
+    kill_point_test_only(f"temp:{n}")
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    kill_point_test_only(f"renamed:{n}")
+
+
 class JournalRefused(UsageError):
     """An interrupted run's journal cannot be recovered safely (a file changed since, a damaged record)."""
 
@@ -192,16 +205,10 @@ class Transaction:
                 path = j.root / c.rel
                 if c.after is None:
                     path.unlink(missing_ok=True)
+                    kill_point_test_only(f"renamed:{n}")
                 else:
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    tmp = write_temp(path, c.after)
-                    kill_point_test_only(f"temp:{n}")
-                    try:
-                        os.replace(tmp, path)
-                    except BaseException:
-                        tmp.unlink(missing_ok=True)
-                        raise
-                kill_point_test_only(f"renamed:{n}")
+                    replace_file(path, c.after, n)
             kill_point_test_only("committed")
         except BaseException:
             self.rollback()

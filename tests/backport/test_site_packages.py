@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport import engine
+from kvgate.backport import journal
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.backport.engine import BackportFailed, Layout, Target, applied_patches, apply_series
 from kvgate.catalogue.scanprog import MARKER_PREFIX
@@ -90,7 +90,7 @@ def test_failure_while_writing_restores_every_file(
         replaced.append(str(dst))
         real_replace(src, dst)
 
-    monkeypatch.setattr(engine.os, "replace", flaky)
+    monkeypatch.setattr(journal.os, "replace", flaky)
     with pytest.raises(BackportFailed, match="nothing changed"):
         apply_series(Target(Layout.SITE, root), load_series("0.5.20"))
     assert calls["n"] == 4
@@ -115,7 +115,7 @@ def test_a_full_disk_is_not_a_usage_error(
             raise OSError(28, "No space left on device")
         real_replace(src, dst)
 
-    monkeypatch.setattr(engine.os, "replace", full)
+    monkeypatch.setattr(journal.os, "replace", full)
     out = tmp_path / "r.json"
     res = _kvgate("--release", "v0.5.20", "--site-packages", str(root), "-f", "json", "-o", str(out))
     assert res.exit_code == ExitStatus.TRANSPORT_ERROR == 4, res.output
