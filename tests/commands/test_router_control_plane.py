@@ -73,8 +73,10 @@ class Smg:
             assert self.proc.poll() is None, "smg exited"
             try:
                 doc = httpx.get(self.url + "/readiness", timeout=2).json()
+                # Before its first health pass smg answers 503 with no counts at all: not ready yet.
+                healthy, total = doc.get("healthy_workers"), doc.get("total_workers")
                 # --dp-aware counts one entry per rank: every entry healthy, at least one per worker
-                if doc.get("healthy_workers") == doc.get("total_workers") >= self.want:
+                if isinstance(healthy, int) and isinstance(total, int) and healthy == total >= self.want:
                     return
             except (httpx.HTTPError, ValueError):
                 pass
