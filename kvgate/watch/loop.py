@@ -27,17 +27,18 @@ from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats.json_report import JsonFormatter
 from kvgate.gates.base import CheckOptions, GateContext
 from kvgate.gates.probes.codec_select import select_codec
+from kvgate.gates.probes.margin import deterministic
 from kvgate.gates.probes.plan import ProbeLimits, limits_from_readings
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.httpbounds import bounded_client
 from kvgate.target import DECODE, PREFILL, NodeReading
-from kvgate.watch import isolation
+from kvgate.watch import handoff, isolation
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer
 from kvgate.watch.fleetpass import Change, FleetSnapshot, FleetView, changes, read_fleet, view_of
 from kvgate.watch.latency import ALERT, UNKNOWN, LatencySignal
-from kvgate.watch.metrics import BURST_SKIP_PREFIX, WatchMetrics
+from kvgate.watch.metrics import BURST_SKIP_PREFIX, ROUND_SKIP_PREFIX, WatchMetrics
 from kvgate.watch.probes import ScheduledProbes
 from kvgate.watch.settings import WatchSettings
 
@@ -119,6 +120,14 @@ class Watcher:
         self.isolation_note = "no full gate yet"
         self.isolation_every = isolation.burst_every(settings.requests_per_min, settings.interval_s)
         self.isolation_since = 0  # the interval the golden set was recorded in
+        # The handoff rounds (handoff.py) and the disagreement they saw: it stands as the isolation
+        # finding does. A due round takes the scheduled probes' slots until the budget has room for it.
+        self.handoff: handoff.HandoffWatch | None = None
+        self.handoff_finding: Finding | None = None
+        self.handoff_note = "no full gate yet"
+        self.handoff_every = handoff.round_every(settings.requests_per_min, settings.interval_s)
+        self.handoff_since = 0  # the interval the rounds were planned in
+        self.handoff_due = False
         self.pending: str | None = "start"
         # Why the last report no longer describes the fleet (a change or a leak seen since), until the
         # gate that re-judges it ends: /verdict is then 503, however the last report came out.
@@ -168,6 +177,8 @@ class Watcher:
         status = report.exit_status
         if self.isolation_finding is not None:
             reason = f"isolation under load failed after the gate passed: {self.isolation_finding.summary}"
+        elif self.handoff_finding is not None:
+            reason = f"the handoff check failed after the gate: {self.handoff_finding.summary}"
         elif self.superseded is not None:
             reason = f"re-gating: {self.superseded}; the last full gate ({status.name.lower()}) predates it"
         elif status is not ExitStatus.PASSED:
@@ -225,6 +236,9 @@ class Watcher:
         if self.pending is not None:
             self.full_gate(self.pending)
         self.run_isolation()
+        if self.handoff is not None and self.handoff_finding is None:
+            if (self.intervals - self.handoff_since) % self.handoff_every == 0:
+                self.handoff_due = True
         self.run_probes(stop, end)
         if self.pending == "leak":  # a foreign sentinel in a probe's answer: re-gate now, not next interval
             self.full_gate("leak")
@@ -294,6 +308,12 @@ class Watcher:
                 self.isolation_finding = None
             else:
                 report = replace(report, findings=(*report.findings, self.isolation_finding))
+        if self.handoff_finding is not None:
+            if reason == "change" and report.exit_status is ExitStatus.PASSED:
+                self.log("handoff: the changed fleet passed a full gate; the handoff rounds start again")
+                self.handoff_finding = None
+            else:
+                report = replace(report, findings=(*report.findings, self.handoff_finding))
         self.report, self.report_time, self.superseded = report, time.time(), None
         self.metrics.set_report(report)
         self.metrics.full_gates.labels(reason=reason).inc()
@@ -310,6 +330,8 @@ class Watcher:
     def _plan_probes(self, readings: Sequence[NodeReading]) -> None:
         self.probes = None
         self.isolation = None
+        self.handoff = None
+        self.handoff_due = False
         if not self.options.probes_enabled:
             self.probes_note = "probes are off (--no-probes)"
             return
@@ -324,6 +346,7 @@ class Watcher:
             self.log(f"scheduled probes paused: {self.probes_note}")
             return
         self._record_golden(limits, codec)
+        self._plan_handoff(limits, codec, deterministic(readings))
         probes = ScheduledProbes(self.http, self.router, limits, codec, self.probe_settings, self.budget)
         if not probes.enabled:
             self.probes_note = probes.why_disabled
@@ -360,6 +383,61 @@ class Watcher:
         self.isolation_note = f"{len(iso.golden)} golden prompts, {iso.confident} confident positions"
         self.log(f"isolation golden set recorded: {self.isolation_note}")
 
+    def _plan_handoff(self, limits: ProbeLimits, codec: TokenCodec, exact: bool) -> None:
+        """The handoff rounds: every `handoff_every` intervals, from this interval on."""
+        if not self.probe_settings.handoff_probe:
+            self.handoff_note = "probes.handoff_probe is off"
+            return
+        if not self.handoff_every:
+            self.handoff_note = (
+                f"a round of {handoff.ROUND_REQUESTS} requests does not fit watch.requests_per_min "
+                f"({self.settings.requests_per_min}): raise it to run the handoff check after promotion"
+            )
+            self.log(f"handoff rounds not scheduled: {self.handoff_note}")
+            return
+        if self.handoff_finding is not None:
+            return
+        hw = handoff.HandoffWatch(self.http, self.router, limits, codec, self.probe_settings, self.budget, exact)
+        why = hw.why_disabled
+        if why is not None:
+            self.handoff_note = why
+            self.log(f"handoff rounds not scheduled: {why}")
+            return
+        self.handoff, self.handoff_since = hw, self.intervals
+        self.handoff_note = f"a round every {self.handoff_every} interval(s), prompts " + ", ".join(
+            f"{p.label} {p.length:,}" for p in hw.prompts
+        )
+        self.log(f"handoff rounds scheduled: {self.handoff_note}")
+
+    def run_handoff(self) -> bool:
+        """The due handoff round, in a probe slot; False when the budget has no room for it yet."""
+        hw = self.handoff
+        if hw is None or self.handoff_finding is not None:
+            self.handoff_due = False
+            return True
+        out = hw.round()
+        if not out.sent:
+            self.metrics.skipped.labels(reason=f"{ROUND_SKIP_PREFIX}{out.problem or '?'}").inc()
+            return False
+        self.handoff_due = False
+        self.metrics.handoff_rounds.inc()
+        self.metrics.handoff_compared.inc(out.compared)
+        self.metrics.peak_requests.set(self.budget.peak_requests)
+        self.metrics.peak_tokens.set(self.budget.peak_tokens)
+        if not out.disagreements:
+            if out.compared:
+                self.metrics.handoff_ok.set(1)
+            return True
+        self.metrics.handoff_disagreements.inc(len(out.disagreements))
+        self.metrics.handoff_ok.set(0)
+        found = handoff.finding(out, hw.rounds)
+        self.handoff_finding = found
+        self.log(f"HANDOFF: {found.summary}")
+        if self.report is not None:
+            self.report = replace(self.report, findings=(*self.report.findings, found))
+            self.metrics.set_report(self.report)
+        return True
+
     def run_isolation(self) -> None:
         """This interval's golden-set burst, when the budget affords all of it."""
         iso = self.isolation
@@ -390,7 +468,7 @@ class Watcher:
     def run_probes(self, stop: threading.Event, end: float) -> None:
         """This interval's share of the budget, one probe per slot, slots spread evenly until `end`."""
         probes = self.probes
-        if probes is None:
+        if probes is None and not self.handoff_due:
             return
         n = self.budget.per_interval(self.settings.interval_s)
         start = self.clock()
@@ -398,6 +476,11 @@ class Watcher:
         for i in range(n):
             if stop.wait(max(0.0, start + span * i / n - self.clock())):
                 return
+            if self.handoff_due:  # the due round first: while the budget has no room for it, no probe either
+                self.run_handoff()
+                continue
+            if probes is None:
+                continue
             out = probes.send()
             if not out.sent:
                 self.metrics.skipped.labels(reason=out.problem or "?").inc()

@@ -16,6 +16,7 @@ from kvgate.findings import Finding, Outcome, Report
 from kvgate.redact import redact
 from kvgate.watch.budget import WINDOW_S
 from kvgate.watch.fleetpass import CHANGE_KINDS
+from kvgate.watch.handoff import ROUND_SKIPS
 from kvgate.watch.isolation import BURST_SKIPS, VIOLATION_KINDS
 from kvgate.watch.latency import BUCKETS
 from kvgate.watch.probes import SKIP_REASONS
@@ -31,6 +32,8 @@ LENGTH_LABEL = "prompt_length"
 
 #: how the skip counter labels an isolation burst not sent
 BURST_SKIP_PREFIX = "isolation burst: "
+#: how the skip counter labels a handoff round not sent
+ROUND_SKIP_PREFIX = "handoff round: "
 #: why a full gate ran (`kvgate_full_gates_total`'s reasons)
 GATE_REASONS = ("start", "change", "schedule", "leak")
 
@@ -64,6 +67,10 @@ METRIC_NAMES = (
     "kvgate_isolation_violations_total",
     "kvgate_isolation_bursts_total",
     "kvgate_isolation_confident_positions",
+    "kvgate_handoff_ok",
+    "kvgate_handoff_rounds_total",
+    "kvgate_handoff_compared_positions_total",
+    "kvgate_handoff_disagreements_total",
 )
 
 
@@ -165,6 +172,27 @@ class WatchMetrics:
             registry=r,
         )
 
+        self.handoff_ok = Gauge(
+            "kvgate_handoff_ok",
+            "Handoff rounds after the gate (prefill recomputing decode's confident tokens): 1 every compared "
+            "position agreed, 0 a confident disagreement was seen, -1 no position compared yet",
+            registry=r,
+        )
+        self.handoff_ok.set(-1)
+        self.handoff_rounds = Counter(
+            "kvgate_handoff_rounds", "Handoff rounds sent (one prompt answered, then replayed on prefill)", registry=r
+        )
+        self.handoff_compared = Counter(
+            "kvgate_handoff_compared_positions",
+            "Answer positions where decode's and prefill's tokens were both confident and compared",
+            registry=r,
+        )
+        self.handoff_disagreements = Counter(
+            "kvgate_handoff_disagreements",
+            "Compared positions where prefill, on its own KV, computes another token than decode produced",
+            registry=r,
+        )
+
         # Every labelled counter starts at 0 for each label it can have, so an alert on its increase
         # sees the first one (a series born at 1 has no increase to see).
         for fact in CHANGE_KINDS:
@@ -175,7 +203,12 @@ class WatchMetrics:
             self.requests.labels(bucket)
             self.failures.labels(bucket)
             self.durations.labels(bucket)
-        for reason in (*SKIP_REASONS, *(f"{BURST_SKIP_PREFIX}{why}" for why in BURST_SKIPS)):
+        skips = (
+            *SKIP_REASONS,
+            *(f"{BURST_SKIP_PREFIX}{why}" for why in BURST_SKIPS),
+            *(f"{ROUND_SKIP_PREFIX}{why}" for why in ROUND_SKIPS),
+        )
+        for reason in skips:
             self.skipped.labels(reason=reason)
         for kind in VIOLATION_KINDS:
             self.isolation_violations.labels(kind=kind)

@@ -100,3 +100,36 @@ def test_every_rank_of_a_dp_pair_is_read_from_the_servers_and_gated(dp_pair: PDD
         "one rank never prefilled"
     )
     assert "follow_bootstrap_room conflict" not in log, json.dumps(statuses)
+
+
+def test_the_dp_pair_passes_every_probe_at_the_defaults_the_handoff_check_included(
+    dp_pair: PDDeployment, tmp_path: Path
+) -> None:
+    """The same started pair (no second real start), now probed: a whole `kvgate check` with no profile
+    exits 0, `probes.handoff.prefill_oracle` judging decode's tokens against the prefill's own on both
+    DP pairs' traffic, and `probes.pd.engaged` / `probes.pd.coverage` reading each worker's own counter."""
+    assert dp_pair.router_url is not None and dp_pair.log_dir is not None
+    prefill_log = dp_pair.log_dir / "prefill0.log"
+    before = len(prefill_log.read_bytes())
+    out = tmp_path / "dp-probes.json"
+    args = ["check", "--prefill-url", dp_pair.prefill_urls[0], "--decode-url", dp_pair.decode_urls[0]]
+    args += ["--router-url", dp_pair.router_url, "--site-packages", dp_pair.code_sources()["*"]["site_packages"]]
+    res = CliRunner().invoke(app, [*args, "-f", "json", "-o", str(out), "-q"])
+    assert out.is_file(), res.output
+    report = report_of(out)
+    unpassed = [
+        (f["check"], f["outcome"], f["summary"][:400])
+        for f in report["findings"]
+        if f["outcome"] not in ("passed", "info")
+    ]
+    by = {f["check"]: f for f in report["findings"] if f["gate"] == "probes"}
+    for check in ("handoff.prefill_oracle", "pd.engaged", "pd.coverage"):
+        print(check, by.get(check, {}).get("outcome"), by.get(check, {}).get("summary"))
+    assert res.exit_code == 0 and not unpassed, (res.exit_code, unpassed)
+    for check in ("handoff.prefill_oracle", "pd.engaged", "pd.coverage"):
+        assert by[check]["outcome"] == "passed", (check, by[check]["summary"])
+    # SGLang counts requests per worker, not per rank (pd.coverage says so): the prefill's own log shows
+    # that this run's probes were prefilled on both of its ranks.
+    during = prefill_log.read_bytes()[before:].decode(errors="replace")
+    ranks = {int(r) for r in re.findall(r" DP(\d)\] Prefill batch", during)}
+    assert ranks == set(range(RANKS)), ranks

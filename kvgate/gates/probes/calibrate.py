@@ -121,7 +121,15 @@ class Calibration:
         max(floor_s, FLOOR_NOISE_UNITS x jitter) of measured prefill, up to FLOOR_CAP_TOKENS."""
         by_share = int(share * context)
         floor_s = max(floor_s, FLOOR_NOISE_UNITS * self.jitter_s)
-        floor = int(floor_s / self.s_per_token) if self.s_per_token else 0
+        if self.s_per_token:
+            floor = int(floor_s / self.s_per_token)
+        else:
+            # No length stood CLEAR_OF_NOISE noise units clear: a token costs under CLEAR_OF_NOISE noise units
+            # over the longest length measured, so FLOOR_NOISE_UNITS of them hold at least this many tokens.
+            # (A floor of 0 left a loaded 8k sim 0.5.22 a 256-token abort victim, its 6 ms window under
+            # 38 ms of noise: four tries missed, exit 3, where a measured calibration gets whole-context tries.)
+            longest = max((n for n, _ in self.lengths), default=0)
+            floor = int(FLOOR_NOISE_UNITS / CLEAR_OF_NOISE * longest)
         return max(by_share, min(floor, FLOOR_CAP_TOKENS))
 
     def as_evidence(self) -> dict[str, Any]:

@@ -89,7 +89,9 @@ class Sample:
 
 
 @dataclass
-class _Tally:
+class Tally:
+    """What the check's requests found, prompt by prompt (the watch's rounds keep one per round)."""
+
     compared: list[str] = field(default_factory=list)
     disagree: list[str] = field(default_factory=list)
     unconfident: list[str] = field(default_factory=list)
@@ -187,57 +189,67 @@ def _why_not(res: ProbeResult) -> str:
     return f"HTTP {res.status}: {clip(res.raw, 100)}"
 
 
+def judge_prompt(
+    sender: Sender,
+    limits: ProbeLimits,
+    settings: ProbeSettings,
+    tally: Tally,
+    p: HandoffPrompt,
+    exact: bool = False,
+) -> None:
+    """One prompt of the check: a fresh prompt of `p.length` tokens answered, then replayed on prefill at
+    up to `p.replays` of decode's confident positions (early and late); the findings go to `tally`."""
+    margin = settings.logprob_margin
+
+    def send(ids: list[int], new: int, position: int | None) -> ProbeResult:
+        rid = f"kvgate-{sender.run_id}-{PHASE}-{p.label}-{'a' if position is None else position}-{secrets.token_hex(3)}"
+        res = sender.send_ids(f"handoff-{p.label}", ids, new, PHASE, top_logprobs=TOP_N, rid=rid)
+        tally.samples.append(Sample(p.label, len(ids), position, rid, res.status, _served_by(res)))
+        if res.served:
+            tally.prefill_tokens += len(ids)
+        return res
+
+    ids = prompt_ids(sender, p.label, p.length)
+    answer_at = len(tally.samples)
+    ans = send(ids, max_new_tokens_for(limits, p.length, settings.handoff_new_tokens), None)
+    ref = score(ans, margin, exact) if ans.served else None
+    if ref is None or not ref.ids:
+        tally.unanswered.append(f"{p.label} ({p.length:,} tokens): {_why_not(ans)}")
+        return
+    y = ref.ids
+    sure = [k for k in range(1, len(y)) if ref.confident[k]]
+    tally.candidates += len(y) - 1
+    tally.decode_sure += len(sure)
+    for k in pick(sure, p.replays):
+        where = f"{p.label} ({p.length:,} tokens) position {k}"
+        rep = send(ids + list(y[:k]), 1, k)
+        got = score(rep, margin, exact) if rep.served else None
+        if got is None or not got.ids:
+            tally.unanswered.append(f"{where}: {_why_not(rep)}")
+            continue
+        if not got.confident[0]:
+            tally.unconfident.append(f"{where}: prefill's token below the margin")
+            continue
+        tally.compared.append(where)
+        if got.ids[0] != y[k]:
+            a, r = tally.samples[answer_at], tally.samples[-1]
+            tally.disagree.append(
+                f"{where}: decode produced {_tok(ans, k)}, prefill computes {_tok(rep, 0)} on its own "
+                f"KV for the same {len(ids) + k:,}-token context; served by {_who(a)} (answer), "
+                f"{_who(r)} (replay)"
+            )
+
+
 def run_handoff(
     sender: Sender, limits: ProbeLimits, settings: ProbeSettings, node: str, exact: bool = False
 ) -> tuple[Finding, list[Sample]]:
     """The handoff check (see the module docstring) and every request it sent; `exact`: every worker
     reports deterministic inference, so every position is compared."""
     prompts, note = plan_handoff(limits, settings)
-    margin = settings.logprob_margin
-    tally = _Tally()
-
-    def send(label: str, ids: list[int], new: int, position: int | None) -> ProbeResult:
-        rid = f"kvgate-{sender.run_id}-{PHASE}-{label}-{'a' if position is None else position}-{secrets.token_hex(3)}"
-        res = sender.send_ids(f"handoff-{label}", ids, new, PHASE, top_logprobs=TOP_N, rid=rid)
-        tally.samples.append(Sample(label, len(ids), position, rid, res.status, _served_by(res)))
-        if res.served:
-            tally.prefill_tokens += len(ids)
-        return res
-
-    def one(p: HandoffPrompt) -> None:
-        ids = prompt_ids(sender, p.label, p.length)
-        answer_at = len(tally.samples)
-        ans = send(p.label, ids, max_new_tokens_for(limits, p.length, settings.handoff_new_tokens), None)
-        ref = score(ans, margin, exact) if ans.served else None
-        if ref is None or not ref.ids:
-            tally.unanswered.append(f"{p.label} ({p.length:,} tokens): {_why_not(ans)}")
-            return
-        y = ref.ids
-        sure = [k for k in range(1, len(y)) if ref.confident[k]]
-        tally.candidates += len(y) - 1
-        tally.decode_sure += len(sure)
-        for k in pick(sure, p.replays):
-            where = f"{p.label} ({p.length:,} tokens) position {k}"
-            rep = send(p.label, ids + list(y[:k]), 1, k)
-            got = score(rep, margin, exact) if rep.served else None
-            if got is None or not got.ids:
-                tally.unanswered.append(f"{where}: {_why_not(rep)}")
-                continue
-            if not got.confident[0]:
-                tally.unconfident.append(f"{where}: prefill's token below the margin")
-                continue
-            tally.compared.append(where)
-            if got.ids[0] != y[k]:
-                a, r = tally.samples[answer_at], tally.samples[-1]
-                tally.disagree.append(
-                    f"{where}: decode produced {_tok(ans, k)}, prefill computes {_tok(rep, 0)} on its own "
-                    f"KV for the same {len(ids) + k:,}-token context; served by {_who(a)} (answer), "
-                    f"{_who(r)} (replay)"
-                )
-
+    tally = Tally()
     with sender.observer.step(f"handoff: {len(prompts)} prompts answered, then replayed on prefill"):
         for p in prompts:
-            one(p)
+            judge_prompt(sender, limits, settings, tally, p, exact)
         extra = 0
         # more prompts help a model that is seldom confident, not a deployment that stopped answering
         while (
@@ -249,12 +261,12 @@ def run_handoff(
             extra += 1
             p = HandoffPrompt(f"one_page_{extra + 1}", prompts[0].length, 3)
             prompts.append(p)
-            one(p)
+            judge_prompt(sender, limits, settings, tally, p, exact)
     return _finding(tally, prompts, note, settings, node, exact), tally.samples
 
 
 def _finding(
-    tally: _Tally, prompts: list[HandoffPrompt], note: str, settings: ProbeSettings, node: str, exact: bool
+    tally: Tally, prompts: list[HandoffPrompt], note: str, settings: ProbeSettings, node: str, exact: bool
 ) -> Finding:
     m = settings.logprob_margin
     rule = "exact (deterministic inference)" if exact else f"both sides lead their runner-up by {m:g} nats"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.probes.abort import MIN_TRIES, WINDOW_NOISE, plan_abort
-from kvgate.gates.probes.calibrate import JITTER_SAMPLES, MIN_EFFECT_S, PER_LENGTH, Calibration
+from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, JITTER_SAMPLES, MIN_EFFECT_S, PER_LENGTH, Calibration
 from kvgate.gates.probes.latency import EFFECT_NOISE, plan_latency
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
@@ -378,7 +378,7 @@ def test_a_fast_small_deployment_affords_every_abort_try() -> None:
     WHOLE_CONTEXT_TRIES_PER_ATTEMPT within ROOM_CAP_TOKENS (8 once missed too), and a profile's
     abort_tokens is still held to the budget it set."""
     from kvgate.gates.probes.abort import TRIES_PER_ATTEMPT, WHOLE_CONTEXT_TRIES_PER_ATTEMPT
-    from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, ROOM_CAP_TOKENS
+    from kvgate.gates.probes.calibrate import ROOM_CAP_TOKENS
 
     # the loaded sim's calibration: 352,000 tokens/s, 1.28 ms of noise
     lengths = ((128, 0.00506), (512, 0.00532), (2048, 0.00669), (8185, 0.0281))
@@ -449,3 +449,21 @@ def test_a_1m_pass_that_misses_under_load_looks_again_longer() -> None:
     assert len(plan.passes) == 1, plan  # the first pass missed ...
     ks = samples.ks() if samples is not None else None
     assert ks is not None and ks.significant(0.01), plan  # ... and the longer one showed the prefill
+
+
+def test_a_calibration_that_saw_no_prefill_above_the_noise_still_gets_whole_context_abort_tries() -> None:
+    """bench/sim_green.py, a loaded machine (load 10): a sim 0.5.22 at 8k whose calibration saw 38 ms of
+    noise and no length clear of it (8,185 tokens 111 ms against 38 ms one-page). Its budget floor was 0:
+    the 5% share, 409 tokens, left a 256-token victim (a 6 ms window) and four tries that all missed,
+    exit 3. Unmeasured prefill is cheaper than the noise: the floor is at least the longest length
+    measured times FLOOR_NOISE_UNITS / CLEAR_OF_NOISE, and the victim is the whole context again."""
+    lengths = ((128, 0.04096), (512, 0.05074), (2048, 0.030), (8185, 0.11062))
+    cal = Calibration(16, 0.03774, 0.03838, lengths, None, False, 22, ())
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    settings = ProbeSettings()
+    assert cal.budget_tokens(settings.abort_budget, lim.context, settings.budget_floor_s) == FLOOR_CAP_TOKENS
+    plan = plan_abort(cal, lim, settings)
+    assert plan.victim_tokens == lim.longest_accepted and plan.max_tries >= MIN_TRIES, plan
+    # nothing measured at all: no floor to infer, the share alone
+    bare = Calibration(16, 0.03774, 0.03838, (), None, False, 10, ())
+    assert bare.budget_tokens(settings.abort_budget, lim.context, settings.budget_floor_s) == 409
