@@ -3,8 +3,9 @@
 And two checks on every report any test renders: its JSON validates against the published schema
 (`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
 
-Under `pytest -n 2` (the README's test command) the real-SGLang tier is one unit of work: one worker
-runs it in collection order, one real pair alive at a time, while the other runs the rest.
+Under `pytest -n 2` (the README's test command) each real pair's tests are one unit of work, run by one
+worker in collection order (the pair started once); the two workers take the tier's units first, so both
+run real pairs from the start and the rest of the suite fills the end (tests/real/schedule.py).
 """
 
 from __future__ import annotations
@@ -22,25 +23,48 @@ import pytest
 from tests.assets.loopback import LoopbackServer
 
 _report_problems: list[str] = []
-# Each is one unit of work under xdist, run by one worker in collection order: the real-SGLang tier (one
-# real pair alive at a time) and the binary's tests (one build of dist/kvgate, a path both would share).
-ONE_UNIT = ("tests/real/", "tests/test_binary.py")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's scope scheduling with each of ONE_UNIT one scope and every other test its own.
+    """xdist's scope scheduling with the units of tests/real/schedule.py, the costliest queued first.
 
     Not the `xdist_group` mark: pytest 9.2 no longer lets xdist 3.8 rename node ids, which that mark
-    relies on, so the mark is silently ignored and the real pairs would start on both workers at once.
+    relies on, so the mark is silently ignored and one pair's tests could start it on both workers.
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneUnitEach(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return next((unit for unit in ONE_UNIT if nodeid.startswith(unit)), nodeid)
+    from tests.real.schedule import cost_s, unit_of
 
-    return OneUnitEach(config, log)
+    class RealPairsFirst(LoadScopeScheduling):
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the queue is complete at the first assignment: order it once
+                self._ordered = True
+                units = sorted(self.workqueue.items(), key=lambda u: -cost_s(u[0], len(u[1])))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return RealPairsFirst(config, log)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Which real pairs this run started, where and for how long (tests/real/conftest.py logs each)."""
+    from tests.real.schedule import STARTS_LOG
+
+    factory = getattr(config, "_tmp_path_factory", None)
+    log = factory.getbasetemp() / STARTS_LOG if factory is not None else None
+    if log is None or not log.is_file():
+        return
+    lines = log.read_text().splitlines()
+    terminalreporter.write_sep("-", f"real pairs started: {len(lines)}")
+    for line in lines:
+        terminalreporter.write_line(line)
 
 
 def _validator() -> Any:
