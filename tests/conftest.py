@@ -11,11 +11,13 @@ run real pairs from the start and the rest of the suite fills the end (tests/rea
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +25,20 @@ import pytest
 from tests.assets.loopback import LoopbackServer
 
 _report_problems: list[str] = []
+
+# The tests' heavy cache (real sglang wheels, the releases' CPU environments, the tiny models: about 6
+# minutes to build, 4 GB) is the user's, outside the checkout, unless KVGATE_CACHE_DIR names one: a clean
+# clone's run reuses what an earlier run on this machine built (issue 44). Every entry is keyed by what it
+# is built from (release, recipe digest, model spec and writer digest), so a changed recipe builds anew
+# beside the old one. Set here, before any test imports kvgate.paths, so the xdist workers and every
+# server process the tests start inherit it.
+TEST_CACHE_DIR = os.environ.setdefault(
+    "KVGATE_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvgate")
+)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"kvgate cache (KVGATE_CACHE_DIR): {TEST_CACHE_DIR}"
 
 
 @pytest.hookimpl(optionalhook=True)
