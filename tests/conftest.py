@@ -69,18 +69,48 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return RealPairsFirst(config, log)
 
 
+_span: list[float] = []  # this process's first test start and last test end (wall clock, for the tail)
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    if not _span:
+        _span.append(time.time())
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    del _span[1:]
+    _span.append(time.time())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker leaves its span in the run's folder for the controller's summary."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and len(_span) == 2:
+        run_dir = session.config._tmp_path_factory.getbasetemp().parent
+        (run_dir / f"span-{worker}.json").write_text(json.dumps(_span))
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Which real pairs this run started, where and for how long (tests/real/conftest.py logs each)."""
+    """Which real pairs this run started, where and for how long (tests/real/conftest.py logs each), and
+    under xdist when each worker ended its last test: the idle tail is how long one waited for the other."""
     from tests.real.schedule import STARTS_LOG
 
     factory = getattr(config, "_tmp_path_factory", None)
-    log = factory.getbasetemp() / STARTS_LOG if factory is not None else None
-    if log is None or not log.is_file():
+    if factory is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    lines = log.read_text().splitlines()
-    terminalreporter.write_sep("-", f"real pairs started: {len(lines)}")
-    for line in lines:
-        terminalreporter.write_line(line)
+    run_dir = factory.getbasetemp()
+    log = run_dir / STARTS_LOG
+    if log.is_file():
+        lines = log.read_text().splitlines()
+        terminalreporter.write_sep("-", f"real pairs started: {len(lines)}")
+        for line in lines:
+            terminalreporter.write_line(line)
+    spans = {p.stem[5:]: json.loads(p.read_text()) for p in sorted(run_dir.glob("span-*.json"))}
+    if len(spans) > 1:
+        t0 = min(s[0] for s in spans.values())
+        ends = {w: s[1] - t0 for w, s in spans.items()}
+        terminalreporter.write_sep("-", f"idle tail: {max(ends.values()) - min(ends.values()):.0f} s")
+        terminalreporter.write_line(", ".join(f"{w} ended its last test at {e:.0f} s" for w, e in ends.items()))
 
 
 def _validator() -> Any:
