@@ -2,12 +2,12 @@
 
 Each pair is `python -m sglang.launch_server` x2 (Mooncake over TCP) behind the real smg router,
 started by kvgate's own launcher (`kvgate.launch`, device cpu) from the release's cached CPU
-environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time: the
-fixture is session-scoped and parametrized, so pytest groups every test of one pair together; the pair
-is stopped after its last test (about 2 GB of RAM per server, none kept idle). Under `pytest -n 2` each
-pair's tests are one unit of work (tests/real/schedule.py): one worker runs them in that order and starts
-the pair once (logged, and a second start of it in the run fails), while the other worker runs another
-pair's, so at most two pairs run at once.
+environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time on each
+pytest process: the fixture is session-scoped and parametrized, so pytest groups every test of one pair
+together; the pair is stopped after its last test (about 2 GB of RAM per server, none kept idle). Under
+`pytest -n 2` each pair's tests are one unit of work (tests/real/schedule.py): one worker runs them in
+that order and starts the pair once (logged, and a second start of it in the run fails), while the
+other worker runs another pair's, so at most two pairs run at once.
 
 A pair has five axes: release, pool ("short": prefill pool half the context, the incident's shape;
 "healthy": 1.25 x context on both sides), server mode (text, or --skip-tokenizer-init: input_ids in,
