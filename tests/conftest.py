@@ -3,18 +3,21 @@
 And two checks on every report any test renders: its JSON validates against the published schema
 (`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
 
-Under `pytest -n 2` (the README's test command) the real-SGLang tier is one unit of work: one worker
-runs it in collection order, one real pair alive at a time, while the other runs the rest.
+Under `pytest -n 2` (the README's test command) each real pair's tests are one unit of work, run by one
+worker in collection order (the pair started once); the two workers take the tier's units first, so both
+run real pairs from the start and the rest of the suite fills the end (tests/real/schedule.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,25 +25,92 @@ import pytest
 from tests.assets.loopback import LoopbackServer
 
 _report_problems: list[str] = []
-# Each is one unit of work under xdist, run by one worker in collection order: the real-SGLang tier (one
-# real pair alive at a time) and the binary's tests (one build of dist/kvgate, a path both would share).
-ONE_UNIT = ("tests/real/", "tests/test_binary.py")
+
+# The tests' heavy cache (real sglang wheels, the releases' CPU environments, the tiny models: about 6
+# minutes to build, 4 GB) is the user's, outside the checkout, unless KVGATE_CACHE_DIR names one: a clean
+# clone's run reuses what an earlier run on this machine built (issue 44). Every entry is keyed by what it
+# is built from (release, recipe digest, model spec and writer digest), so a changed recipe builds anew
+# beside the old one. Set here, before any test imports kvgate.paths, so the xdist workers and every
+# server process the tests start inherit it.
+TEST_CACHE_DIR = os.environ.setdefault(
+    "KVGATE_CACHE_DIR", str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvgate")
+)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"kvgate cache (KVGATE_CACHE_DIR): {TEST_CACHE_DIR}"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's scope scheduling with each of ONE_UNIT one scope and every other test its own.
+    """xdist's scope scheduling with the units of tests/real/schedule.py, the costliest queued first.
 
     Not the `xdist_group` mark: pytest 9.2 no longer lets xdist 3.8 rename node ids, which that mark
-    relies on, so the mark is silently ignored and the real pairs would start on both workers at once.
+    relies on, so the mark is silently ignored and one pair's tests could start it on both workers.
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    class OneUnitEach(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return next((unit for unit in ONE_UNIT if nodeid.startswith(unit)), nodeid)
+    from tests.real.schedule import cost_s, unit_of
 
-    return OneUnitEach(config, log)
+    class RealPairsFirst(LoadScopeScheduling):
+        _ordered = False
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if not self._ordered:  # the queue is complete at the first assignment: order it once
+                self._ordered = True
+                units = sorted(self.workqueue.items(), key=lambda u: -cost_s(u[0], len(u[1])))  # stable
+                self.workqueue.clear()
+                self.workqueue.update(units)
+            super()._assign_work_unit(node)
+
+    return RealPairsFirst(config, log)
+
+
+_span: list[float] = []  # this process's first test start and last test end (wall clock, for the tail)
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    if not _span:
+        _span.append(time.time())
+
+
+def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
+    del _span[1:]
+    _span.append(time.time())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """An xdist worker leaves its span in the run's folder for the controller's summary."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and len(_span) == 2:
+        run_dir = session.config._tmp_path_factory.getbasetemp().parent
+        (run_dir / f"span-{worker}.json").write_text(json.dumps(_span))
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Which real pairs this run started, where and for how long (tests/real/conftest.py logs each), and
+    under xdist when each worker ended its last test: the idle tail is how long one waited for the other."""
+    from tests.real.schedule import STARTS_LOG
+
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    run_dir = factory.getbasetemp()
+    log = run_dir / STARTS_LOG
+    if log.is_file():
+        lines = log.read_text().splitlines()
+        terminalreporter.write_sep("-", f"real pairs started: {len(lines)}")
+        for line in lines:
+            terminalreporter.write_line(line)
+    spans = {p.stem[5:]: json.loads(p.read_text()) for p in sorted(run_dir.glob("span-*.json"))}
+    if len(spans) > 1:
+        t0 = min(s[0] for s in spans.values())
+        ends = {w: s[1] - t0 for w, s in spans.items()}
+        terminalreporter.write_sep("-", f"idle tail: {max(ends.values()) - min(ends.values()):.0f} s")
+        terminalreporter.write_line(", ".join(f"{w} ended its last test at {e:.0f} s" for w, e in ends.items()))
 
 
 def _validator() -> Any:

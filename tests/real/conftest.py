@@ -2,10 +2,12 @@
 
 Each pair is `python -m sglang.launch_server` x2 (Mooncake over TCP) behind the real smg router,
 started by kvgate's own launcher (`kvgate.launch`, device cpu) from the release's cached CPU
-environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time: the
-fixture is session-scoped and parametrized, so pytest groups every test of one pair together and stops
-it before starting the next (about 2 GB of RAM per server); under `pytest -n 2` the whole tier is one
-unit of work (tests/conftest.py), so one worker runs it in that order.
+environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time on each
+pytest process: the fixture is session-scoped and parametrized, so pytest groups every test of one pair
+together; the pair is stopped after its last test (about 2 GB of RAM per server, none kept idle). Under
+`pytest -n 2` each pair's tests are one unit of work (tests/real/schedule.py): one worker runs them in
+that order and starts the pair once (logged, and a second start of it in the run fails), while the
+other worker runs another pair's, so at most two pairs run at once.
 
 A pair has five axes: release, pool ("short": prefill pool half the context, the incident's shape;
 "healthy": 1.25 x context on both sides), server mode (text, or --skip-tokenizer-init: input_ids in,
@@ -39,6 +41,7 @@ from kvgate.launch import PDDeployment, PDLaunchPlan
 from kvgate.upstream import RELEASES
 from tests.assets.real_sglang import server_env_or_skip
 from tests.real.lifetime_race import hook_env
+from tests.real.schedule import STARTS_LOG
 
 CONTEXTS = (4096, 8192)
 #: How long a pair's test waits for its router to route again (smg: 2 passing health checks, 60 s apart,
@@ -191,6 +194,7 @@ class RealPair:
     altered: set[tuple[str, int]] = field(default_factory=set)  # (role, index) of workers not as planned
     hook_dir: Path | None = None  # where the late-write TEST hook takes its orders and logs (RACE_SPECS only)
     tests_done: int = 0  # tests of this pair that ran before the current one (the race needs fresh pools)
+    stopped: bool = False  # stopped after its last test (pytest_runtest_teardown)
 
     def restart_with_pool(self, role: str, index: int, pool: int) -> None:
         """Restart one worker on its URL with `--max-total-tokens pool` (kvgate.launch.PDDeployment)."""
@@ -201,7 +205,8 @@ class RealPair:
         """After a test altered the pair, restart every worker with its planned pool: the altered ones,
         and the others too, since a gate on the altered pair (a prefill pool under the context) may
         leave the real decode holding rejected streaming requests' pages for its 300 s waiting timeout
-        (docs/reference.md), and the next test would find it starved."""
+        (docs/reference.md), and the next test would find it starved. The pair is handed on only once
+        its router serves a request again (`wait_routable`): checked, not assumed."""
         if not self.altered:
             return
         dep = self.deployment
@@ -210,6 +215,7 @@ class RealPair:
         for i in range(len(dep.decode_urls)):
             dep.restart_worker("decode", i, pool=self.spec.decode_pool)
         self.altered.clear()
+        self.wait_routable()
 
     def wait_routable(self, deadline_s: float = ROUTABLE_DEADLINE_S) -> float:
         """Until the router serves a one-token request; returns the seconds waited. smg stops routing
@@ -290,33 +296,60 @@ def plan_for(spec: PairSpec, hook_dir: Path | None = None) -> PDLaunchPlan:
     )
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _one_worker_runs_this_tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Fail, rather than start real pairs on two xdist workers at once, if the scheduler in
-    tests/conftest.py did not keep this tier one unit of work (the workers share basetemp's parent)."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield
-        return
-    with open(tmp_path_factory.getbasetemp().parent / "real-tier.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pytest.fail("another xdist worker is running the real tier: it must be one unit (tests/conftest.py)")
-        yield
+def _run_dir(factory: pytest.TempPathFactory) -> Path:
+    """The run's own temporary folder: under xdist the workers' folders are in it."""
+    base = factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def _log_start(factory: pytest.TempPathFactory, spec: PairSpec, seconds: float) -> None:
+    with open(_run_dir(factory) / STARTS_LOG, "a") as log:
+        fcntl.flock(log, fcntl.LOCK_EX)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        log.write(f"{spec.id} on {worker} pid {os.getpid()}: started in {seconds:.0f} s\n")
+
+
+def _started_before(factory: pytest.TempPathFactory, spec: PairSpec) -> str | None:
+    log = _run_dir(factory) / STARTS_LOG
+    lines = log.read_text().splitlines() if log.is_file() else []
+    return next((line for line in lines if line.split(" ", 1)[0] == spec.id), None)
 
 
 @pytest.fixture(scope="session", params=SPECS, ids=[s.id for s in SPECS])
 def real_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealPair]:
     spec: PairSpec = request.param
     server_env_or_skip(spec.release)
+    before = _started_before(tmp_path_factory, spec)
+    if before is not None:  # its tests were split (another worker, or an order that left and came back)
+        pytest.fail(f"{spec.id} was started once already in this run ({before}): a pair starts once per run")
     logs = tmp_path_factory.mktemp(f"real-{spec.id}")
     hook_dir = logs / "late-write" if spec in RACE_SPECS else None
     dep = PDDeployment(plan_for(spec, hook_dir), log_dir=logs)
+    began = time.monotonic()
     dep.start()
+    _log_start(tmp_path_factory, spec, time.monotonic() - began)
     try:
         yield RealPair(spec, dep, hook_dir=hook_dir)
     finally:
         dep.stop()
+
+
+def _pair_of(item: pytest.Item | None) -> PairSpec | None:
+    return getattr(getattr(item, "callspec", None), "params", {}).get("real_pair") if item is not None else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop a pair after its last test, not at the session's end: pytest keeps a session-scoped pair
+    alive until another pair is asked for, so a worker that went on to other tests (the rest of the
+    suite, a test starting its own pair) held an idle pair's four processes and 4 GB beside them."""
+    spec = _pair_of(item)
+    if spec is None or _pair_of(nextitem) == spec:
+        return
+    pair = item.funcargs.get("real_pair") if hasattr(item, "funcargs") else None
+    if isinstance(pair, RealPair):
+        pair.deployment.stop()  # idempotent: the fixture's own teardown stops it again at no cost
+        pair.stopped = True
 
 
 @pytest.fixture(autouse=True)
@@ -327,6 +360,8 @@ def _pair_as_planned(request: pytest.FixtureRequest) -> Iterator[None]:
         yield
         return
     pair: RealPair = request.getfixturevalue("real_pair")
+    if pair.stopped:  # only an order that runs a test of the pair after another pair's could do it
+        pytest.fail(f"{pair.spec.id} was stopped after what was to be its last test: its tests must run together")
     pair.restore()
     yield
     pair.tests_done += 1
