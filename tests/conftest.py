@@ -3,9 +3,9 @@
 And two checks on every report any test renders: its JSON validates against the published schema
 (`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
 
-Under `pytest -n 2` (the README's test command) each real pair's tests are one unit of work, run by one
-worker in collection order (the pair started once); the two workers take the tier's units first, so both
-run real pairs from the start and the rest of the suite fills the end (tests/real/schedule.py).
+Under `pytest -n 2` (the README's test command) the real tier is one unit of work, queued first, run by one
+worker in collection order (each pair started once) while the other runs the rest of the suite;
+tests/real/schedule.py can cut it into a unit per pair (SPLIT_REAL_TIER, off: see there why).
 """
 
 from __future__ import annotations

@@ -8,7 +8,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from tests.conftest import pytest_xdist_make_scheduler
+from tests.real import schedule
 from tests.real.conftest import SPECS
 from tests.real.schedule import PAIR_ID, unit_of
 
@@ -62,6 +65,23 @@ def _run(collection: list[str]) -> list[tuple[str, str]]:
     return ran
 
 
+@pytest.fixture
+def split(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule, "SPLIT_REAL_TIER", True)
+
+
+def test_the_tier_kept_whole_runs_on_one_worker_first() -> None:
+    """SPLIT_REAL_TIER off (the default): every real test on one worker, which starts with the tier, and
+    the other worker takes none of it."""
+    assert not schedule.SPLIT_REAL_TIER
+    ran = _run(_collection())
+    real = {w for w, n in ran if n.startswith("tests/real/")}
+    assert len(real) == 1, real
+    (worker,) = real
+    assert next(n for w, n in ran if w == worker).startswith("tests/real/")
+
+
+@pytest.mark.usefixtures("split")
 def test_each_pair_runs_on_one_worker_and_both_start_on_real_pairs() -> None:
     ran = _run(_collection())
     where: dict[str, set[str]] = {}
@@ -74,6 +94,7 @@ def test_each_pair_runs_on_one_worker_and_both_start_on_real_pairs() -> None:
     assert all(PAIR_ID.search(n) for n in firsts.values()), firsts
 
 
+@pytest.mark.usefixtures("split")
 def test_a_pairs_tests_run_together_in_collection_order_and_the_tier_goes_first() -> None:
     collection = _collection()
     ran = _run(collection)
