@@ -24,6 +24,7 @@ from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sentinel, TokenCodec, owners
+from kvgate.gates.probes.under_load import corruption_message
 from kvgate.progress import NullObserver
 from kvgate.redact import clip
 from kvgate.soak.settings import LONG, MEDIUM, NEAR_LIMIT, SHORT, SoakSettings
@@ -51,6 +52,7 @@ class RequestRecord:
     e2e_s: float
     tokens: int
     leaks: tuple[str, ...] = ()
+    corruption: str | None = None  # the server's own corruption abort (the #17430 room check's message)
 
     @property
     def itl_s(self) -> float | None:
@@ -178,6 +180,7 @@ class Load:
             res.elapsed_s,
             tokens,
             leaks,
+            corruption_message(res),
         )
 
     def run(self, stop: threading.Event, slice_of: Callable[[float], int]) -> None:

@@ -137,6 +137,7 @@ class Soak:
         if why_not:
             self.log(f"isolation golden set not recorded: {why_not}")
         t0 = time.monotonic()  # the load's clock starts after the golden set
+        data["t0_unix"] = round(time.time(), 3)  # the same instant on the wall clock (for a server's log times)
         content.t0 = t0
         load = Load(http, self.router, limits, codec, s, self.probe_settings.deadline_s, self._record)
         load.t0 = t0
@@ -197,6 +198,18 @@ class Soak:
             recs = list(self.records.get(st.index, []))
         if CANARY not in self.settings.checks:
             return ContentResult(CANARY, Outcome.PASSED, "not asked (soak.checks)", st.end_s, 0.0)
+        corrupt = [r for r in recs if r.corruption]
+        if corrupt:
+            r = corrupt[0]
+            return ContentResult(
+                CANARY,
+                Outcome.FAILED,
+                f"request #{r.index} ({r.bucket}, {r.length:,} tokens, sentinel {r.sentinel}, sent at "
+                f"{r.start_s:.1f} s) was aborted as metadata/context corruption: {r.corruption}"
+                + (f" (+{len(corrupt) - 1} more request(s))" if len(corrupt) > 1 else ""),
+                st.end_s,
+                0.0,
+            )
         leaky = [r for r in recs if r.leaks]
         if leaky:
             r = leaky[0]
