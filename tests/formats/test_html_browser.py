@@ -19,7 +19,7 @@ from kvgate.formats.html import HtmlFormatter
 from tests.soak.helpers import soak
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="the chromium binary is not installed (apt-get install chromium)")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary (apt-get install chromium)")
 
 HOSTILE = "<script>console.error('pwned')</script><img src=x onerror=\"console.error('img')\">&amp;\u202e"
 
