@@ -32,6 +32,9 @@ from kvgate.soak.settings import LONG, MEDIUM, NEAR_LIMIT, SHORT, SoakSettings
 #: sentinels of the previous slice a new slice's book starts with (older ones are still caught as
 #: whole delimited sentinels of an unknown request)
 CARRY_BOOK = 64
+#: the most recent sentinels an answer is searched for whole or in part (a leak comes from a request in
+#: flight or just finished; any older one is still caught whole); the client's cost per answer stays flat
+BOOK = 256
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,11 @@ class Load:
             rec = sender.one(probe, phase, stream=True)
         res = rec.result
         leaks = tuple(owners(sender.sightings([rec])))
+        if len(sender.book) > 2 * BOOK:  # one slice-deletion each: atomic under the GIL
+            del sender.book[:-BOOK]
+        if len(sender.sent) > BOOK:
+            del sender.sent[:-BOOK]
+            sender.rids.clear()
         ids = res.output_ids
         ct = res.meta.get("completion_tokens")
         tokens = len(ids) if ids is not None else (ct if isinstance(ct, int) and not isinstance(ct, bool) else 0)
