@@ -157,7 +157,10 @@ def build_app(engine: BaseEngine) -> FastAPI:
                 return _json({"error": f"after: expected a whole number of requests, got {after!r}"}, 400)
             engine.drift_after = after
         engine.drift_count, engine.drift_since = 0, None  # a drift counts from when it was switched on
-        return _json({"fault": engine.fault, "drift_after": engine.drift_after})
+        said: dict[str, Any] = {"fault": engine.fault}
+        if engine.fault == faults.GRADUAL_DRIFT:
+            said["drift_after"] = engine.drift_after
+        return _json(said)
 
     @app.get("/sim/state")
     async def _state() -> Response:
