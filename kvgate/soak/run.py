@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from kvgate.defaults import PROBE_BODY_CAP
-from kvgate.errors import TransportError
+from kvgate.errors import InternalError, TransportError
 from kvgate.findings import Evidence, Finding, Outcome, Report, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes.codec_select import select_codec
@@ -159,6 +159,8 @@ class Soak:
             stop.set()
             driver.join()
             pool.stop()
+        if load.crashed:
+            raise InternalError("soak", RuntimeError(f"the load driver broke: {load.crashed}"))
         end_s = time.monotonic() - t0
         return self._judge(slices, pool, end_s, data)
 
