@@ -55,7 +55,10 @@ class RequestRecord:
     e2e_s: float
     tokens: int
     leaks: tuple[str, ...] = ()
-    corruption: str | None = None  # the server's own corruption abort (the #17430 room check's message)
+    corruption: str | None = None
+    #: streamed and measured; False for a request sent to be cancelled (plain, no first-token time),
+    #: which counts in the load and the error rate even when it was answered before the cancel
+    streamed: bool = True  # the server's own corruption abort (the #17430 room check's message)
 
     @property
     def itl_s(self) -> float | None:
@@ -191,6 +194,7 @@ class Load:
             tokens,
             leaks,
             corruption_message(res),
+            streamed=not cancel,
         )
 
     def run(self, stop: threading.Event, slice_of: Callable[[float], int]) -> None:

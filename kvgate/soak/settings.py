@@ -26,7 +26,7 @@ class Slo:
     - itl_p99_s: inter-token latency ((e2e - ttft) / (tokens - 1) per request), 99th percentile.
     - e2e_p50_s / e2e_p99_s: whole request, median and 99th percentile.
     - error_rate: the largest share of non-cancelled requests that may fail (HTTP error, abort, hang).
-    - goodput: the smallest share of non-cancelled requests that must be served within every
+    - goodput: the smallest share of streamed requests (not those sent to be cancelled) that must be served within every
       per-request level (ttft_p99_s, itl_p99_s, e2e_p99_s taken as per-request bounds).
     """
 

@@ -76,7 +76,10 @@ def _p(xs: list[float], q: float) -> float | None:
 def measure(records: Sequence[RequestRecord], seconds: float, slo: Slo) -> Stats:
     """The levels over `records` (cancelled requests count in the load, never in the levels)."""
     judged = [r for r in records if not r.cancelled]
-    served = [r for r in judged if r.served]
+    # the levels are read on streamed requests only: one sent to be cancelled but answered first has
+    # no first-token time (it still counts in the error rate)
+    timed = [r for r in judged if r.streamed]
+    served = [r for r in timed if r.served]
     ttft = [r.ttft_s for r in served if r.ttft_s is not None]
     itl = [x for r in served if (x := r.itl_s) is not None]
     e2e = [r.e2e_s for r in served]
@@ -86,7 +89,7 @@ def measure(records: Sequence[RequestRecord], seconds: float, slo: Slo) -> Stats
     return Stats(
         requests=len(records),
         cancelled=len(records) - len(judged),
-        served=len(served),
+        served=sum(1 for r in judged if r.served),
         errors=errors,
         leaks=sum(len(r.leaks) for r in records),
         seconds=round(seconds, 3),
@@ -96,9 +99,9 @@ def measure(records: Sequence[RequestRecord], seconds: float, slo: Slo) -> Stats
         e2e_p50_s=_p(e2e, 50),
         e2e_p99_s=_p(e2e, 99),
         error_rate=errors / len(judged) if judged else None,
-        goodput=good / len(judged) if judged else None,
+        goodput=good / len(timed) if timed else None,
         requests_per_s=len(records) / span,
-        tokens_per_s=sum(r.tokens for r in served) / span,
+        tokens_per_s=sum(r.tokens for r in judged if r.served) / span,
     )
 
 

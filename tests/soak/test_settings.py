@@ -68,6 +68,13 @@ def test_levels_measured_against_stated() -> None:
     assert levels["itl_p99_s"].measured == pytest.approx(0.05)  # (0.5 - 0.1) / 8
 
 
+def test_a_request_sent_to_be_cancelled_but_answered_first_is_load_not_a_level() -> None:
+    """It went plain (no first-token time): it counts in the load and the error rate, not in goodput."""
+    recs = [rec(i) for i in range(19)] + [rec(19, ttft=None, streamed=False)]
+    st = measure(recs, 1.0, Slo())
+    assert st.served == 20 and st.error_rate == 0 and st.goodput == 1.0
+
+
 def test_nothing_answered_is_unmeasured_never_met() -> None:
     st = measure([rec(1, served=False)], 1.0, Slo())
     levels = {lv.name: lv for lv in judge(st, Slo())}
