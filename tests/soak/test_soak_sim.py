@@ -88,8 +88,9 @@ def test_the_gradual_drift_fails_the_soak_in_the_slice_where_it_begins(
     assert "failed" in page.read_text()
 
 
+@pytest.mark.parametrize("fault", faults.LOAD_FAULTS)
 def test_a_load_fault_switched_on_mid_run_fails_the_soak_in_that_slice(
-    deployment: Callable[..., Any], tmp_path: Path
+    deployment: Callable[..., Any], tmp_path: Path, fault: str
 ) -> None:
     dep = deployment(**SHAPE)
     switched: list[float] = []
@@ -97,7 +98,7 @@ def test_a_load_fault_switched_on_mid_run_fails_the_soak_in_that_slice(
     def switch() -> None:
         time.sleep(5.0)  # well into the soak (the golden set and a slice or two before it)
         switched.append(time.time())
-        r = httpx.post(dep.decode_urls[0] + "/sim/fault", json={"fault": faults.META_SLOT_SHARED}, timeout=10)
+        r = httpx.post(dep.decode_urls[0] + "/sim/fault", json={"fault": fault}, timeout=10)
         assert r.status_code == 200
 
     t = threading.Thread(target=switch)
@@ -114,7 +115,10 @@ def test_a_load_fault_switched_on_mid_run_fails_the_soak_in_that_slice(
     assert bad["covered_s"][1] >= switched[0] - t0
     assert _covers(bad, doc, switched[0]) or _covers(slices(doc)[bad["index"] - 2], doc, switched[0])
     summary = next(f["summary"] for f in doc["findings"] if f["outcome"] == "failed")
-    assert "corruption" in summary and f"slice {bad['index']}" in summary
+    assert summary.startswith(f"slice {bad['index']} (")
+    # what changed: the room check's abort, another request's sentinel, or a changed confident token
+    said = ("corruption", "another request's content", "changed a token the model was confident of alone")
+    assert any(s in summary for s in said), summary
 
 
 def test_a_bad_soak_section_is_a_usage_error_with_the_report_written(tmp_path: Path) -> None:
