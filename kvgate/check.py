@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvgate import baseline
 from kvgate.discovery import RankLoad, RouterListing, list_router_workers, normalize_url, read_router_loads
@@ -159,6 +159,7 @@ def run_check(
     gates = list(gates) if gates is not None else default_gates(options)
     started = time.time()
     findings: list[Finding] = []
+    timeline: list[dict[str, Any]] = []
     control: list[Finding] = []
     left: list[str] = []  # where the self-test's simulator left its logs
     if self_test:
@@ -213,6 +214,7 @@ def run_check(
             findings.extend(_probe_setup(options))
             for gate in gates:
                 observer.log(f"gate {gate.name}")
+                gate_t0, before = time.time(), len(findings)
                 try:
                     findings.extend(gate.run(ctx))
                 except TransportError as exc:
@@ -223,6 +225,7 @@ def run_check(
                             gate.name, "internal", "kvgate", Outcome.ERROR, f"gate crashed: {type(exc).__name__}: {exc}"
                         )
                     )
+                timeline.append(_timed(gate.name, gate_t0 - started, time.time() - gate_t0, findings[before:]))
             # The second look: the verdict is on the fleet as it stands now, or there is none (kvgate/stability.py).
             findings.extend(
                 confirm(
@@ -253,6 +256,8 @@ def run_check(
         )
     cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
+    if timeline:
+        cost["gates"] = timeline  # what ran when, how long, what it judged (the html report's timeline)
     return Report(
         command="check",
         findings=tuple(findings),
@@ -518,3 +523,17 @@ def _distrust_probes(findings: list[Finding], control: list[Finding]) -> list[Fi
 
 
 __all__ = ["run_check", "run_self_test", "node_specs", "default_gates", "CheckOptions"]
+
+
+def _timed(gate: str, start_s: float, seconds: float, judged: Sequence[Finding]) -> dict[str, Any]:
+    """One gate's entry in the run's timeline: when it started, how long it ran, what it judged."""
+    outcomes: dict[str, int] = {}
+    for f in judged:
+        outcomes[f.outcome.value] = outcomes.get(f.outcome.value, 0) + 1
+    return {
+        "gate": gate,
+        "start_s": round(start_s, 3),
+        "seconds": round(seconds, 3),
+        "outcomes": outcomes,
+        "checks": sorted({f.test_id for f in judged}),
+    }

@@ -66,6 +66,9 @@ app.command("schema", cls=ReportingCommand)(schema)
 from kvgate.commands.watch import watch  # noqa: E402
 
 app.command("watch")(watch)
+from kvgate.commands.soak import soak  # noqa: E402
+
+app.command("soak", cls=ReportingCommand)(soak)
 
 from kvgate.commands.plan import plan  # noqa: E402
 

@@ -39,6 +39,8 @@ class Profile:
     deployment: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # `kvgate watch`: interval, probe traffic budget, verdict age (validated by kvgate.watch.settings).
     watch: Mapping[str, Any] = field(default_factory=dict)
+    # `kvgate soak`: load shape, slices and SLOs (validated by kvgate.soak.settings).
+    soak: Mapping[str, Any] = field(default_factory=dict)
 
 
 _TOP_KEYS = {
@@ -55,6 +57,7 @@ _TOP_KEYS = {
     "code",
     "deployment",
     "watch",
+    "soak",
 }
 
 
@@ -138,7 +141,7 @@ def load(ref: str) -> Profile:
     strict = doc.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise ProfileError(where, "strict", f"expected true or false, got {strict!r}")
-    for section in ("probes", "defenses", "code", "watch"):
+    for section in ("probes", "defenses", "code", "watch", "soak"):
         if section in doc and not isinstance(doc[section], dict):
             raise ProfileError(where, section, f"expected a mapping, got {doc[section]!r}")
     return Profile(
@@ -157,4 +160,5 @@ def load(ref: str) -> Profile:
         code=dict(doc.get("code") or {}),
         deployment=parse_deployment(doc.get("deployment"), where),
         watch=dict(doc.get("watch") or {}),
+        soak=dict(doc.get("soak") or {}),
     )

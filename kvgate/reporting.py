@@ -19,6 +19,7 @@ _SINK = {
     ReportFormat.TABLE: sinks.terminal,
     ReportFormat.JUNIT: sinks.xml,
     ReportFormat.SARIF: sinks.terminal,
+    ReportFormat.HTML: sinks.visible,
 }
 
 

@@ -69,6 +69,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("report", ("kvgate.formats", "kvgate.reporting")),
     # `kvgate watch`: the pipeline and the report on a loop, metrics and a verdict over HTTP.
     ("watch", ("kvgate.watch",)),
+    # `kvgate soak`: sustained load with the gate's and the watch's content checks interleaved.
+    ("soak", ("kvgate.soak",)),
     ("commands", ("kvgate.commands",)),
     ("cli", ("kvgate.cli",)),
 )

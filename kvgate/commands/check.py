@@ -62,7 +62,7 @@ def check(
         help=f"Seconds one whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g}).",
     ),
     fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif."
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif, html."
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),

@@ -63,7 +63,7 @@ def plan(
     ),
     profile: str | None = typer.Option(None, "--profile", help="Gate profile whose deployment: section to plan."),
     fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif."
+        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif, html."
     ),
     output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " plan prints none; accepted everywhere."),

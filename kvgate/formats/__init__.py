@@ -22,6 +22,7 @@ class ReportFormat(str, Enum):
     JUNIT = "junit"
     MARKDOWN = "markdown"
     SARIF = "sarif"
+    HTML = "html"
 
     def formatter(self) -> Formatter:
         module, cls = _FORMATTERS[self].rsplit(".", 1)
@@ -34,6 +35,7 @@ _FORMATTERS: dict[ReportFormat, str] = {
     ReportFormat.JUNIT: "kvgate.formats.junit.JunitFormatter",
     ReportFormat.MARKDOWN: "kvgate.formats.markdown.MarkdownFormatter",
     ReportFormat.SARIF: "kvgate.formats.sarif.SarifFormatter",
+    ReportFormat.HTML: "kvgate.formats.html.HtmlFormatter",
 }
 
 __all__ = ["ReportFormat"]

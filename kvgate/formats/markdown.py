@@ -124,7 +124,7 @@ class MarkdownFormatter(Formatter):
                 out.append(f"- **{_cell(f.test_id)}** ({_cell(nodes_of(nodes))}): {_cell(f.remedy)}{see}")
         if report.cost:
             out += ["", "### Cost", ""]
-            out += [f"- {_cell(k)}: {_cell(v)}" for k, v in report.cost.items()]
+            out += [f"- {_cell(k)}: {_cell(v)}" for k, v in report.cost.items() if not isinstance(v, (dict, list))]
         if report.notes:
             out += ["", "### Notes", ""] + [f"- {_cell(n)}" for n in report.notes]
         return out

@@ -145,7 +145,9 @@ class TableFormatter(Formatter):
                     console.print(escape(f"{name}: {digest}"))
         if report.cost:
             said = True
-            console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in report.cost.items())))
+            # a soak's series (a nested document) belong to the json and html reports, not to this line
+            flat = {k: v for k, v in report.cost.items() if not isinstance(v, (dict, list))}
+            console.print(escape("cost: " + ", ".join(f"{k}={v}" for k, v in flat.items())))
         for n in report.notes:
             if n.startswith(NEXT_STEP):
                 continue  # shown under the headlines

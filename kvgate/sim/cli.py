@@ -119,8 +119,11 @@ def up(
     inject_fault: str | None = typer.Option(
         None,
         help="An injected decode fault (not a release): under load meta-slot-shared, "
-        "meta-slot-shared-unchecked or early-page-reuse; on every request handoff-layout "
-        "(kvgate/sim/faults.py).",
+        "meta-slot-shared-unchecked or early-page-reuse; on every request handoff-layout; after "
+        "--drift-after requests gradual-drift (kvgate/sim/faults.py).",
+    ),
+    drift_after: int | None = typer.Option(
+        None, min=0, help="Decode requests gradual-drift answers right before its answers drift (default 100)."
     ),
     log_dir: Path | None = typer.Option(None, help="Where per-process logs go (default: a temp folder)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),
@@ -169,7 +172,10 @@ def up(
         e2e_factor=e2e_factor,
         expose_env_vars=expose_env_vars,
         log_dir=log_dir,
-        extra_env={faults.ENV: inject_fault} if inject_fault else {},
+        extra_env={
+            **({faults.ENV: inject_fault} if inject_fault else {}),
+            **({faults.DRIFT_ENV: str(drift_after)} if drift_after is not None else {}),
+        },
     )
     # Ctrl-C, and SIGTERM (stop_on_sigterm), arrive as KeyboardInterrupt: a clean stop, exit 0.
     with stop_on_sigterm():

@@ -78,6 +78,11 @@ class DecodeEngine(BaseEngine):
         self._receivers: set[asyncio.Task[None]] = set()
         #: An injected fault (faults.py), not a release behaviour; None on a healthy decode.
         self.fault = faults.from_env()
+        #: the gradual drift's state: requests it leaves right, requests counted, when drift began
+        self.drift_after = faults.drift_after_from_env()
+        self.drift_count = 0
+        self.drift_since: float | None = None
+        self.stats["drifted"] = 0
         self._meta_free: deque[int] = deque(range(cfg.max_running_requests or 4096))
         self._meta_next = len(self._meta_free)
         #: slot -> (bootstrap_room, first output token): what prefill's metadata write left there
@@ -427,6 +432,7 @@ class DecodeEngine(BaseEngine):
         if self.cfg.sim_e2e_factor > 1 and req.max_new_tokens > 1:
             slow = (self.cfg.sim_e2e_factor - 1) * max(0.0, t0 - req.created) / (req.max_new_tokens - 1)
         finish: dict[str, Any] = {"type": "length", "length": req.max_new_tokens}
+        drift = self._drifts()
         for step in range(req.max_new_tokens):
             if step and slow:
                 await asyncio.sleep(slow)
@@ -442,6 +448,8 @@ class DecodeEngine(BaseEngine):
             if token is None:
                 finish = {"type": "stop", "matched": None}
                 break
+            if drift and step:
+                token = faults.drifted(token, tokenizer.VOCAB_SIZE)
             out.append(token)
             ctx.feed(token)
             # The output token's KV goes into the reservation after the prompt, so a later tenant
@@ -467,6 +475,18 @@ class DecodeEngine(BaseEngine):
             meta.update(_logprobs(out, req.top_logprobs_num))
         return {"text": tokenizer.decode(out), "output_ids": out, "meta_info": meta}
 
+    def _drifts(self) -> bool:
+        """Whether this request's decode-computed tokens drift (the gradual fault, past its count)."""
+        if self.fault != faults.GRADUAL_DRIFT:
+            return False
+        self.drift_count += 1
+        if self.drift_count <= self.drift_after:
+            return False
+        if self.drift_since is None:
+            self.drift_since = time.time()
+        self.stats["drifted"] += 1
+        return True
+
     def _context(self, t: _Transfer, out: list[int]) -> Context:
         """The toy model's state over the received prompt pages plus the tokens generated so far. With
         the handoff fault on, the received pages are read in the wrong layout (each page's slots in
@@ -482,6 +502,8 @@ class DecodeEngine(BaseEngine):
     def state(self) -> dict[str, Any]:
         base = super().state()
         base["injected_fault"] = self.fault
+        base["drift_after"] = self.drift_after
+        base["drift_since"] = self.drift_since
         base["transfers"] = {
             rid: {
                 "room": t.req.bootstrap_room,

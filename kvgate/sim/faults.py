@@ -19,6 +19,13 @@ switched on later through `POST /sim/fault {"fault": NAME}` (a fault that starts
   heterogeneous-TP head slice or a dtype/layout disagreement would make). Deterministic and alone: the
   first output token (prefill's, sent with the transfer) is right, every later one is computed over
   garbled KV, the same way every time, with nothing foreign in it. Only `probes.handoff` sees it.
+- `gradual-drift` (issue 43, the shape of sglang #23020: quality falls after about a hundred long
+  requests): the decode answers right for its first `KVGATE_SIM_DRIFT_AFTER` requests (default
+  DRIFT_AFTER; counted from when the fault was switched on, `POST /sim/fault {"fault":
+  "gradual-drift", "after": N}` sets it at run time), then every token it computes itself (all but the
+  first, which prefill sent) drifts to the next byte. Nothing foreign appears; a one-shot gate run
+  before the Nth request sees nothing. `GET /sim/state` says when the first drifted answer began
+  (`drift_since`, wall-clock seconds) and how many drifted (`stats.drifted`).
 
 "Under load only" (the load faults): a fault strikes a new request only while at least `LOAD_MIN` requests are in the
 decode, and only when an earlier request has not committed its transfer yet; a request sent alone is
@@ -37,9 +44,13 @@ META_SLOT_SHARED = "meta-slot-shared"
 META_SLOT_SHARED_UNCHECKED = "meta-slot-shared-unchecked"
 EARLY_PAGE_REUSE = "early-page-reuse"
 HANDOFF_LAYOUT = "handoff-layout"
+GRADUAL_DRIFT = "gradual-drift"
+#: the decode requests a gradual drift leaves right (`KVGATE_SIM_DRIFT_AFTER` overrides it)
+DRIFT_AFTER = 100
+DRIFT_ENV = "KVGATE_SIM_DRIFT_AFTER"
 #: the faults that strike only under load (the rest strike every request)
 LOAD_FAULTS = (META_SLOT_SHARED, META_SLOT_SHARED_UNCHECKED, EARLY_PAGE_REUSE)
-FAULTS = (*LOAD_FAULTS, HANDOFF_LAYOUT)
+FAULTS = (*LOAD_FAULTS, HANDOFF_LAYOUT, GRADUAL_DRIFT)
 #: requests in the decode (the new one not counted) before a fault strikes
 LOAD_MIN = 3
 #: the faulty decode's scheduler tick (seconds between a transfer's end and its commit)
@@ -72,3 +83,18 @@ def check(name: str | None) -> str | None:
     if name not in FAULTS:
         raise ValueError(f"unknown injected fault {name!r}; choose one of {', '.join(FAULTS)}")
     return name
+
+
+def drift_after_from_env() -> int:
+    """`KVGATE_SIM_DRIFT_AFTER` (requests answered right before the drift), or DRIFT_AFTER."""
+    raw = os.environ.get(DRIFT_ENV, "").strip()
+    if not raw:
+        return DRIFT_AFTER
+    if not raw.isdigit():
+        raise ValueError(f"{DRIFT_ENV}={raw!r}: expected a whole number of requests")
+    return int(raw)
+
+
+def drifted(token: int, vocab: int) -> int:
+    """The drifted token: the next id, never the pad id 0."""
+    return token % (vocab - 1) + 1

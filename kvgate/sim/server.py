@@ -151,7 +151,16 @@ def build_app(engine: BaseEngine) -> FastAPI:
             engine.fault = faults.check(body.get("fault") if isinstance(body, dict) else None)
         except ValueError as exc:
             return _json({"error": str(exc)}, 400)
-        return _json({"fault": engine.fault})
+        after = body.get("after") if isinstance(body, dict) else None
+        if after is not None:
+            if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+                return _json({"error": f"after: expected a whole number of requests, got {after!r}"}, 400)
+            engine.drift_after = after
+        engine.drift_count, engine.drift_since = 0, None  # a drift counts from when it was switched on
+        said: dict[str, Any] = {"fault": engine.fault}
+        if engine.fault == faults.GRADUAL_DRIFT:
+            said["drift_after"] = engine.drift_after
+        return _json(said)
 
     @app.get("/sim/state")
     async def _state() -> Response:

@@ -115,3 +115,36 @@ def test_fault_switches_on_after_start_and_off_again(deployment: Any) -> None:
     httpx.post(url + "/sim/fault", json={"fault": None}, timeout=10)
     assert state(url)["injected_fault"] is None
     assert all(r.status_code == 200 for r in together(dep.router_url, texts))
+
+
+def test_gradual_drift_answers_right_for_n_requests_then_drifts(deployment: Any) -> None:
+    """Switched on at start (KVGATE_SIM_DRIFT_AFTER) and at run time (`after`), counted from the switch."""
+    env = {faults.ENV: faults.GRADUAL_DRIFT, faults.DRIFT_ENV: "3"}
+    dep = deployment(emulate="0.5.22", context_length=8192, prefill_pool=10240, extra_env=env)
+    text = prompt(1)
+    right = list(text[:4].encode())
+
+    def ask() -> list[int]:
+        r = httpx.post(dep.router_url + "/generate", json=body(text), timeout=30)
+        assert r.status_code == 200, r.text
+        ids: list[int] = r.json()["output_ids"]
+        return ids
+
+    assert [ask() for _ in range(3)] == [right] * 3
+    url = dep.decode_urls[0]
+    assert state(url)["drift_since"] is None
+    drifted = ask()
+    assert drifted[0] == right[0]  # the first token is prefill's
+    # the first token decode computes drifts (and the answer goes on from it: it feeds back)
+    assert drifted[1] == faults.drifted(right[1], 256) and drifted[1:] != right[1:]
+    assert state(url)["drift_since"] is not None and state(url)["stats"]["drifted"] == 1
+    # switched on again at run time with its own count: right twice, then drifting
+    assert httpx.post(url + "/sim/fault", json={"fault": faults.GRADUAL_DRIFT, "after": 2}, timeout=10).json() == {
+        "fault": faults.GRADUAL_DRIFT,
+        "drift_after": 2,
+    }
+    assert state(url)["drift_since"] is None
+    assert [ask() for _ in range(2)] == [right] * 2
+    assert ask() != right
+    bad = httpx.post(url + "/sim/fault", json={"fault": faults.GRADUAL_DRIFT, "after": -1}, timeout=10)
+    assert bad.status_code == 400
