@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +17,7 @@ from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.progress import NullObserver, Observer
-from kvgate.stability import confirm
+from kvgate.stability import Judged, settle
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
 
 if TYPE_CHECKING:  # each gate's module loads when the run needs it
@@ -135,6 +135,118 @@ def _target_summary(
     }
 
 
+#: the gate a re-gate does not repeat (it sends traffic through the router): its first-round findings stand
+_NOT_REPEATED = frozenset({"probes"})
+
+
+class _Fleet:
+    """One run's means to judge the fleet: the first round, and each round again when the second look
+    finds it moved (kvgate/stability.py). A round reads what it has no fresh reading of, then judges."""
+
+    def __init__(
+        self,
+        options: CheckOptions,
+        client: TargetClient,
+        observer: Observer,
+        gates: Sequence[Gate],
+        pre: list[Finding],
+        cost: dict[str, object],
+        router_token: str | None,
+        given: Sequence[NodeSpec],
+    ) -> None:
+        self.options, self.client, self.observer, self.gates = options, client, observer, gates
+        self.pre, self.cost, self.router_token, self.given = pre, cost, router_token, list(given)
+        self.router = options.router_url.rstrip("/") if options.router_url else ""
+        self.discovered = not given  # the workers are the router's listing, not the command line's
+        self.unrepeated = _NOT_REPEATED
+        self.started = time.time()
+        self.timeline: list[dict[str, Any]] = []  # what ran when, how long, what it judged (html report)
+
+    def regate(self, listing: RouterListing | None, fresh: Mapping[str, NodeReading]) -> Judged:
+        """The fleet judged again on the listing just read, with the readings just taken."""
+        specs = discovered_specs(listing) if self.discovered and listing is not None else self.given
+        return self.judge(listing, specs, fresh, first=False)
+
+    def judge(
+        self,
+        listing: RouterListing | None,
+        specs: Sequence[NodeSpec],
+        fresh: Mapping[str, NodeReading] | None = None,
+        *,
+        first: bool = True,
+    ) -> Judged:
+        prior = list(self.pre)  # what each gate sees before it; the round's own findings are the rest
+        ctx = GateContext(
+            options=self.options, readings=[], client=self.client, observer=self.observer, prior=prior, cost=self.cost
+        )
+        if listing is not None:
+            prior.extend(listing_findings(listing))
+            if listing.workers:
+                prior.extend(router_readiness(self.client, self.options.router_health_url or self.router, listing))
+                loads, loads_problem = _router_loads(self.client, self.router, self.router_token)
+                ctx = replace(ctx, listing=listing, router_loads=loads, router_loads_problem=loads_problem)
+        specs = list(specs)
+        if not specs:  # none listed, or every URL refused: what the listing says is the round
+            return Judged(listing, (), (), tuple(prior[len(self.pre) :]))
+        results = self._read(specs, fresh or {}, first)
+        _resolve_roles(specs, results)
+        readings: list[NodeReading] = []
+        for spec, result in zip(specs, results, strict=True):
+            if isinstance(result, TransportError):
+                prior.append(
+                    error(
+                        "target",
+                        "reachable",
+                        spec.label,
+                        str(result),
+                        Evidence(spec.label, "url", result.url, "reachable SGLang worker"),
+                    )
+                )
+            else:
+                readings.append(result)
+                what = f"SGLang {result.version or '?'} answered {result.info_path}"
+                prior.append(passed("target", "reachable", spec.label, what))
+        ctx = replace(ctx, readings=readings, attempted=tuple(specs))
+        if first:
+            prior.extend(_probe_setup(self.options))
+        for gate in self.gates:
+            if first or gate.name not in self.unrepeated:
+                t0 = time.time()
+                got = _run_gate(gate, ctx)
+                prior.extend(got)
+                name = gate.name if first else f"{gate.name} (again)"
+                self.timeline.append(_timed(name, t0 - self.started, time.time() - t0, got))
+        return Judged(listing, tuple(specs), tuple(results), tuple(prior[len(self.pre) :]))
+
+    def _read(
+        self, specs: list[NodeSpec], fresh: Mapping[str, NodeReading], first: bool
+    ) -> list[NodeReading | TransportError]:
+        todo = [s for s in specs if s.url not in fresh]
+        got: list[NodeReading | TransportError] = []
+        if todo:
+            started = time.monotonic()
+            what = "" if first else "new "
+            with self.observer.step(
+                f"reading metadata of {len(todo)} {what}worker(s), {self.options.concurrency} at a time",
+                total=len(todo),
+            ) as step:
+                got = self.client.read_nodes(todo, read_deadline_s=self.options.read_deadline, on_done=step.advance)
+            if first:
+                self.cost["metadata_read_s"] = round(time.monotonic() - started, 3)
+        new = iter(got)
+        return [replace(fresh[s.url], spec=s) if s.url in fresh else next(new) for s in specs]
+
+
+def _run_gate(gate: Gate, ctx: GateContext) -> list[Finding]:
+    ctx.observer.log(f"gate {gate.name}")
+    try:
+        return gate.run(ctx)
+    except TransportError as exc:
+        return [error(gate.name, "transport", exc.url, str(exc))]
+    except Exception as exc:  # noqa: BLE001 - a broken gate must block, never pass
+        return [Finding(gate.name, "internal", "kvgate", Outcome.ERROR, f"gate crashed: {type(exc).__name__}: {exc}")]
+
+
 def run_check(
     options: CheckOptions,
     *,
@@ -159,7 +271,6 @@ def run_check(
     gates = list(gates) if gates is not None else default_gates(options)
     started = time.time()
     findings: list[Finding] = []
-    timeline: list[dict[str, Any]] = []
     control: list[Finding] = []
     left: list[str] = []  # where the self-test's simulator left its logs
     if self_test:
@@ -168,77 +279,41 @@ def run_check(
     readings: list[NodeReading] = []
     listing: RouterListing | None = None
     unread: list[str] = []
+    cost: dict[str, object] = {}
     with TargetClient(timeout=options.timeout, token=token, concurrency=options.concurrency) as client:
-        ctx = GateContext(options=options, readings=readings, client=client, observer=observer, prior=findings)
+        fleet = _Fleet(options, client, observer, gates, findings, cost, router_token, specs)
+        fleet.started = started  # the timeline's offsets count from the run's start
         if options.router_url:
             router = options.router_url.rstrip("/")
             findings.extend(_router_findings(client, router))
-            listing = _list_workers(client, router, findings, router_token)
-            if listing is not None:
-                findings.extend(router_readiness(client, options.router_health_url or router, listing))
-                loads, loads_problem = _router_loads(client, router, router_token)
-                ctx = replace(ctx, router_loads=loads, router_loads_problem=loads_problem)
+            listing = _read_listing(client, router, findings, router_token)
             if listing is not None and not specs:
                 specs = discovered_specs(listing)
                 observer.log(f"the router lists {len(specs)} worker(s) ({listing.endpoint})")
         if specs:
-            read_started = time.monotonic()
-            with observer.step(
-                f"reading metadata of {len(specs)} worker(s), {options.concurrency} at a time", total=len(specs)
-            ) as step:
-                results = client.read_nodes(specs, read_deadline_s=options.read_deadline, on_done=step.advance)
-            ctx.cost["metadata_read_s"] = round(time.monotonic() - read_started, 3)
-            _resolve_roles(specs, results)
-            for spec, result in zip(specs, results, strict=True):
-                if isinstance(result, TransportError):
-                    findings.append(
-                        error(
-                            "target",
-                            "reachable",
-                            spec.label,
-                            str(result),
-                            Evidence(spec.label, "url", result.url, "reachable SGLang worker"),
-                        )
-                    )
-                else:
-                    readings.append(result)
-                    findings.append(
-                        passed(
-                            "target",
-                            "reachable",
-                            spec.label,
-                            f"SGLang {result.version or '?'} answered {result.info_path}",
-                        )
-                    )
-            ctx = replace(ctx, listing=listing, attempted=tuple(specs))
-            findings.extend(_probe_setup(options))
-            for gate in gates:
-                observer.log(f"gate {gate.name}")
-                gate_t0, before = time.time(), len(findings)
-                try:
-                    findings.extend(gate.run(ctx))
-                except TransportError as exc:
-                    findings.append(error(gate.name, "transport", exc.url, str(exc)))
-                except Exception as exc:  # noqa: BLE001 - a broken gate must block, never pass
-                    findings.append(
-                        Finding(
-                            gate.name, "internal", "kvgate", Outcome.ERROR, f"gate crashed: {type(exc).__name__}: {exc}"
-                        )
-                    )
-                timeline.append(_timed(gate.name, gate_t0 - started, time.time() - gate_t0, findings[before:]))
+            judged = fleet.judge(listing, specs)
             # The second look: the verdict is on the fleet as it stands now, or there is none (kvgate/stability.py).
-            findings.extend(
-                confirm(
-                    client,
-                    options.router_url.rstrip("/") if options.router_url else None,
-                    listing,
-                    readings,
-                    read_deadline_s=options.read_deadline,
-                    router_token=router_token,
-                )
+            first = judged
+            judged, stable = settle(
+                client,
+                options.router_url.rstrip("/") if options.router_url else None,
+                judged,
+                fleet.regate,
+                discovered=fleet.discovered,
+                read_deadline_s=options.read_deadline,
+                router_token=router_token,
             )
+            if judged is not first:  # judged again without the probes: theirs stand from the first round
+                findings.extend(f for f in first.findings if f.gate in fleet.unrepeated)
+            findings.extend(judged.findings)
+            findings.append(stable)
+            listing, readings = judged.listing, judged.readings
             if options.write_baseline:
-                unread = [s.url for s, r in zip(specs, results, strict=True) if isinstance(r, TransportError)]
+                unread = [
+                    s.url for s, r in zip(judged.specs, judged.results, strict=True) if isinstance(r, TransportError)
+                ]
+        elif listing is not None:  # nothing to read (none listed, or every URL refused): what the listing says
+            findings.extend(fleet.judge(listing, []).findings)
     if control and any(f.outcome is not Outcome.PASSED for f in control):
         findings = _distrust_probes(findings, control)
     notes: list[str] = []
@@ -254,10 +329,9 @@ def run_check(
                 Path(options.write_baseline), readings, findings, options.router_url, unread, strict=options.strict
             )
         )
-    cost = dict(ctx.cost)
     cost.setdefault("wall_s", round(time.time() - started, 3))
-    if timeline:
-        cost["gates"] = timeline  # what ran when, how long, what it judged (the html report's timeline)
+    if fleet.timeline:
+        cost["gates"] = fleet.timeline  # what ran when, how long, what it judged (the html report's timeline)
     return Report(
         command="check",
         findings=tuple(findings),
@@ -370,13 +444,13 @@ def router_readiness(client: TargetClient, url: str, listing: RouterListing) -> 
     return [passed("fleet", "router-readiness", node, f"the router counts all {total} workers healthy", *ev)]
 
 
-def _list_workers(
+def _read_listing(
     client: TargetClient, router: str, findings: list[Finding], router_token: str | None = None
 ) -> RouterListing | None:
     """The router's worker list, or None with an error finding (exit 4) when it cannot be had."""
     node = f"router {router}"
     try:
-        listing = list_router_workers(client, router, router_token)
+        return list_router_workers(client, router, router_token)
     except TransportError as exc:
         findings.append(
             error(
@@ -388,8 +462,13 @@ def _list_workers(
             )
         )
         return None
+
+
+def listing_findings(listing: RouterListing) -> list[Finding]:
+    """What the listing itself says: empty (exit 4), URLs refused, a total that says it is partial, or passed."""
+    node = f"router {listing.router}"
     if not listing.workers:
-        findings.append(
+        return [
             error(
                 "fleet",
                 "router-list",
@@ -397,13 +476,12 @@ def _list_workers(
                 f"the router lists no workers ({listing.endpoint})",
                 Evidence(node, listing.endpoint, 0, ">= 1 worker"),
             )
-        )
-        return None
-    findings.extend(refused_urls(listing))
+        ]
+    out = refused_urls(listing)
     partial = listing.total_problem()
     if partial is not None:
         # Some workers the router routes to may not be listed, so not gated: no opt-out lets that pass.
-        findings.append(
+        out.append(
             replace(
                 inconclusive(
                     "fleet",
@@ -417,8 +495,8 @@ def _list_workers(
                 blocking=True,
             )
         )
-        return listing
-    findings.append(
+        return out
+    out.append(
         passed(
             "fleet",
             "router-list",
@@ -427,7 +505,7 @@ def _list_workers(
             Evidence(node, listing.endpoint, len(listing.workers), ">= 1 worker"),
         )
     )
-    return listing
+    return out
 
 
 def refused_urls(listing: RouterListing) -> list[Finding]:

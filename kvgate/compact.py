@@ -11,7 +11,7 @@ answer and at once keeps only this compact form:
 - `internal_states`: per DP rank only what is read (the pool, the live role, the env vars, the running
   limit, the weights' size, the scheduler's start time), at most MAX_RANKS_KEPT ranks; the number sent
   is kept (RANK_COUNT);
-- `/v1/models` and `/model_info`: the context and the architectures.
+- `/v1/models` and `/model_info`: the context, the served model's name and the architectures.
 
 A healthy SGLang worker's answer (about 10-100 KB) is kept as it is: nothing it says is digested.
 """
@@ -150,14 +150,14 @@ def compact_info(info: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def compact_models(models: Any) -> Any:
-    """`/v1/models`: the first card's `max_model_len` (what the parser reads), or a malformed stand-in."""
+    """`/v1/models`: the first card's `max_model_len` and `id` (what the parser reads), or a malformed stand-in."""
     if models is None:
         return None
     data = models.get("data") if isinstance(models, dict) else None
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         return {"data": None}
     card = data[0]
-    return {"data": [{"max_model_len": small(card["max_model_len"], 256)} if "max_model_len" in card else {}]}
+    return {"data": [{k: small(card[k], 256) for k in ("id", "max_model_len") if k in card}]}
 
 
 def compact_model_info(model_info: Any) -> Any:

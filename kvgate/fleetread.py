@@ -10,7 +10,8 @@ thread (`wideread`): a fleet of 1,024 costs about one slow answer, not 1,024/wid
 cap, a compressed answer refused; judged by `target.decode_answer` and parsed by `target.parse_node`,
 as one worker read through `TargetClient.read_node` is.
 
-`judged_facts` is the part of a reading the gates judge: what a watch compares pass after pass.
+`judged_facts` is the part of a reading the gates judge: what a watch compares pass after pass, and
+what `check`'s second look compares with the first read (kvgate/stability.py).
 """
 
 from __future__ import annotations
@@ -193,71 +194,6 @@ def read_workers(
     return [n.result if n.result is not None else n.reading() for n in nodes]
 
 
-def self_view(reading: NodeReading) -> dict[str, object]:
-    """What a worker's server_info says of itself: its process (`startup_time`) and every fact of it the
-    gates judge. Two reads of one run compare equal only when the worker neither restarted nor changed;
-    what comes from /v1/models and /model_info is left out (the re-read asks server_info only)."""
-    view = {
-        k: v
-        for k, v in judged_facts(reading).items()
-        if k not in _FROM_OTHER_READS and not k.startswith(("problem /v1/models", "problem /model_info"))
-    }
-    view["startup_time"] = reading.server_info.get("startup_time")
-    return view
-
-
-_FROM_OTHER_READS = frozenset({"context", "context_source", "architectures"})
-
-
-def reread_views(
-    readings: Sequence[NodeReading],
-    *,
-    timeout: float,
-    token: str | None = None,
-    width: int,
-    deadline: float,
-    ssl_context: ssl.SSLContext | None = None,
-    body_cap: int = METADATA_BODY_CAP,
-) -> list[dict[str, object] | TransportError]:
-    """Each reading's server_info read again (the path it answered before), as `self_view`s in order: the
-    second look `check` takes before its verdict. One GET per worker, all at once, bounded as the first read."""
-    headers = f"Authorization: Bearer {token}\r\n" if token else ""
-    out: list[dict[str, object] | TransportError | None] = [None] * len(readings)
-
-    def view(i: int, got: Answer) -> None:  # judged as it arrives: no body outlives its turn
-        r = readings[i]
-        where = r.spec.url.rstrip("/") + r.info_path
-        try:
-            doc = decode_answer(where, got.status, got.body, got.location, missing_ok=False)
-        except TransportError as exc:
-            out[i] = exc
-            return
-        if not isinstance(doc, dict):
-            out[i] = TransportError(where, f"expected a JSON object, got {type(doc).__name__}")
-            return
-        out[i] = self_view(parse_node(r.spec, r.info_path, compact_info(doc), None, None))
-
-    answers = get_each(
-        [(r.spec.url.rstrip("/"), r.info_path) for r in readings],
-        headers=headers,
-        timeout=timeout,
-        deadline=deadline,
-        width=_fd_room(max(1, width)),
-        body_cap=body_cap,
-        ssl_context=ssl_context,
-        on_answer=view,
-        deadline_name="the second read's deadline",
-        cap_name="metadata cap",
-        keep_bodies=False,
-    )
-    for i, (r, got) in enumerate(zip(readings, answers, strict=True)):
-        if isinstance(got, Failure):
-            out[i] = _problem(r.spec.url.rstrip("/") + r.info_path, got)
-    return [
-        v if v is not None else TransportError(r.spec.url, "not read again") for v, r in zip(out, readings, strict=True)
-    ]
-
-
 def judged_facts(reading: NodeReading) -> dict[str, object]:
     """Every fact of a reading the gates judge, by name: each parsed field, each DP rank's pool, role
     and env, what could not be read (the problems), and every server_info flag but the volatile ones.
@@ -282,6 +218,7 @@ def judged_facts(reading: NodeReading) -> dict[str, object]:
         "dp_attention": reading.dp_attention,
         "allow_auto_truncate": reading.allow_auto_truncate,
         "model_path": reading.model_path,
+        "served_model": reading.served_model,
         "architectures": reading.architectures,
         "info_path": reading.info_path,
         "dp_ranks": reading.rank_entries,
@@ -316,6 +253,7 @@ JUDGED_KEYS = (
     "dp_attention",
     "allow_auto_truncate",
     "model_path",
+    "served_model",
     "architectures",
     "info_path",
     "dp_ranks",
@@ -347,6 +285,4 @@ __all__ = [
     "flags",
     "process_identity",
     "read_workers",
-    "reread_views",
-    "self_view",
 ]

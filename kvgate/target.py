@@ -166,6 +166,8 @@ class NodeReading:
     dp_attention: bool | None = None
     # How many `internal_states` entries the server sent (one per DP rank, malformed ones included).
     rank_entries: int = 0
+    # The name the worker serves its model under (/v1/models data[0].id; None: not said).
+    served_model: str | None = None
 
     @property
     def node(self) -> str:
@@ -358,23 +360,6 @@ class TargetClient:
             ),
         )
 
-    def reread_views(
-        self, readings: Sequence[NodeReading], *, read_deadline_s: float | None = None
-    ) -> list[dict[str, object] | TransportError]:
-        """Each reading's server_info again, as `fleetread.self_view`s: the second look before a verdict."""
-        from kvgate.fleetread import reread_views
-
-        budget = read_deadline_s if read_deadline_s is not None else NODE_DEADLINE_REQUESTS * self.timeout
-        return reread_views(
-            readings,
-            timeout=self.timeout,
-            token=self._token,
-            width=self.concurrency,
-            deadline=time.monotonic() + budget,
-            ssl_context=self._ssl,
-            body_cap=self.metadata_cap,
-        )
-
 
 # ---------------------------------------------------------------------------------------------
 # Field extraction. Pure functions over parsed JSON, so every shape is testable without a server.
@@ -553,7 +538,15 @@ def parse_node(spec: NodeSpec, info_path: str, info: Mapping[str, Any], models: 
         server_info=dict(info),
         dp_attention=dp_attention,
         rank_entries=_rank_entries(info, states),
+        served_model=_served_model(models),
     )
+
+
+def _served_model(models: Any) -> str | None:
+    """/v1/models' first card's `id` (what the second look and the watch compare), when it is a string."""
+    data = models.get("data") if isinstance(models, dict) else None
+    card = data[0] if isinstance(data, list) and data and isinstance(data[0], dict) else {}
+    return card["id"] if isinstance(card.get("id"), str) else None
 
 
 def _rank_entries(info: Mapping[str, Any], states: Any) -> int:
