@@ -7,6 +7,7 @@ measured, so the metrics show the budget held rather than assert it.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -14,6 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 WINDOW_S = 60.0
+
+
+def every_for_share(requests_per_min: int, interval_s: float, share: float, requests: int) -> int:
+    """Intervals between occasions of `requests` requests each (an isolation burst, a handoff round) so
+    that they take at most `share` of the request budget; 0: never, the budget is smaller than one."""
+    if requests_per_min < requests:
+        return 0
+    per_min = share * requests_per_min / requests
+    return max(1, math.ceil(WINDOW_S / (interval_s * per_min)))
 
 
 @dataclass

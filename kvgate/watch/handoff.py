@@ -15,7 +15,6 @@ slots until the budget has room for it (the loop). A confident disagreement is a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import httpx
@@ -29,7 +28,7 @@ from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.progress import NullObserver
-from kvgate.watch.budget import TrafficBudget
+from kvgate.watch.budget import TrafficBudget, every_for_share
 
 #: replays per round: decode's first and last confident positions (early and late in the answer)
 WATCH_REPLAYS = 2
@@ -48,10 +47,7 @@ ROUND_SKIPS = (OVER_BUDGET,)
 def round_every(requests_per_min: int, interval_s: float) -> int:
     """Intervals between rounds so that they take at most ROUND_SHARE of the request budget (0: never, the
     budget is smaller than one round)."""
-    if requests_per_min < ROUND_REQUESTS:
-        return 0
-    per_min = ROUND_SHARE * requests_per_min / ROUND_REQUESTS
-    return max(1, math.ceil(60.0 / (interval_s * per_min)))
+    return every_for_share(requests_per_min, interval_s, ROUND_SHARE, ROUND_REQUESTS)
 
 
 @dataclass(frozen=True)

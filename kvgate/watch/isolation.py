@@ -12,7 +12,6 @@ compared, so batch noise cannot flip it).
 
 from __future__ import annotations
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -37,7 +36,7 @@ from kvgate.gates.probes.under_load import (
     load_prompt,
 )
 from kvgate.progress import NullObserver
-from kvgate.watch.budget import TrafficBudget
+from kvgate.watch.budget import TrafficBudget, every_for_share
 
 #: prompts of the golden set, all sent at once: each request shares the decode with 5 others (the
 #: simulated faults, like the upstream races, need 3 or more in the decode)
@@ -56,10 +55,7 @@ BURST_SHARE = 0.5
 def burst_every(requests_per_min: int, interval_s: float) -> int:
     """Intervals between bursts so that they take at most BURST_SHARE of the request budget (0: never,
     the budget is smaller than one burst)."""
-    if requests_per_min < GOLDEN:
-        return 0
-    per_min = BURST_SHARE * requests_per_min / GOLDEN
-    return max(1, math.ceil(60.0 / (interval_s * per_min)))
+    return every_for_share(requests_per_min, interval_s, BURST_SHARE, GOLDEN)
 
 
 @dataclass(frozen=True)
