@@ -16,7 +16,7 @@ from kvgate.findings import Evidence, Finding, Outcome, Report, error, inconclus
 from kvgate.gates.base import CheckOptions, Gate, GateContext
 from kvgate.gates.fleet import PD_ROLES, FleetGate
 from kvgate.gates.pool_context import PoolContextGate
-from kvgate.progress import NullObserver, Observer
+from kvgate.progress import NullObserver, Observer, StepRecorder
 from kvgate.stability import Judged, settle
 from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient, validate_url
 
@@ -262,7 +262,8 @@ def run_check(
     if they cannot see that leak, no probe verdict of this run counts as passed. `router_token` goes
     only to the router's control-plane routes (/workers, /get_loads); `token` to everything else.
     """
-    observer = observer or NullObserver()
+    recorder = StepRecorder(observer or NullObserver())  # each step's start and duration: the html timeline
+    observer = recorder
     specs = node_specs(options)
     if self_test and not specs and not options.router_url:
         return _self_test_only(options, observer)
@@ -270,6 +271,7 @@ def run_check(
         raise UsageError("nothing to check: give --router-url, or at least one --prefill-url or --decode-url")
     gates = list(gates) if gates is not None else default_gates(options)
     started = time.time()
+    recorder.t0 = time.monotonic()  # the steps' offsets and the gates' count from the same start
     findings: list[Finding] = []
     control: list[Finding] = []
     left: list[str] = []  # where the self-test's simulator left its logs
@@ -332,6 +334,10 @@ def run_check(
     cost.setdefault("wall_s", round(time.time() - started, 3))
     if fleet.timeline:
         cost["gates"] = fleet.timeline  # what ran when, how long, what it judged (the html report's timeline)
+    if recorder.steps:
+        cost["steps"] = recorder.steps  # inside the gates: each probe and read, when and how long
+        if recorder.dropped:
+            cost["steps_dropped"] = recorder.dropped
     return Report(
         command="check",
         findings=tuple(findings),

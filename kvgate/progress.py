@@ -41,6 +41,37 @@ class NullObserver:
         yield StepHandle()
 
 
+class StepRecorder:
+    """Passes everything on to `inner` and keeps each step's description, start and duration: the html
+    report's timeline of what ran inside the gates (which probe, which read). At most `limit` steps are
+    kept; `dropped` counts the rest, so a long run's report stays bounded."""
+
+    def __init__(self, inner: Observer, limit: int = 400) -> None:
+        self.inner, self.limit = inner, limit
+        self.t0 = time.monotonic()
+        self.steps: list[dict[str, object]] = []
+        self.dropped = 0
+        self._lock = threading.Lock()
+
+    def log(self, message: str) -> None:
+        self.inner.log(message)
+
+    @contextmanager
+    def step(self, description: str, total: float | None = None) -> Iterator[StepHandle]:
+        start = time.monotonic()
+        try:
+            with self.inner.step(description, total) as handle:
+                yield handle
+        finally:
+            seconds = time.monotonic() - start
+            with self._lock:
+                if len(self.steps) < self.limit:
+                    entry = {"step": redact(description), "start_s": round(start - self.t0, 3)}
+                    self.steps.append({**entry, "seconds": round(seconds, 3)})
+                else:
+                    self.dropped += 1
+
+
 class LineObserver:
     """Plain timestamped log lines, for CI logs and pipes.
 

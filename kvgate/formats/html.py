@@ -4,7 +4,8 @@ It opens from a CI artifact with no network: no script, no external style or fon
 Content-Security-Policy that forbids loading anything. Every string of the report is escaped here
 (server text is hostile); `kvgate.reporting` has already made controls and bidi characters visible.
 A soak report (`cost.soak`) gets its latency, throughput, content-verdict and pool plots; a check
-report (`cost.gates`) gets the timeline of its gates: what ran when, how long, what it judged.
+report (`cost.gates`) gets the timeline of its gates: what ran when, how long, what it judged; and
+(`cost.steps`) of the steps inside them: each probe, calibration pass and read, when and how long.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ class HtmlFormatter(Formatter):
         gates = report.cost.get("gates")
         if isinstance(gates, list) and gates:
             parts += _gates(gates)
+        steps = report.cost.get("steps")
+        if isinstance(steps, list) and steps:
+            parts += _steps(steps, report.cost.get("steps_dropped"))
         parts += _findings(report)
         if report.notes:
             parts.append("<h2>Notes</h2><ul>" + "".join(f"<li>{_e(n)}</li>" for n in report.notes) + "</ul>")
@@ -122,6 +126,28 @@ def _gates(gates: list[Any]) -> list[str]:
         "<h2>What ran when</h2>",
         svg.timeline("gates: start and duration (colour: the worst outcome)", bars),
         "<table><tr><th>gate</th><th>start (s)</th><th>seconds</th><th>worst</th><th>judged</th></tr>",
+        *rows,
+        "</table>",
+    ]
+
+
+def _steps(steps: list[Any], dropped: object) -> list[str]:
+    """Inside the gates: each step (a probe, a read) with its start and duration, as the run recorded it."""
+    bars: list[tuple[str, float, float, str]] = []
+    rows = []
+    for st in steps:
+        if not isinstance(st, dict):
+            continue
+        name, start, secs = str(st.get("step", "?")), float(st.get("start_s", 0)), float(st.get("seconds", 0))
+        bars.append((name, start, secs, "ran"))
+        rows.append(f"<tr><td>{_e(name)}</td><td>{start:.2f}</td><td>{secs:.2f}</td></tr>")
+    more = f'<p class="note">{_e(dropped)} later steps not recorded (the json report counts them)</p>'
+    more = more if dropped else ""
+    return [
+        "<h2>Inside the gates</h2>",
+        svg.timeline("steps: start and duration", bars),
+        more,
+        "<table><tr><th>step</th><th>start (s)</th><th>seconds</th></tr>",
         *rows,
         "</table>",
     ]

@@ -86,6 +86,9 @@ def test_a_check_report_shows_what_ran_when(browser: Any, deployment: Callable[.
         assert messages == [] and requests == []
         bars = page.locator('svg.plot[aria-label^="gates: start and duration"] rect.bar')
         assert bars.count() >= 2  # every gate that ran, as a bar
+        steps = page.locator('svg.plot[aria-label^="steps: start and duration"] rect.bar')
+        assert steps.count() >= 1  # inside the gates: at least the workers' metadata read
+        assert "reading metadata of" in page.locator("body").inner_text()
         assert page.locator("table tr").count() > 3
     finally:
         page.close()
