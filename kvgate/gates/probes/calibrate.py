@@ -236,7 +236,13 @@ def calibrate(sender: Sender, limits: ProbeLimits, budget_tokens: int) -> Calibr
         if not times:
             break
         at = statistics.median(times)
-        if at - base >= clear and spent + PER_LENGTH * (length + page) <= budget_tokens:
+        again_tokens = PER_LENGTH * (length + page)
+        # The whole context (a small one) is confirmed even past the budget: it is the last length there is,
+        # and a burst caught there once sized a loaded 8k sim's timing probes for 20x its prefill (8,185
+        # tokens 170 ms against 12 ms at 2,048; latency and abort inconclusive, exit 3). At 1M growth
+        # stops long before the longest prompt, so a large context's cost is unchanged.
+        whole = length >= limits.longest_accepted and again_tokens <= CALIBRATION_FLOOR_TOKENS
+        if at - base >= clear and (spent + again_tokens <= budget_tokens or whole):
             again, spent_again = _confirm(sender, short, probe, len(lengths), failures)
             requests += 2 * PER_LENGTH
             spent += spent_again

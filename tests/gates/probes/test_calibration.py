@@ -372,6 +372,41 @@ def test_a_burst_over_one_grown_length_does_not_set_the_slope() -> None:
     assert plan.max_tries > 1, plan
 
 
+class _LastLengthBurstClient(_TimedClient):
+    """A fast 8k deployment (5 us per token over 10-18 ms of one-page latency) whose three growth
+    requests at the whole context (8,185 tokens) meet a burst of contention: 150 ms more each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.long_seen = 0
+
+    def elapsed(self, tokens: int) -> float:
+        burst = 0.0
+        if tokens > 8000:
+            self.long_seen += 1
+            burst = 0.15 if self.long_seen <= 3 else 0.0
+        return 0.01 + 0.004 * (self.calls % 3) + 5e-6 * tokens + burst
+
+
+def test_a_burst_at_the_whole_context_is_measured_again_past_the_budget() -> None:
+    """At an 8k context growth reaches the longest accepted prompt with the calibration budget nearly
+    spent (3 x 8,185 of its 32,768 tokens would pass it): that length is confirmed all the same, so a
+    burst there no longer sets a slope 20x too steep (bench/sim_green.py, a loaded machine: latency and
+    abort both inconclusive on a healthy sim 0.5.22)."""
+    from kvgate.gates.probes.calibrate import calibrate, calibration_budget
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.progress import NullObserver
+
+    lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
+    client = _LastLengthBurstClient()
+    sender = Sender(client, ByteCodec(), CostMeter(context=lim.context), NullObserver())
+    cal = calibrate(sender, lim, calibration_budget(lim.context))
+    assert cal.lengths[-1][0] == lim.longest_accepted and client.long_seen == 6, cal  # measured twice
+    assert cal.s_per_token is not None and 2e-6 < cal.s_per_token < 10e-6, cal
+
+
 def test_a_fast_small_deployment_affords_every_abort_try() -> None:
     """A fast prefill at an 8k context sizes the victim at the whole context: the floor's 65,536 tokens
     held 4 tries of it (a loaded sim 0.5.23 then missed all 4); the room now holds
