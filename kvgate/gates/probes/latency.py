@@ -9,8 +9,8 @@ EFFECT_NOISE noise units (at least MIN_EFFECT_S), up to the longest accepted pro
 is the smallest that the KS test passes at `latency_alpha` with room to spare for that effect; both
 shrink to fit the budget (max(latency_budget x context, budget_floor_s of measured prefill, room for
 this pass and one more with samples ESCALATE x longer, up to FLOOR_CAP_TOKENS)), and the plan says when
-they had to. The budget then keeps room past that cap, up to ROOM_CAP_TOKENS, for one more pass (ESCALATE x
-longer, or as long at the longest accepted prompt), spent only when the first pass missed.
+they had to. The budget then keeps room past that cap, up to ROOM_CAP_TOKENS, for the passes after a miss
+(each ESCALATE x longer, then one repeat at the longest accepted prompt), spent only as passes miss.
 """
 
 from __future__ import annotations
@@ -131,12 +131,24 @@ def plan_latency(cal: Calibration, limits: ProbeLimits, settings: ProbeSettings)
         if n * long_t < wanted:
             limited.append(f"the budget ({budget:,} tokens for the first pass)")
     if auto_long:
-        # ... and one more pass may go past it, up to ROOM_CAP_TOKENS, spent only when the first missed.
-        # Not only at the longest accepted prompt (a small context): a healthy sim 0.5.22 at 1M context on
-        # a loaded CI host drew medians of 22 vs 56 ms over its one pass of 8 x 8,192 tokens (the floor's
-        # whole cap), missed alpha, and blocked the release (exit 3) with no look again.
-        budget = max(budget, min(n * long_t + room(long_t), ROOM_CAP_TOKENS))
+        # ... and the passes after it may go past it, up to ROOM_CAP_TOKENS, spent only as passes miss:
+        # each ESCALATE x longer until the longest accepted prompt, which is repeated once (run_latency).
+        # One more pass was not enough: a healthy sim 0.5.22 at 1M context calibrated on a quiet moment
+        # (0.84 ms of noise) planned 11 x 2,048 tokens; CI load then came, that pass and its one look
+        # again (8 x 8,192) both missed alpha, and the release was blocked (exit 3, stop 47's CI).
+        budget = max(budget, min(n * long_t + escalation(long_t, limits.longest_accepted), ROOM_CAP_TOKENS))
     return LatencyPlan(page, long_t, n, budget, wanted, effect_of(long_t), "; ".join(limited) or None)
+
+
+def escalation(long_tokens: int, longest: int) -> int:
+    """Tokens of every pass run_latency may run after a first pass at `long_tokens` that missed: MIN_SAMPLES
+    samples each ESCALATE x longer up to `longest`, then one repeat at `longest`."""
+    total, length = 0, long_tokens
+    while True:
+        nxt = min(ESCALATE * length, longest)
+        if nxt <= length:
+            return total + (MIN_SAMPLES * length if length == longest else 0)
+        total, length = total + MIN_SAMPLES * nxt, nxt
 
 
 @dataclass(frozen=True)

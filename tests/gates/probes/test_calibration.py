@@ -486,6 +486,40 @@ def test_a_1m_pass_that_misses_under_load_looks_again_longer() -> None:
     assert ks is not None and ks.significant(0.01), plan  # ... and the longer one showed the prefill
 
 
+class _LoadArrivesClient(_TimedClient):
+    """Stop 47's CI failure: a sim 0.5.22 at 1M context, 1.5 us per token over 8 ms of one-page latency,
+    calibrated on a quiet moment; contention arrives with the latency probe and lasts its first two passes
+    (38 requests): every request then waits 0-40 ms (a fixed scramble), far more than 2,048 or 8,192
+    tokens of prefill (3 and 12 ms)."""
+
+    def elapsed(self, tokens: int) -> float:
+        wait = 0.04 * ((self.calls * 7919) % 11) / 10 if self.calls <= 38 else 0.0
+        return 0.008 + 0.0001 * (self.calls % 3) + 1.5e-6 * tokens + wait
+
+
+def test_a_1m_pass_that_misses_twice_under_load_that_arrived_after_calibration_looks_again() -> None:
+    """Two missed passes (11 x 2,048, 8 x 8,192 tokens) were all the budget held: exit 3 on a healthy sim.
+    The budget now holds every pass run_latency may run after a miss (up to ROOM_CAP_TOKENS), and the
+    third, longer still, shows the prefill once the contention has passed."""
+    from kvgate.gates.probes.calibrate import ROOM_CAP_TOKENS
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.latency import run_latency
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.progress import NullObserver
+
+    lim = ProbeLimits(context=1_048_576, max_req_input_len=1_048_570, page_size=16, pool=None)
+    quiet = Calibration(16, 0.0077, 0.00084, ((2048, 0.0136), (8192, 0.0204)), 1.543e-6, True, 22, ())
+    sender = Sender(_LoadArrivesClient(), ByteCodec(), CostMeter(context=lim.context), NullObserver())
+    samples, plan = run_latency(sender, quiet, lim, ProbeSettings())
+    assert plan.budget_tokens == ROOM_CAP_TOKENS, plan
+    assert len(plan.passes) == 2 and plan.passes[0].startswith("11 x 2,048 tokens"), plan.passes
+    ks = samples.ks() if samples is not None else None
+    assert ks is not None and ks.significant(0.01), plan
+    spent = 11 * 2048 + 8 * 8192 + plan.samples * plan.long_tokens
+    assert spent <= plan.budget_tokens and plan.long_tokens > 8192, plan
+
+
 def test_a_calibration_that_saw_no_prefill_above_the_noise_still_gets_whole_context_abort_tries() -> None:
     """bench/sim_green.py, a loaded machine (load 10): a sim 0.5.22 at 8k whose calibration saw 38 ms of
     noise and no length clear of it (8,185 tokens 111 ms against 38 ms one-page). Its budget floor was 0:
