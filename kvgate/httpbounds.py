@@ -207,8 +207,28 @@ class _Pool(httpcore.ConnectionPool):
     def _assign_requests_to_connections(self) -> list[httpcore.ConnectionInterface]:
         retired = super()._assign_requests_to_connections()
         for connection in retired:
-            connection.close()  # plain socket closes: quick, and no other lock is taken
+            if not _close_if_unstarted(connection):
+                self._connections.append(connection)  # still the pool's: it is returned to it when done
         return []
+
+
+def _close_if_unstarted(connection: httpcore.ConnectionInterface) -> bool:
+    """Close a retired connection unless a thread it was handed to has started on it; False if one has.
+
+    The pool judges a connection idle (and expired) a moment before it closes it; a thread it was handed
+    to earlier may set it active in that moment, outside the pool's lock, and start writing. The check and
+    the close are one step under the connection's own state lock, the one its request start takes. Where
+    httpcore's internals differ from 1.0's, the connection is closed as httpcore would."""
+    inner = getattr(connection, "_connection", None)
+    lock = getattr(inner, "_state_lock", None)
+    if inner is None or lock is None or not hasattr(inner, "is_idle"):
+        connection.close()  # plain socket closes: quick, and no other lock is taken
+        return True
+    with lock:
+        if not (inner.is_idle() or inner.is_closed()):
+            return False
+        connection.close()
+        return True
 
 
 class BoundedTransport(httpx.BaseTransport):

@@ -133,6 +133,78 @@ def test_a_connection_retired_while_a_thread_holds_it_is_never_closed_under_its_
     client.close()
 
 
+def test_a_connection_started_between_the_pools_idle_check_and_its_close_is_left_to_its_request(url: str) -> None:
+    """The other interleaving (a held-out real pair lost a tenant request to EBADF under CI load): the
+    pool judges X idle and expired, then, before it closes X, the thread X was handed to sets X active
+    (outside the pool's lock) and starts writing. X is closed only if nobody started on it: here it is
+    left to its request, which completes, and returned to the pool."""
+    client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
+    pool = client._transport._inner._pool  # type: ignore[attr-defined]
+    assert client.post(url, content=b"{}").status_code == 200  # one idle connection, X
+    [x] = pool.connections
+    inner = x._connection
+    handed = threading.Event()  # the first thread holds X and has not started on it
+    judged = threading.Event()  # the second request's pool pass found X expired
+    active = threading.Event()  # the first thread set X active and is about to write
+    decided = threading.Event()  # the second request's pool pass is over (X closed or not)
+
+    x_has_expired = x.has_expired
+
+    def expired_once_handed() -> bool:
+        if handed.is_set() and not judged.is_set():
+            judged.set()
+            _wait(active, "the first thread setting X active")
+            return True
+        return bool(x_has_expired())
+
+    x.has_expired = expired_once_handed
+    x_handle = x.handle_request
+
+    def hold_then_handle(request: httpcore.Request) -> httpcore.Response:
+        if not handed.is_set():
+            handed.set()
+            _wait(judged, "the second request judging X expired")
+        return x_handle(request)
+
+    x.handle_request = hold_then_handle
+    send_headers = inner._send_request_headers
+
+    def headers_after_the_decision(**kw: Any) -> None:
+        if not active.is_set():
+            active.set()
+            _wait(decided, "the second request's pool pass")
+        send_headers(**kw)
+
+    inner._send_request_headers = headers_after_the_decision
+    close_connections = pool._close_connections
+
+    def mark_decided(closing: list[Any]) -> None:
+        close_connections(closing)
+        if active.is_set():
+            decided.set()
+
+    pool._close_connections = mark_decided
+
+    first: dict[str, Any] = {}
+
+    def send_first() -> None:
+        try:
+            first["status"] = client.post(url, content=b"{}").status_code
+        except Exception as exc:  # noqa: BLE001 (the assertion below names it)
+            first["error"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=send_first, daemon=True)
+    t.start()
+    second = client.post(url, content=b"{}")  # its pool pass judges X expired while the first starts on X
+    t.join(SAFETY_S)
+    assert not t.is_alive(), "the first request did not end"
+    assert judged.is_set() and decided.is_set(), "the staging did not take place"
+    assert second.status_code == 200
+    assert first == {"status": 200}, first
+    assert x in pool.connections and x.is_idle(), [repr(c) for c in pool.connections]
+    client.close()
+
+
 def test_idle_connections_are_kept_however_many_are_open(url: str) -> None:
     """httpcore's surplus rule counts every connection, not the idle ones: with more than its
     max_keepalive open, it retired idle connections other threads had just been handed. 30 requests
