@@ -70,7 +70,11 @@ def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
     code, doc = _check(dep, tmp_path)
     assert code == ExitStatus.PASSED, _not_passed(doc)
     cal = _ev(_finding(doc, "probes.calibration"))["calibration"]
-    assert cal["prefill_tokens_per_s"] > 0 and cal["requests"] >= 10
+    assert cal["requests"] >= 10
+    # A rate wherever the longest length measured stood clear of the noise; under load it may not even
+    # stand 2 noise units clear (no slope: the probes are sized from the floors and the check still
+    # passes, as it did for a sim 0.5.22 beside three busy loops).
+    assert cal["prefill_tokens_per_s"] or not cal["observable"], cal
     measured = {int(k.replace(",", "")): ms / 1000 for k, ms in cal["lengths_ms"].items()}
     # Not clear of 8 noise units even at the longest prompt only where growth reached it: under CI load
     # (2.8 ms of noise) the whole 8k context's prefill at the simulator's speed took 20 ms, and the
@@ -101,7 +105,9 @@ def test_sim_up_defaults_pass_check_at_defaults_sized_from_the_calibration(
             # interpolation between measured lengths (sim 0.5.23 beside the suite: 2,558 after 2,048).
             assert first > max(measured), (first, measured, cal)
             assert all(t - base < want + slack for t in measured.values()), (first, measured, cal)
-            assert cal["prefill_us_per_token"] * 1e-6 * (first - cal["one_page_tokens"]) >= want - slack, (first, cal)
+            us = cal["prefill_us_per_token"]  # None: no slope to extrapolate with (the longest prompt, above)
+            if us is not None:
+                assert us * 1e-6 * (first - cal["one_page_tokens"]) >= want - slack, (first, cal)
     # the abort probe says how many tries it took and what it was sized from
     abort = _ev(_finding(doc, "probes.abort.mid_transfer"))
     last_plan = abort["abort.plan_widened"] or abort["abort.plan"]  # a narrow window lengthens the victim
