@@ -47,6 +47,10 @@ def _finding(doc: dict[str, Any], check_id: str) -> dict[str, Any]:
     return found[0]
 
 
+def _ids(doc: dict[str, Any]) -> set[str]:
+    return {f["id"] for f in doc["findings"]}
+
+
 def _ev(f: dict[str, Any]) -> dict[str, Any]:
     return {e["field"]: e["value"] for e in f["evidence"]}
 
@@ -172,9 +176,12 @@ def test_token_space_canaries_see_a_leak_in_output_ids(deployment: Any, tmp_path
     profile.write_text("schema: 1\nname: ids\nprobes:\n  tokenizer: ids\n  tenants: 8\n")
     code, doc = _check(dep, tmp_path, "--profile", str(profile))
     assert code == ExitStatus.GATE_FAILED
-    canary = _finding(doc, "probes.canary.round_a")
-    assert canary["outcome"] == "failed" and "leaked into" in canary["summary"], canary["summary"]
-    assert _ev(canary)["canary.sentinels_via"].startswith("token space")
+    # Which round's over-limit request lands on a plant's stale pages is the pool's order: beside busy
+    # loops round A once read pages no plant had written (its 20 answers clean) and the leak showed later.
+    rounds = [_finding(doc, f"probes.canary.round_{r}") for r in "ab" if f"probes.canary.round_{r}" in _ids(doc)]
+    leaked = [c for c in rounds if c["outcome"] == "failed" and "leaked into" in c["summary"]]
+    assert leaked, [c["summary"] for c in rounds]
+    assert all(_ev(c)["canary.sentinels_via"].startswith("token space") for c in leaked)
 
 
 @pytest.mark.slow
