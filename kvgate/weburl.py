@@ -17,6 +17,7 @@ library: what it does not model (IDNA, opaque paths, other schemes) is refused, 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -197,9 +198,14 @@ def _hosts(url: str) -> str:
     return f"; the router's parser reaches {router}, Python's {python}"
 
 
+@functools.lru_cache(maxsize=1 << 15)
 def disagreement(url: str) -> str | None:
     """None when the router (WHATWG rules) and kvgate (urllib) read `url` as one scheme, host, port and
-    path with nothing either reads loosely; else why not, naming what each parser reaches."""
+    path with nothing either reads loosely; else why not, naming what each parser reaches.
+
+    Cached: a pure function of the text, and a fleet's listing is read twice per check (the second look)
+    and once per interval by the watch; parsing each URL both ways was a third of a 1,024-worker
+    listing's cost (bench/fleet_read.py)."""
     why = _why(url)
     return None if why is None else why + _hosts(url)
 
