@@ -18,12 +18,23 @@ distant worker). On each fleet, in one run, interleaved, median of --repeat runs
   much. At most check's own in-flight count at once (--concurrency x the three facts: the whole fleet
   at 1,024 workers, a window over 10,240).
 
+- two-read floor: the floor run twice in a row, the second when the first has ended: check's own shape,
+  which reads the fleet whole and then (issue 40's second look, kvgate/stability.py) reads the listing
+  and every worker whole again before its verdict. At 2 workers check is two slow answers, the floor one.
+
+From --stand-in-from workers up (10,240 by default) the fleet is listed by a stand-in router (a process
+answering smg's `/workers` and `/readiness` shapes for the fleet's workers, tests/assets/router_payloads.py),
+not smg: with 10,240 workers answering in 0.3 s, smg never became ready within 300 s (its per-worker
+metadata discovery timed out over and over). The workers are the same simulated fleet; each row says
+which router listed it.
+
 Each size runs in a forked child, whose own peak RSS (check, the watch's pass and the floor in one
 process; the fleet host and the router are processes of their own) is printed beside its ratios. The
 open-file limit is raised to the hard one first (the fleet host's 10,240 listening sockets and each
 side's sockets in flight count against it).
 
-    .venv/bin/python bench/fleet_read.py [--sizes 2,1024,10240] [--delay 0.3] [--repeat 5] [--json]
+    .venv/bin/python bench/fleet_read.py [--sizes 2,1024,10240] [--stand-in-from 10240] [--delay 0.3]
+                                         [--repeat 5] [--json]
     .venv/bin/python bench/fleet_read.py --rss 1024,10240 [--near-cap-max 1024]
 
 `--rss SIZES` prints, instead, the peak RSS of a whole `kvgate check --no-probes` (a child process:
@@ -49,6 +60,7 @@ import socket
 import statistics
 import sys
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -79,10 +91,60 @@ def gate_once(router: str, concurrency: int) -> tuple[float, float, int, str]:
     return wall, cpu, len(report.target.get("nodes", [])), report.exit_status.name
 
 
-def measure(size: int, delay: float, repeat: int, concurrency: int) -> dict[str, object]:
-    """Start one fleet of `size` workers (half prefill); time check, the watch's pass and the floor on it."""
+def _serve_listing(sock: socket.socket, bodies: dict[str, bytes]) -> None:
+    """The stand-in router's process: each GET answered from `bodies` by path (404 else), one thread per
+    connection (check sends it a handful of requests per run)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = bodies.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Type", "application/json")
+            data = body if body is not None else b'{"detail": "Not Found"}'
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(sock.getsockname(), Handler, bind_and_activate=False)
+    server.socket.close()
+    server.socket = sock
+    server.serve_forever()
+
+
+def stand_in_router(dep: SimDeployment) -> tuple[Any, str]:
+    """A process answering smg's `/workers` (smg 1.13's entry shape, tests/assets/router_payloads.py) and
+    `/readiness` for the fleet's workers, as the real router lists them; (process, its URL)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the router's shapes live in tests/assets
+    from tests.assets import router_payloads as R
+
+    entries = [
+        R.smg_entry(url, "prefill", bootstrap_port=bport)
+        for url, bport in zip(dep.prefill_urls, dep.bootstrap_ports, strict=True)
+    ]
+    entries += [R.smg_entry(url, "decode") for url in dep.decode_urls]
+    n = len(entries)
+    bodies = {
+        "/workers": json.dumps(R.smg_workers(*entries)).encode(),
+        "/readiness": json.dumps({"status": "ready", "healthy_workers": n, "total_workers": n}).encode(),
+        "/health": b"{}",
+    }
+    sock = socket.create_server(("127.0.0.1", 0), backlog=128)
+    port = sock.getsockname()[1]
+    proc = multiprocessing.get_context("fork").Process(target=_serve_listing, args=(sock, bodies), daemon=True)
+    proc.start()
+    sock.close()  # the child listens on it; connections queue in the backlog until it serves
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def measure(size: int, delay: float, repeat: int, concurrency: int, stand_in: bool) -> dict[str, object]:
+    """Start one fleet of `size` workers (half prefill) behind the real router, or (`stand_in`) behind a
+    stand-in answering the listing; time check, the watch's pass and the floors on it."""
     width = WatchSettings().pass_concurrency
     prefill = max(1, size // 2)
+    router_proc = None
     with SimDeployment(
         emulate="0.5.22",
         prefill=prefill,
@@ -93,31 +155,51 @@ def measure(size: int, delay: float, repeat: int, concurrency: int) -> dict[str,
         light=True,
         metadata_delay_s=delay,
         ready_deadline_s=300.0,
+        router=not stand_in,
     ) as dep:
-        assert dep.router_url is not None
-        router = dep.router_url
+        if stand_in:
+            router_proc, router = stand_in_router(dep)
+        else:
+            assert dep.router_url is not None
+            router = dep.router_url
         snap = read_fleet(router, timeout=30.0, token=None, concurrency=width, deadline_s=120.0)  # warm-up
         expected = snap.specs
         gate_once(router, concurrency)  # warm-up: the gates' modules load on the first run
-        checks, check_cpus, passes, pass_cpus, floors = [], [], [], [], []
+        checks, check_cpus, passes, pass_cpus, floors, floors2 = [], [], [], [], [], []
         status = ""
-        for _ in range(repeat):
-            wall, cpu, read, status = gate_once(router, concurrency)
-            if read != size:
-                raise SystemExit(f"{size} workers: a check read {read} workers")
-            checks.append(wall)
-            check_cpus.append(cpu)
-            c0 = time.process_time()
-            snap = read_fleet(router, timeout=30.0, token=None, concurrency=width, deadline_s=120.0, expected=expected)
-            pass_cpus.append(time.process_time() - c0)
-            if len(snap.readings) != size:
-                raise SystemExit(f"{size} workers: a pass read {len(snap.readings)}: {list(snap.errors.values())[:2]}")
-            expected = snap.specs
-            passes.append(snap.elapsed_s)
-            floors.append(floor_pass([s.url for s in expected], concurrency * len(READS)))
+        try:
+            for _ in range(repeat):
+                wall, cpu, read, status = gate_once(router, concurrency)
+                if read != size:
+                    raise SystemExit(f"{size} workers: a check read {read} workers")
+                checks.append(wall)
+                check_cpus.append(cpu)
+                c0 = time.process_time()
+                snap = read_fleet(
+                    router, timeout=30.0, token=None, concurrency=width, deadline_s=120.0, expected=expected
+                )
+                pass_cpus.append(time.process_time() - c0)
+                if len(snap.readings) != size:
+                    raise SystemExit(
+                        f"{size} workers: a pass read {len(snap.readings)}: {list(snap.errors.values())[:2]}"
+                    )
+                expected = snap.specs
+                passes.append(snap.elapsed_s)
+                urls = [s.url for s in expected]
+                floors.append(floor_pass(urls, concurrency * len(READS)))
+                t0 = time.monotonic()  # check's own shape: the fleet read whole, then read whole again
+                floor_pass(urls, concurrency * len(READS))
+                floor_pass(urls, concurrency * len(READS))
+                floors2.append(time.monotonic() - t0)
+        finally:
+            if router_proc is not None:
+                router_proc.terminate()
+                router_proc.join(10)
     med = statistics.median
     return {
         "workers": size,
+        "router": "stand-in (lists the fleet)" if stand_in else "smg",
+        "floor2_s": round(med(floors2), 3),
         "check_s": round(med(checks), 3),
         "check_cpu_s": round(med(check_cpus), 3),
         "check_status": status,
@@ -175,7 +257,7 @@ def raise_fd_limit() -> int:
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def measure_apart(size: int, delay: float, repeat: int, concurrency: int) -> dict[str, object]:
+def measure_apart(size: int, delay: float, repeat: int, concurrency: int, stand_in: bool) -> dict[str, object]:
     """`measure` in a forked child, so each size's peak RSS is its own (the client's: check, the watch's
     pass and the floor, in one process; the fleet host and the router are processes of their own)."""
     ctx = multiprocessing.get_context("fork")
@@ -183,7 +265,7 @@ def measure_apart(size: int, delay: float, repeat: int, concurrency: int) -> dic
 
     def child() -> None:
         try:
-            row = measure(size, delay, repeat, concurrency)
+            row = measure(size, delay, repeat, concurrency, stand_in)
             row["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             q.put(row)
         except BaseException as exc:  # noqa: BLE001 - said by the parent, whatever it was
@@ -224,6 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delay", type=float, default=0.3, help="seconds every metadata answer takes")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="check's --concurrency")
+    ap.add_argument(
+        "--stand-in-from",
+        type=int,
+        default=10240,
+        help="sizes from this one up are listed by a stand-in router, not smg (smg is not ready with 10,240)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.rss:
@@ -232,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"open-file limit {raise_fd_limit()}", file=sys.stderr)
     rows = []
     for size in sizes:
-        row = measure_apart(size, args.delay, max(args.repeat, 1), args.concurrency)
+        stand_in = size >= args.stand_in_from
+        row = measure_apart(size, args.delay, max(args.repeat, 1), args.concurrency, stand_in)
         if "error" in row:  # said, and the sizes measured still printed
             print(f"{size:>5} workers: not measured: {row['error']}", flush=True)
             continue
@@ -253,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             f"(client CPU {row['check_cpu_s']} s, {row['check_status']}); watch pass {row['pass_s']} s = "
             f"{row['pass_ratio']}x (client CPU {row['pass_cpu_s']} s); bare-socket floor {row['floor_s']} s "
             f"= {row['floor_ratio']}x; check / floor {float(row['check_s']) / float(row['floor_s']):.2f}x; "  # type: ignore[arg-type]
-            f"client peak RSS {row['peak_rss_mib']} MiB"
+            f"two-read floor {row['floor2_s']} s, check / it {float(row['check_s']) / float(row['floor2_s']):.2f}x; "  # type: ignore[arg-type]
+            f"client peak RSS {row['peak_rss_mib']} MiB; router: {row['router']}"
         )
     for row in rows[1:]:
         for k, what in (("check", "check --router-url --no-probes"), ("pass", "the watch's pass")):
@@ -269,9 +359,12 @@ def main(argv: list[str] | None = None) -> int:
         over = float(row["check_s"]) / float(row["floor_s"])  # type: ignore[arg-type]
         met = over <= FLOOR_GOAL
         ok = ok and met
+        over2 = float(row["check_s"]) / float(row["floor2_s"])  # type: ignore[arg-type]
         print(
             f"goal: check over {row['workers']} workers <= {FLOOR_GOAL}x the bare-socket floor over the same "
-            f"fleet: {over:.2f}x ({'met' if met else 'NOT met'}; client peak RSS {row['peak_rss_mib']} MiB)"
+            f"fleet: {over:.2f}x ({'met' if met else 'NOT met'}; client peak RSS {row['peak_rss_mib']} MiB; "
+            f"router: {row['router']}); against the two-read floor (check reads every worker twice, the second "
+            f"look): {over2:.2f}x ({'within' if over2 <= FLOOR_GOAL else 'over'} {FLOOR_GOAL}x)"
         )
     return 0 if ok else 1
 

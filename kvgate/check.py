@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,16 +180,20 @@ class _Fleet:
         ctx = GateContext(
             options=self.options, readings=[], client=self.client, observer=self.observer, prior=prior, cost=self.cost
         )
-        if listing is not None:
-            prior.extend(listing_findings(listing))
-            if listing.workers:
-                prior.extend(router_readiness(self.client, self.options.router_health_url or self.router, listing))
-                loads, loads_problem = _router_loads(self.client, self.router, self.router_token)
-                ctx = replace(ctx, listing=listing, router_loads=loads, router_loads_problem=loads_problem)
         specs = list(specs)
+        with ThreadPoolExecutor(1, thread_name_prefix="kvgate-router") as pool:
+            # The router's readiness and loads are read while the workers are (the workers' answers are
+            # most of a round's wait); their findings keep their place before the workers'.
+            side = pool.submit(self._router_side, listing) if listing is not None and listing.workers else None
+            results = self._read(specs, fresh or {}, first) if specs else []
+            if listing is not None:
+                prior.extend(listing_findings(listing))
+            if side is not None:
+                found, loads, loads_problem = side.result()
+                prior.extend(found)
+                ctx = replace(ctx, listing=listing, router_loads=loads, router_loads_problem=loads_problem)
         if not specs:  # none listed, or every URL refused: what the listing says is the round
             return Judged(listing, (), (), tuple(prior[len(self.pre) :]))
-        results = self._read(specs, fresh or {}, first)
         _resolve_roles(specs, results)
         readings: list[NodeReading] = []
         for spec, result in zip(specs, results, strict=True):
@@ -217,6 +222,11 @@ class _Fleet:
                 name = gate.name if first else f"{gate.name} (again)"
                 self.timeline.append(_timed(name, t0 - self.started, time.time() - t0, got))
         return Judged(listing, tuple(specs), tuple(results), tuple(prior[len(self.pre) :]))
+
+    def _router_side(self, listing: RouterListing) -> tuple[list[Finding], tuple[RankLoad, ...] | None, str | None]:
+        """The router's readiness findings and its per-rank loads (or why not), for one round."""
+        found = router_readiness(self.client, self.options.router_health_url or self.router, listing)
+        return (found, *_router_loads(self.client, self.router, self.router_token))
 
     def _read(
         self, specs: list[NodeSpec], fresh: Mapping[str, NodeReading], first: bool

@@ -104,6 +104,10 @@ def digest(value: Any) -> str:
 
 def small(value: Any, cap: int = VALUE_CAP) -> Any:
     """The value when it is small, else its digest."""
+    if isinstance(value, str):  # most values: sized here as `_size` would, without its walk
+        return value if len(value) + 2 <= cap else digest(value)
+    if value is None or isinstance(value, (int, float)):  # `_size` counts any of these 24
+        return value if 24 <= cap else digest(value)
     return value if _size(value, cap) <= cap else digest(value)
 
 

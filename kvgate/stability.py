@@ -25,6 +25,7 @@ A member that left is not judged (the verdict covers the listing at the verdict)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from kvgate.discovery import RouterListing, RouterWorker, list_router_workers, normalize_url
@@ -84,7 +85,9 @@ def listing_changes(before: RouterListing, after: RouterListing) -> list[str]:
     out = [f"{u} joined" for u in new if u not in old]
     out += [f"{u} left" for u in old if u not in new]
     out += [
-        f"{u} changed its entry" for u in old if u in new and sorted(map(repr, old[u])) != sorted(map(repr, new[u]))
+        f"{u} changed its entry"
+        for u, was in old.items()
+        if u in new and was != new[u] and sorted(map(repr, was)) != sorted(map(repr, new[u]))
     ]
     if before.endpoint != after.endpoint or before.total != after.total:
         out.append(
@@ -111,16 +114,23 @@ def look(
 ) -> Look:
     """Read the listing and every worker judged again, and say what moved since `judged`'s reads."""
     seen = Look(judged.listing)
-    if router is not None and judged.listing is not None:
-        try:
-            seen.listing = list_router_workers(client, router, router_token)
-        except TransportError as exc:
-            seen.doubts.append(f"the router's listing could not be read again: {exc}")
-        else:
-            seen.moves += listing_changes(judged.listing, seen.listing)
-    listed = set(seen.listing.by_base_url()) if seen.listing is not None else None
     readings = judged.readings
-    again = client.read_nodes([r.spec for r in readings], read_deadline_s=read_deadline_s)
+    with ThreadPoolExecutor(1, thread_name_prefix="kvgate-relist") as pool:
+        # The listing is read again while the workers are: both after the gates, at one moment.
+        relist = (
+            pool.submit(list_router_workers, client, router, router_token)
+            if router is not None and judged.listing is not None
+            else None
+        )
+        again = client.read_nodes([r.spec for r in readings], read_deadline_s=read_deadline_s)
+        if relist is not None and judged.listing is not None:
+            try:
+                seen.listing = relist.result()
+            except TransportError as exc:
+                seen.doubts.append(f"the router's listing could not be read again: {exc}")
+            else:
+                seen.moves += listing_changes(judged.listing, seen.listing)
+    listed = set(seen.listing.by_base_url()) if seen.listing is not None else None
     for was, now in zip(readings, again, strict=True):
         url = was.spec.url
         if discovered and listed is not None and normalize_url(url) not in listed:

@@ -17,6 +17,7 @@ library: what it does not model (IDNA, opaque paths, other schemes) is refused, 
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -197,11 +198,27 @@ def _hosts(url: str) -> str:
     return f"; the router's parser reaches {router}, Python's {python}"
 
 
+#: URLs up to this long are remembered (a real worker's URL is far shorter): the cache stays under about 30 MiB
+#: however a router fills its listing, interval after interval
+_CACHED_URL_CHARS = 512
+
+
 def disagreement(url: str) -> str | None:
     """None when the router (WHATWG rules) and kvgate (urllib) read `url` as one scheme, host, port and
-    path with nothing either reads loosely; else why not, naming what each parser reaches."""
+    path with nothing either reads loosely; else why not, naming what each parser reaches.
+
+    Remembered for short URLs: a pure function of the text, and a fleet's listing is read twice per
+    check (the second look) and once per interval by the watch; parsing each URL both ways was a third
+    of a 1,024-worker listing's cost (bench/fleet_read.py)."""
+    return _remembered(url) if len(url) <= _CACHED_URL_CHARS else _disagreement(url)
+
+
+def _disagreement(url: str) -> str | None:
     why = _why(url)
     return None if why is None else why + _hosts(url)
+
+
+_remembered = functools.lru_cache(maxsize=1 << 14)(_disagreement)
 
 
 def _why(url: str) -> str | None:

@@ -210,3 +210,17 @@ def test_router_get_server_info_is_never_read(payload_server: Callable[..., Payl
     res = check("--router-url", r.url, "--format", "json")
     assert res.exit_code == ExitStatus.PASSED, res.output
     assert {n["url"] for n in json.loads(res.stdout)["target"]["nodes"]} == {p.url, d.url}
+
+
+def test_a_url_judged_twice_reads_the_same_and_only_short_ones_are_remembered() -> None:
+    """The two-parser comparison is remembered per URL text (the second look parses the listing again):
+    the same answer either way, and a router's long URLs never fill the memory."""
+    from kvgate import weburl
+
+    bad = "http://127.0.0.1:9\\@evil.example:80/"
+    assert weburl.disagreement(bad) == weburl.disagreement(bad) == weburl._disagreement(bad)
+    assert weburl.disagreement(bad) is not None and "backslash" in weburl.disagreement(bad)  # type: ignore[operator]
+    before = weburl._remembered.cache_info().currsize
+    long = "http://127.0.0.1:9/" + "a" * weburl._CACHED_URL_CHARS
+    assert weburl.disagreement(long) is None
+    assert weburl._remembered.cache_info().currsize == before

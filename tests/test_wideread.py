@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.errors import TransportError
 from kvgate.fleetread import judged_facts, read_workers
 from kvgate.target import NodeReading, NodeSpec
 from kvgate.watch import fleetpass
@@ -366,3 +367,32 @@ def test_the_bytes_in_flight_are_bounded_and_every_answer_still_arrives(serve: l
         inflight_bytes=1 << 20,
     )
     assert got == [Answer(200, body)] * 8
+
+
+@pytest.mark.parametrize("was_on", [True, False])
+def test_the_collector_is_off_only_during_a_read_and_as_it_was_after(serve: list[ScriptedServer], was_on: bool) -> None:
+    """The fleet reader holds off cyclic collections while it reads (kvgate/fleetread.py): during the read
+    the collector is off, after it the process's setting is what it was, a failed read included."""
+    import gc
+
+    seen: list[bool] = []
+
+    def answer(req: Request, conn: socket.socket) -> None:
+        body = b"{}"
+        conn.sendall(head(length=len(body)) + body)
+
+    s = _start(serve, answer)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        refused = f"http://127.0.0.1:{free.getsockname()[1]}"
+    specs = [NodeSpec("prefill", s.url, 0), NodeSpec("decode", refused, 1)]
+    (gc.enable if was_on else gc.disable)()
+    try:
+        read = read_workers(
+            specs, timeout=5, width=8, deadline=time.monotonic() + 30, on_done=lambda: seen.append(gc.isenabled())
+        )
+        after = gc.isenabled()
+    finally:
+        gc.enable()
+    assert seen == [False, False] and after is was_on
+    assert isinstance(read[1], TransportError) and "unreachable" in str(read[1])
