@@ -34,7 +34,7 @@ from kvgate.soak.content import ContentChecks, ContentResult
 from kvgate.soak.load import Load, RequestRecord, bucket_lengths
 from kvgate.soak.pool import PoolSampler
 from kvgate.soak.settings import CANARY, CHECKS, SoakSettings
-from kvgate.soak.slo import Allowance, Level, judge, measure
+from kvgate.soak.slo import Allowance, Level, judge, measure, prefill_share
 from kvgate.watch.fleetpass import read_fleet
 
 GATE = "soak"
@@ -188,7 +188,7 @@ class Soak:
         the fixed cost of a request counted as prefill makes the rate lower, the allowance larger, never a
         false block). A request the deployment does not answer leaves the rate unknown."""
         s = self.settings
-        share = s.concurrency + 1  # the load's requests in flight, and the slice's content check beside them
+        share = prefill_share(s.concurrency)
         if s.prefill_tokens_per_s is not None:
             return Allowance(s.prefill_tokens_per_s, share, "stated in soak.prefill_tokens_per_s")
         length = max(lengths[b] for b, w in s.mix.items() if w > 0)

@@ -32,6 +32,11 @@ SENSE = {
 PER_BUCKET = ("ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s")
 
 
+def prefill_share(concurrency: int) -> int:
+    """How many requests share the prefill at most: the load's in flight, and the slice's content check."""
+    return concurrency + 1
+
+
 @dataclass(frozen=True)
 class Allowance:
     """What a request of a given length may take on top of a level: its share of the prefill.
