@@ -36,21 +36,21 @@ def test_a_healthy_long_context_passes_the_soak_slo_at_the_defaults(
     deployment: Callable[..., Any], tmp_path: Path
 ) -> None:
     dep = deployment(**LONG)
-    code, doc, page, out = soak(dep.router_url, tmp_path)
+    # 12 s of load: the default mix's seeded draw sends its first near-limit prompt as its 32nd request
+    code, doc, page, out = soak(dep.router_url, tmp_path, "--duration", "12", "--slice", "3")
     soak_data = doc["cost"]["soak"]
-    print(soak_data["prefill"], [f["summary"] for f in _slo(doc)])
     assert code == 0, out
     assert all(f["outcome"] == "passed" for f in _slo(doc))
     prefill = soak_data["prefill"]
     assert prefill["tokens_per_s"] and prefill["source"].startswith("measured alone before the load")
     run = soak_data["run"]
-    # the false block this fixes: the healthy near-limit prompts took longer than the flat level
+    # the false block this fixes: healthy long prompts took longer than the flat level, and met their own
     flat = Slo().ttft_p99_s
     assert flat is not None and run["stats"]["ttft_p99_s"] > flat, run["stats"]
-    by_bucket = {(lv["name"], lv.get("bucket")): lv for lv in run["levels"]}
-    near = by_bucket[("ttft_p99_s", "near_limit")]
-    assert near["met"] and near["stated"] > flat and near["measured"] > flat
-    assert "near_limit" in page.read_text()
+    over = [lv for lv in run["levels"] if lv["name"] == "ttft_p99_s" and lv.get("bucket") and lv["measured"] > flat]
+    assert over and all(lv["met"] and lv["stated"] > lv["measured"] for lv in over), run["levels"]
+    assert {lv["bucket"] for lv in over} <= {"long", "near_limit"}
+    assert "prefill allowance" in page.read_text() or "tokens/s of prefill" in page.read_text()
 
 
 def test_the_same_long_context_slowed_down_still_fails_the_soak_slo(
