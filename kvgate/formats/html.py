@@ -153,14 +153,36 @@ def _steps(steps: list[Any], dropped: object) -> list[str]:
     ]
 
 
+_MET = {True: "passed", False: "failed", None: "inconclusive"}
+
+
 def _levels_table(levels: list[Any]) -> str:
     rows = "".join(
-        f"<tr><td>{_e(lv.get('name'))}</td><td>{_num(lv.get('measured'))}</td><td>{_num(lv.get('stated'))}</td>"
-        f"<td>{_o({True: 'passed', False: 'failed', None: 'inconclusive'}[lv.get('met')])}</td></tr>"
+        f"<tr><td>{_e(lv.get('name'))}</td><td>{_bucket(lv)}</td><td>{_num(lv.get('measured'))}</td>"
+        f"<td>{_stated(lv)}</td>"
+        f"<td>{_o(_MET.get(lv.get('met'), 'inconclusive'))}</td></tr>"
         for lv in levels
         if isinstance(lv, dict)
     )
-    return f"<table><tr><th>level</th><th>measured</th><th>stated</th><th>met</th></tr>{rows}</table>"
+    head = "<tr><th>level</th><th>bucket</th><th>measured</th><th>stated</th><th>met</th></tr>"
+    return f"<table>{head}{rows}</table>"
+
+
+def _bucket(lv: dict[str, Any]) -> str:
+    """A per-bucket level's bucket and prompt length; every request for the others."""
+    if lv.get("bucket") is None:
+        return "all"
+    length = lv.get("length")
+    tokens = f" ({length:,} tokens)" if isinstance(length, int) else ""
+    return _e(f"{lv['bucket']}{tokens}")
+
+
+def _stated(lv: dict[str, Any]) -> str:
+    """The stated bound: for a per-bucket level, the profile's level plus the bucket's prefill allowance."""
+    stated, extra = lv.get("stated"), lv.get("allowance_s")
+    if isinstance(stated, (int, float)) and isinstance(extra, (int, float)):
+        return f"{_num(stated - extra)} + {_num(extra)} = {_num(stated)}"
+    return _num(stated)
 
 
 def _soak(d: dict[str, Any]) -> list[str]:
@@ -172,6 +194,16 @@ def _soak(d: dict[str, Any]) -> list[str]:
     run = d.get("run")
     if isinstance(run, dict):
         out += ["<h2>Service levels: the whole run, measured against stated</h2>", _levels_table(run.get("levels", []))]
+        prefill = d.get("prefill")
+        if isinstance(prefill, dict):
+            rate = prefill.get("tokens_per_s")
+            said = (
+                f"time to first token and end to end: per bucket, the level + {prefill.get('share')} x the "
+                f"bucket's tokens / {rate:,.0f} tokens/s of prefill ({prefill.get('source')})"
+                if isinstance(rate, (int, float))
+                else f"no prefill rate to size the per-bucket levels: {prefill.get('source')}"
+            )
+            out.append(f'<p class="note">{_e(said)}</p>')
     mid = [((s["start_s"] + s["end_s"]) / 2, s.get("stats", {})) for s in slices]
     lat = [
         (name, [(t, st[key]) for t, st in mid if isinstance(st.get(key), (int, float))])

@@ -93,12 +93,16 @@ class Load:
         deadline_s: float,
         record: Callable[[RequestRecord], None],
         seed: int = 0,
+        allowance_s: Callable[[int], float | None] = lambda _length: None,
     ) -> None:
         self.client = GenerateClient(http, router, deadline_s)
         self.limits = limits
         self.codec = codec
         self.settings = settings
         self.record = record
+        #: a request's prefill allowance (slo.Allowance.extra_s): its deadline is the probe deadline plus
+        #: that, or a healthy 1M-token prompt sharing the prefill would be called a hang
+        self.allowance_s = allowance_s
         self.lengths = bucket_lengths(limits)
         mix = {b: s for b, s in settings.mix.items() if s > 0}
         self._buckets = list(mix)
@@ -162,7 +166,8 @@ class Load:
         if cancel:
             rec = sender.one(probe, phase, cancel_after_s=self.settings.cancel_after_s)
         else:
-            rec = sender.one(probe, phase, stream=True)
+            deadline = self.client.deadline_s + (self.allowance_s(length) or 0.0)
+            rec = sender.one(probe, phase, stream=True, deadline_s=deadline)
         res = rec.result
         leaks = tuple(owners(sender.sightings([rec])))
         if len(sender.book) > 2 * BOOK:  # one slice-deletion each: atomic under the GIL
@@ -177,7 +182,7 @@ class Load:
         if not res.served and not res.cancelled:
             error = res.transport_error or f"HTTP {res.status}: {clip(res.raw, 160)}"
             if res.timed_out:
-                error = f"no answer within the {self.client.deadline_s:g} s deadline"
+                error = f"no answer within the {res.deadline_s or self.client.deadline_s:g} s deadline"
         return RequestRecord(
             n,
             slice_index,

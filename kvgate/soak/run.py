@@ -21,16 +21,20 @@ from kvgate.defaults import PROBE_BODY_CAP
 from kvgate.errors import InternalError, TransportError
 from kvgate.findings import Evidence, Finding, Outcome, Report, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
+from kvgate.gates.probes.canary import Sender
+from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.codec_select import select_codec
-from kvgate.gates.probes.plan import limits_from_readings
-from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, max_new_tokens_for
+from kvgate.gates.probes.sentinels import TokenCodec
+from kvgate.gates.probes.settings import SGLANG_WAITING_TIMEOUT_S, ProbeSettings
 from kvgate.httpbounds import bounded_client
 from kvgate.progress import NullObserver, Observer, StepHandle
 from kvgate.soak.content import ContentChecks, ContentResult
 from kvgate.soak.load import Load, RequestRecord, bucket_lengths
 from kvgate.soak.pool import PoolSampler
 from kvgate.soak.settings import CANARY, CHECKS, SoakSettings
-from kvgate.soak.slo import judge, measure
+from kvgate.soak.slo import Allowance, Level, judge, measure, prefill_share
 from kvgate.watch.fleetpass import read_fleet
 
 GATE = "soak"
@@ -136,10 +140,22 @@ class Soak:
         why_not = content.prepare()
         if why_not:
             self.log(f"isolation golden set not recorded: {why_not}")
+        self.allowance = self._allowance(http, limits, codec, data["lengths"])
+        data["prefill"] = self.allowance.as_dict()
+        self.log(self.allowance.describe())
         t0 = time.monotonic()  # the load's clock starts after the golden set
         data["t0_unix"] = round(time.time(), 3)  # the same instant on the wall clock (for a server's log times)
         content.t0 = t0
-        load = Load(http, self.router, limits, codec, s, self.probe_settings.deadline_s, self._record)
+        load = Load(
+            http,
+            self.router,
+            limits,
+            codec,
+            s,
+            self.probe_settings.deadline_s,
+            self._record,
+            allowance_s=self.allowance.extra_s,
+        )
         load.t0 = t0
         pool = PoolSampler(http, [(r.node, r.spec.url) for r in readings], s.pool_every_s, t0)
         stop = threading.Event()
@@ -163,6 +179,33 @@ class Soak:
             raise InternalError("soak", RuntimeError(f"the load driver broke: {load.crashed}"))
         end_s = time.monotonic() - t0
         return self._judge(slices, pool, end_s, data)
+
+    def _allowance(
+        self, http: httpx.Client, limits: ProbeLimits, codec: TokenCodec, lengths: dict[str, int]
+    ) -> Allowance:
+        """The prefill rate that sizes each bucket's latency allowance: the profile's, or one request of
+        the mix's longest bucket measured alone before the load (its length / its time to first token:
+        the fixed cost of a request counted as prefill makes the rate lower, the allowance larger, never a
+        false block). A request the deployment does not answer leaves the rate unknown."""
+        s = self.settings
+        share = prefill_share(s.concurrency)
+        if s.prefill_tokens_per_s is not None:
+            return Allowance(s.prefill_tokens_per_s, share, "stated in soak.prefill_tokens_per_s")
+        length = max(lengths[b] for b, w in s.mix.items() if w > 0)
+        new = max_new_tokens_for(limits, length, 1)
+        probe = LengthProbe("soak_prefill_rate", length, ACCEPT, "none", "soak prefill rate", new)
+        # alone, a prompt up to the context may take its whole prefill: SGLang's own waiting timeout bounds it
+        client = GenerateClient(http, self.router, SGLANG_WAITING_TIMEOUT_S - 10)
+        sender = Sender(client, codec, CostMeter(context=limits.context), NullObserver())
+        res = sender.one(probe, "soak-rate", stream=True).result
+        if not res.served or not res.ttft_s:
+            why = res.transport_error or (f"HTTP {res.status}" if res.status else "no answer")
+            fix = "state soak.prefill_tokens_per_s in the profile"
+            return Allowance(None, share, f"the {length:,}-token rate request alone was not answered ({why}): {fix}")
+        rate = length / res.ttft_s
+        return Allowance(
+            rate, share, f"measured alone before the load: {length:,} tokens, first token in {res.ttft_s:.3g} s"
+        )
 
     def _plan_doubt(self, why: str) -> Finding:
         fix = "run `kvgate check` on the fleet and fix what it names"
@@ -244,10 +287,10 @@ class Soak:
             st.content[0] = self._canary(st)  # again, with the requests that finished after the checks
             node = f"slice {st.index + 1} ({st.start_s:g}-{st.end_s:g} s)"
             recs = records.get(st.index, [])
-            stats = measure(recs, st.end_s - st.start_s, s.slo)
-            levels = judge(stats, s.slo)
+            stats = measure(recs, st.end_s - st.start_s, s.slo, self.allowance)
+            levels = judge(stats, s.slo, self.allowance)
             findings.append(_content_finding(node, st))
-            findings.append(_slo_finding(node, levels))
+            findings.append(_slo_finding(node, levels, self.allowance))
             data["slices"].append(
                 {
                     "index": st.index + 1,
@@ -271,9 +314,9 @@ class Soak:
                 )
             )
         every = [r for k in sorted(records) for r in records[k]]
-        run_stats = measure(every, max(end_s, 1e-9), s.slo)
-        run_levels = judge(run_stats, s.slo)
-        findings.append(_slo_finding("run", run_levels))
+        run_stats = measure(every, max(end_s, 1e-9), s.slo, self.allowance)
+        run_levels = judge(run_stats, s.slo, self.allowance)
+        findings.append(_slo_finding("run", run_levels, self.allowance))
         data["run"] = {"stats": run_stats.as_dict(), "levels": [lv.as_dict() for lv in run_levels]}
         data["bins"] = _bins(every, s.slice_s)
         data["pool"] = {"samples": pool.samples, "problems": pool.problems}
@@ -314,24 +357,34 @@ def _content_finding(node: str, st: SliceState) -> Finding:
     return passed(GATE, CONTENT, node, f"{node}: " + "; ".join(f"{c.check} passed" for c in st.content), ev)
 
 
-def _slo_finding(node: str, levels: list[Any]) -> Finding:
-    ev = Evidence(node, "soak.slo", [lv.as_dict() for lv in levels])
+def _slo_finding(node: str, levels: list[Level], allowance: Allowance) -> Finding:
+    ev = Evidence(node, "soak.slo", [lv.as_dict() for lv in levels], expected=allowance.describe())
+    bound = f" [{allowance.describe()}]"
     missed = [lv for lv in levels if lv.met is False]
     if missed:
         return failed(
-            GATE, SLO, node, f"{node}: missed " + "; ".join(lv.line() for lv in missed), ev, remedy=REMEDY_SLO
+            GATE, SLO, node, f"{node}: missed " + "; ".join(lv.line() for lv in missed) + bound, ev, remedy=REMEDY_SLO
         )
     unmeasured = [lv for lv in levels if lv.met is None]
     if unmeasured:
+        why = dict.fromkeys(lv.why or "no answered load request" for lv in unmeasured)
+        fix = "rerun with longer slices (--slice) or more load (--concurrency)"
+        if allowance.tokens_per_s is None:
+            fix = "state soak.prefill_tokens_per_s in the profile (the deployment's prefill speed for one request)"
         return inconclusive(
             GATE,
             SLO,
             node,
-            f"{node}: unmeasured " + ", ".join(lv.name for lv in unmeasured) + " (no answered load request)",
+            f"{node}: unmeasured " + ", ".join(lv.name for lv in unmeasured) + " (" + "; ".join(why) + ")",
             ev,
-            remedy="rerun with longer slices (--slice) or more load (--concurrency)",
+            remedy=fix,
         )
-    return passed(GATE, SLO, node, f"{node}: met " + "; ".join(lv.line() for lv in levels), ev)
+    flat = [lv.line() for lv in levels if lv.bucket is None]
+    scaled = [lv for lv in levels if lv.bucket is not None and lv.measured is not None]
+    if scaled:  # every per-bucket level is in the evidence; the summary names the one closest to its bound
+        near = max(scaled, key=lambda lv: (lv.measured or 0.0) / max(lv.stated, 1e-9))
+        flat.append(f"{len(scaled)} per-bucket levels, the closest: {near.line()}")
+    return passed(GATE, SLO, node, f"{node}: met " + "; ".join(flat) + bound, ev)
 
 
 def _bins(records: list[RequestRecord], slice_s: float) -> list[dict[str, Any]]:

@@ -22,12 +22,18 @@ CHECKS = (CANARY, ISOLATION, HANDOFF)
 class Slo:
     """The stated service levels (`soak.slo:`), judged per slice and for the run. None: not judged.
 
+    The time-to-first-token and end-to-end levels are what a request may take ON TOP of its share of
+    the prefill: each prompt-length bucket of the mix is judged on its own percentiles against
+    `level + concurrency x bucket length / prefill rate` (slo.Allowance), so a healthy deployment
+    passes at any context while a request slower than its prefill share plus the level still fails.
+
     - ttft_p50_s / ttft_p99_s: time to the first streamed token, median and 99th percentile.
-    - itl_p99_s: inter-token latency ((e2e - ttft) / (tokens - 1) per request), 99th percentile.
+    - itl_p99_s: inter-token latency ((e2e - ttft) / (tokens - 1) per request), 99th percentile (flat:
+      a token's gap does not grow with the prompt).
     - e2e_p50_s / e2e_p99_s: whole request, median and 99th percentile.
     - error_rate: the largest share of non-cancelled requests that may fail (HTTP error, abort, hang).
     - goodput: the smallest share of streamed requests (not those sent to be cancelled) that must be served within every
-      per-request level (ttft_p99_s, itl_p99_s, e2e_p99_s taken as per-request bounds).
+      per-request level (ttft_p99_s and e2e_p99_s plus the request's prefill allowance, itl_p99_s).
     """
 
     ttft_p50_s: float | None = 5.0
@@ -59,6 +65,9 @@ class SoakSettings:
       (mid-prefill or mid-transfer for any prompt longer than a page).
     - checks: the content checks each slice runs at its end, under the load (canary, isolation, handoff).
     - pool_every_s: seconds between readings of every worker's KV pool use (/v1/loads).
+    - prefill_tokens_per_s: the deployment's prefill speed for one request alone, which sizes each
+      bucket's latency allowance (Slo); None: measured by the soak itself before the load (one request
+      of the mix's longest bucket, alone: its length / its time to first token).
     - slo: the service levels (Slo).
     """
 
@@ -73,6 +82,7 @@ class SoakSettings:
     cancel_after_s: float = 0.05
     checks: tuple[str, ...] = CHECKS
     pool_every_s: float = 5.0
+    prefill_tokens_per_s: float | None = None
     slo: Slo = field(default_factory=Slo)
 
     @property
@@ -94,7 +104,7 @@ class SoakSettings:
                 values[key] = _checks(source, value)
             elif key == "slo":
                 values[key] = _slo(source, value)
-            elif key == "rate_per_s" and value is None:
+            elif key in ("rate_per_s", "prefill_tokens_per_s") and value is None:
                 values[key] = None
             else:
                 values[key] = _number(source, where, value, integer=key in ("concurrency", "max_new_tokens"))
@@ -124,6 +134,9 @@ class SoakSettings:
                 raise ProfileError(source, f"soak.{key}", f"must be between {lo:g} and {hi:g}, got {v}")
         if self.rate_per_s is not None and not 0.01 <= self.rate_per_s <= 100_000:
             raise ProfileError(source, "soak.rate_per_s", f"must be between 0.01 and 100000, got {self.rate_per_s}")
+        rate = self.prefill_tokens_per_s
+        if rate is not None and not 1 <= rate <= 1e9:
+            raise ProfileError(source, "soak.prefill_tokens_per_s", f"must be between 1 and 1e9, got {rate}")
         if self.slice_s > self.duration_s:
             raise ProfileError(source, "soak.slice_s", "must not exceed duration_s (no slice could end)")
 

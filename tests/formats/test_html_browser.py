@@ -108,6 +108,12 @@ def test_hostile_server_text_stays_text(browser: Any, tmp_path: Path) -> None:
                 "content": [{"check": "canary", "outcome": "failed", "summary": HOSTILE, "at_s": 2, "seconds": 0}],
             }
         ],
+        "run": {
+            "levels": [
+                {"name": HOSTILE, "bucket": HOSTILE, "length": 16, "measured": 1.0, "stated": 3.0, "allowance_s": 1.0},
+            ]
+        },
+        "prefill": {"tokens_per_s": 100.0, "share": 9, "source": HOSTILE},
         "bins": [{"t_s": 0, "width_s": 1, "requests": 3, "errors": 0, "cancelled": 0}],
         "pool": {"samples": [[0.5, {HOSTILE: 0.25}], [1.5, {HOSTILE: 0.5}]], "problems": {}, "note": HOSTILE},
     }
@@ -123,7 +129,9 @@ def test_hostile_server_text_stays_text(browser: Any, tmp_path: Path) -> None:
     try:
         assert messages == [] and requests == []
         assert page.locator("script").count() == 0 and page.locator("img").count() == 0
-        assert "<script>console.error('pwned')</script>" in page.locator("body").inner_text()
+        text = page.locator("body").inner_text()
+        assert "<script>console.error('pwned')</script>" in text
+        assert f"{HOSTILE} (16 tokens)" in text and "2 + 1 = 3" in text  # a per-bucket level: level + allowance
         assert plot_points(page, "workers' KV pool in use (as each reports it)") == 2
     finally:
         page.close()

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.cost import CostMeter
@@ -76,11 +77,13 @@ class Sender:
         sentinel: Sentinel | None = None,
         top_logprobs: int = 0,
         on_send: Callable[[], None] | None = None,
+        deadline_s: float | None = None,
     ) -> Sent:
         """Send one probe carrying a sentinel densely (every token belongs to a sentinel copy): a fresh
         one, or `sentinel` again (the same length then sends the very same ids). `on_send` is called once
         the ids are built and the rid is registered, right before the request goes out: building them may
-        ask the server's tokenizer (`ServerCodec`), which a busy worker answers late."""
+        ask the server's tokenizer (`ServerCodec`), which a busy worker answers late. `deadline_s`: this
+        request's own deadline instead of the client's (a long prompt under a soak's load)."""
         s = sentinel or self.sentinel(f"{probe.label} [{phase}]")
         if self.stalled is not None:
             rec = Sent(
@@ -108,6 +111,7 @@ class Sender:
             cancel_after_s=cancel_after_s,
             stream=stream,
             **({"top_logprobs": top_logprobs} if top_logprobs else {}),
+            **_deadline(deadline_s),
         )
         del ids
         self.meter.add(res, accepted_length=probe.expect == ACCEPT)
@@ -199,3 +203,8 @@ class Sender:
         for r in records:
             out.extend(scan(r.label, r.sentinel, r.result.searchable + "\n" + self.readable(r.result), book))
         return out
+
+
+def _deadline(deadline_s: float | None) -> dict[str, Any]:
+    """The generate keyword for a request's own deadline, only when it has one."""
+    return {} if deadline_s is None else {"deadline_s": deadline_s}
