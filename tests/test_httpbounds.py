@@ -73,6 +73,21 @@ def _wait(event: threading.Event, what: str) -> None:
         raise AssertionError(f"staging: {what} did not happen within {SAFETY_S:g} s")
 
 
+def _post_in_thread(client: httpx.Client, url: str) -> tuple[threading.Thread, dict[str, Any]]:
+    """POST from a thread of its own, started; the dict gets the status, or the error by name."""
+    first: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            first["status"] = client.post(url, content=b"{}").status_code
+        except Exception as exc:  # noqa: BLE001 (the caller's assertion names it)
+            first["error"] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t, first
+
+
 def test_a_connection_retired_while_a_thread_holds_it_is_never_closed_under_its_request(url: str) -> None:
     client = bounded_client(timeout=SAFETY_S, body_cap=1 << 20, verify=ssl.create_default_context())
     pool = client._transport._inner._pool  # type: ignore[attr-defined]
@@ -110,16 +125,7 @@ def test_a_connection_retired_while_a_thread_holds_it_is_never_closed_under_its_
 
     pool._close_connections = hold_late_close
 
-    first: dict[str, Any] = {}
-
-    def send_first() -> None:
-        try:
-            first["status"] = client.post(url, content=b"{}").status_code
-        except Exception as exc:  # noqa: BLE001 (the assertion below names it)
-            first["error"] = f"{type(exc).__name__}: {exc}"
-
-    t = threading.Thread(target=send_first, daemon=True)
-    t.start()
+    t, first = _post_in_thread(client, url)
     _wait(handed, "the pool handing X to the first thread")
     expired.set()
     second = client.post(url, content=b"{}")  # its pool pass retires X
@@ -185,16 +191,7 @@ def test_a_connection_started_between_the_pools_idle_check_and_its_close_is_left
 
     pool._close_connections = mark_decided
 
-    first: dict[str, Any] = {}
-
-    def send_first() -> None:
-        try:
-            first["status"] = client.post(url, content=b"{}").status_code
-        except Exception as exc:  # noqa: BLE001 (the assertion below names it)
-            first["error"] = f"{type(exc).__name__}: {exc}"
-
-    t = threading.Thread(target=send_first, daemon=True)
-    t.start()
+    t, first = _post_in_thread(client, url)
     second = client.post(url, content=b"{}")  # its pool pass judges X expired while the first starts on X
     t.join(SAFETY_S)
     assert not t.is_alive(), "the first request did not end"
