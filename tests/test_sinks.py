@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from markdown_it import MarkdownIt
 
@@ -359,6 +359,10 @@ def _derived_fragments(token: str, text: str) -> list[str]:
 @_settings(max(20, EXAMPLES // 3))
 @given(token=st.text(alphabet=B64TOKEN, min_size=16, max_size=64), fold=st.sampled_from(["lower", "upper", "quote"]))
 def test_no_fragment_of_a_derived_form_reaches_any_format(token: str, fold: str) -> None:
+    # Hypothesis draws text from the test's own literals too: a token holding "defenses" (the report's
+    # gate) has kvgate's own words masked, rightly, and the check ID then breaks the schema. Such a
+    # token says nothing about a server's text reaching a sink.
+    assume(not any(_derived_fragments(token, _render(fmt, _report("x"))) for fmt in ReportFormat))
     R.register(token)
     derived = {"lower": token.lower(), "upper": token.upper(), "quote": quote(token, safe="")}[fold]
     report = _report(f"http://{derived}:8000/x")
