@@ -10,7 +10,8 @@ charged to the traffic budget whole before it is sent (the answer and every repl
 or not sent. Rounds come every `round_every` intervals,
 so that they take at most ROUND_SHARE of the request budget; a due round takes the scheduled probes'
 slots until the budget has room for it (the loop). A confident disagreement is a failed
-`probes.handoff.prefill_oracle` finding; positions below the margin are never judged.
+`probes.handoff.prefill_oracle` finding; positions where decode's token is below the margin are
+never judged.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class HandoffWatch:
             p.length,
             len(tally.compared),
             tuple(tally.disagree),
-            tuple(tally.unconfident + tally.unanswered),
+            tuple(tally.unanswered),
         )
 
 

@@ -11,11 +11,14 @@ Procedure (every request alone, greedy): for each prompt (one page; several page
 page; and, where it is affordable, one near the longest accepted length, where page-table and chunking
 mistakes live), a fresh prompt of distinct lines gets a short answer with the top-2 logprobs; then, at
 positions k chosen early and late among those where decode's token is confident, `X + y[:k]` is sent
-for one token. Judged under the margin rule of the isolation checks (margin.py): a position counts
-only where decode's token and prefill's token each lead their runner-up by `probes.logprob_margin`
-nats (every position where every worker reports deterministic inference). A position whose decode
-token is below the margin is never replayed (it could not be judged): the check costs only what it can
-use. Where the planned prompts leave fewer than `probes.handoff_min_positions` compared positions (a
+for one token. Judged under the margin rule of the isolation checks (margin.py), with decode's answer
+as the reference: a position counts where decode's token leads its runner-up by `probes.logprob_margin`
+nats, and prefill's top-1 there must be that token (every position, exactly, where every worker reports
+deterministic inference). For prefill to rank another token first, the two computations' logits must
+differ by half the margin or more, far beyond round-off; prefill's own lead is not required, since a
+decode that misreads its KV makes answers prefill is seldom sure of (a real decode with a dropped layer:
+prefill below the margin at 15 of 16 replays). A position whose decode token is below the margin is
+never replayed (it could not be judged): the check costs only what it can use. Where the planned prompts leave fewer than `probes.handoff_min_positions` compared positions (a
 model that is seldom confident), up to EXTRA_PROMPTS more one-page prompts are sent until enough are;
 a confident disagreement fails; still too few is inconclusive.
 
@@ -94,7 +97,6 @@ class Tally:
 
     compared: list[str] = field(default_factory=list)
     disagree: list[str] = field(default_factory=list)
-    unconfident: list[str] = field(default_factory=list)
     unanswered: list[str] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     prefill_tokens: int = 0
@@ -227,9 +229,6 @@ def judge_prompt(
         if got is None or not got.ids:
             tally.unanswered.append(f"{where}: {_why_not(rep)}")
             continue
-        if not got.confident[0]:
-            tally.unconfident.append(f"{where}: prefill's token below the margin")
-            continue
         tally.compared.append(where)
         if got.ids[0] != y[k]:
             a, r = tally.samples[answer_at], tally.samples[-1]
@@ -269,14 +268,16 @@ def _finding(
     tally: Tally, prompts: list[HandoffPrompt], note: str, settings: ProbeSettings, node: str, exact: bool
 ) -> Finding:
     m = settings.logprob_margin
-    rule = "exact (deterministic inference)" if exact else f"both sides lead their runner-up by {m:g} nats"
+    rule = "exact (deterministic inference)" if exact else (
+        f"decode's token leads its runner-up by {m:g} nats and is prefill's top-1"
+    )
     plan = {p.label: {"tokens": p.length, "replays": p.replays} for p in prompts}
     ev = [
         Evidence(node, "handoff.plan", plan),
         Evidence(node, "handoff.note", note),
         Evidence(node, "handoff.rule", rule),
         Evidence(node, "handoff.compared", tally.compared, "prefill's token equals decode's at every position"),
-        Evidence(node, "handoff.not_compared", tally.unconfident + tally.unanswered),
+        Evidence(node, "handoff.not_compared", tally.unanswered),
         Evidence(
             node,
             "handoff.decode_confident",
@@ -301,8 +302,7 @@ def _finding(
         why = (
             f"only {len(tally.compared)} confident position(s) compared (at least {need} needed) over "
             f"{len(prompts)} prompts: decode was confident at {tally.decode_sure} of its {tally.candidates} "
-            f"answer positions, {len(tally.unconfident)} replay(s) below the margin, "
-            f"{len(tally.unanswered)} unanswered"
+            f"answer positions, {len(tally.unanswered)} request(s) unanswered"
         )
         if tally.unanswered and len(tally.unanswered) >= tally.candidates - tally.decode_sure:
             remedy = f"give each probe more time: --probe-deadline {2 * settings.deadline_s:g}"
@@ -311,7 +311,7 @@ def _finding(
                 "start the workers with --enable-deterministic-inference (every position is then compared), or "
                 "lower probes.logprob_margin / probes.handoff_min_positions in a profile"
             )
-        first = (tally.unconfident + tally.unanswered)[:1]
+        first = tally.unanswered[:1]
         return inconclusive(GATE, CHECK, node, why + (f"; first: {first[0]}" if first else ""), *ev, remedy=remedy)
     return passed(
         GATE,
@@ -320,8 +320,8 @@ def _finding(
         f"prefill, on its own KV, computes decode's token at all {len(tally.compared)} compared positions "
         f"({', '.join(p.label for p in prompts)}; {rule}); {note}"
         + (
-            f"; {len(tally.unconfident) + len(tally.unanswered)} position(s) not compared (handoff.not_compared)"
-            if tally.unconfident or tally.unanswered
+            f"; {len(tally.unanswered)} position(s) not compared (handoff.not_compared)"
+            if tally.unanswered
             else ""
         ),
         *ev,

@@ -55,11 +55,15 @@ def garbled(prev: int) -> int:
     return (step(prev) + 1) % VOCAB
 
 
-def logprobs(tokens: list[int], gap: float = 6.0) -> dict[str, Any]:
-    """SGLang's logprob fields; `gap`: nats by which each token leads its runner-up."""
+def logprobs(tokens: list[int], gap: float = 6.0, first_gap: float | None = None) -> dict[str, Any]:
+    """SGLang's logprob fields; `gap`: nats by which each token leads its runner-up (`first_gap`, when
+    given, for the first token: prefill's)."""
+    gaps = [gap if j or first_gap is None else first_gap for j in range(len(tokens))]
     return {
         "output_token_logprobs": [[-0.01, t, None] for t in tokens],
-        "output_top_logprobs": [[[-0.01, t, None], [-0.01 - gap, (t + 1) % VOCAB, None]] for t in tokens],
+        "output_top_logprobs": [
+            [[-0.01, t, None], [-0.01 - g, (t + 1) % VOCAB, None]] for t, g in zip(tokens, gaps, strict=True)
+        ],
     }
 
 
@@ -71,6 +75,8 @@ class Toy:
     fault: str | None = None
     peers: dict[str, str] = field(default_factory=dict)
     gap: float = 6.0
+    #: the first token's lead over its runner-up (prefill's token); None: `gap`
+    first_gap: float | None = None
     kv: dict[int, list[int]] = field(default_factory=dict)
     url: str = ""
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=30))
@@ -114,7 +120,7 @@ class Toy:
             "cached_tokens": 0,
         }
         if body.get("return_logprob"):
-            meta.update(logprobs(out, self.gap))
+            meta.update(logprobs(out, self.gap, self.first_gap))
         return 200, {"output_ids": out, "meta_info": meta}
 
     def route(self, body: dict[str, Any], ids: list[int], new: int) -> tuple[int, Any]:
@@ -189,9 +195,9 @@ class Toy:
 def toy() -> Iterator[Any]:
     started: list[Toy] = []
 
-    def make(fault: str | None, gap: float = 6.0) -> tuple[Toy, Toy, Toy]:
+    def make(fault: str | None, gap: float = 6.0, first_gap: float | None = None) -> tuple[Toy, Toy, Toy]:
         prefill = Toy("prefill").start()
-        decode = Toy("decode", fault, {"prefill": prefill.url}, gap).start()
+        decode = Toy("decode", fault, {"prefill": prefill.url}, gap, first_gap).start()
         router = Toy("router", None, {"prefill": prefill.url, "decode": decode.url}).start()
         started.extend((prefill, decode, router))
         return prefill, decode, router
@@ -264,3 +270,18 @@ def test_a_model_never_confident_by_the_margin_is_inconclusive_never_passed(toy:
     assert "--enable-deterministic-inference" in f["remedy"]
     plan = next(e["value"] for e in f["evidence"] if e["field"] == "handoff.plan")
     assert "one_page_5" in plan  # the four extra one-page prompts were tried first
+
+
+def test_prefill_unsure_of_its_token_still_judges_decodes_confident_one(toy: Any, tmp_path: Path) -> None:
+    """A decode that misreads its KV makes answers prefill is seldom sure of (the real 0.5.22 decode with
+    a dropped layer: prefill below the margin at 15 of 16 replays); decode's confident token is the
+    reference, so the check fails on prefill's other top-1 and passes where prefill agrees, unsure."""
+    code, healthy = check(toy(None, first_gap=0.5), tmp_path / "healthy.json")
+    h = finding(healthy, HANDOFF)
+    assert h["outcome"] == "passed", h["summary"]
+    assert "is prefill's top-1" in h["summary"], h["summary"]
+
+    code_bad, faulty = check(toy("every", first_gap=0.5), tmp_path / "faulty.json")
+    f = finding(faulty, HANDOFF)
+    assert code_bad == ExitStatus.GATE_FAILED and f["outcome"] == "failed", f["summary"]
+    assert "prefill computes id" in f["summary"] and "runner-up" in f["summary"], f["summary"]
