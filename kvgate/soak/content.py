@@ -101,13 +101,14 @@ class ContentChecks:
             f = isolation.finding(res, len(self.iso.golden))
             return ContentResult(ISOLATION, Outcome.FAILED, f.summary, at, took, f)
         if not res.judged:
+            n = len(self.iso.golden)
+            what = (
+                "was answered"
+                if res.unanswered == n
+                else f"that was answered holds a confident position ({res.unanswered} unanswered)"
+            )
             return ContentResult(
-                ISOLATION,
-                Outcome.INCONCLUSIVE,
-                f"none of the {len(self.iso.golden)} golden prompts sent together was answered "
-                f"({res.unanswered} unanswered)",
-                at,
-                took,
+                ISOLATION, Outcome.INCONCLUSIVE, f"none of the {n} golden prompts sent together {what}", at, took
             )
         return ContentResult(
             ISOLATION,

@@ -48,6 +48,10 @@ VIOLATION_KINDS = (CORRUPTION_ABORT, CHANGED_TOKEN)
 #: why a burst was not sent (the watch counts each as `isolation burst: WHY`)
 NO_GOLDEN, OVER_BUDGET = "no golden set", "over budget"
 BURST_SKIPS = (NO_GOLDEN, OVER_BUDGET)
+#: prompts tried beyond GOLDEN, at most, while fewer than GOLDEN answers hold a confident position
+EXTRA_CANDIDATES = 12
+#: the first character of each candidate's line (distinct lines, distinct first tokens on most models)
+FIRSTS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 #: the share of the request budget the bursts may take (the scheduled probes keep the rest)
 BURST_SHARE = 0.5
 
@@ -105,19 +109,37 @@ class IsolationWatch:
         return self.sender.send_ids(f"golden-{p.label}", p.ids, p.max_new_tokens, phase, top_logprobs=TOP_N)
 
     def record(self) -> str | None:
-        """Record the golden set, one prompt at a time; None when recorded, else why not."""
+        """Record the golden set, one prompt at a time; None when recorded, else why not.
+
+        The prompts are random lines, and a small model's short answer may hold no token it is sure of:
+        past the first GOLDEN, up to EXTRA_CANDIDATES more prompts are tried (each charged to the budget
+        first) while fewer than GOLDEN of them have a confident position, and the GOLDEN with the most
+        confident positions are kept. A set with none cannot judge a burst: it is not recorded."""
         if not self.budget.try_spend_all([self.length] * GOLDEN):
             return "the traffic budget cannot afford recording the golden set now"
         n = self.settings.load_new_tokens
-        prompts = [load_prompt(self.sender, f"g{i}", "ABCDEFGH"[i], self.length, n, self.limits) for i in range(GOLDEN)]
-        golden: list[Golden] = []
-        for p in prompts:
+        tried: list[Golden] = []
+        failures = 0
+        for i in range(GOLDEN + EXTRA_CANDIDATES):
+            sure = sum(1 for g in tried if g.ref.judged)
+            if i >= GOLDEN and (sure >= GOLDEN or failures or not self.budget.try_spend_all([self.length])):
+                break
+            p = load_prompt(self.sender, f"g{i}", FIRSTS[i % len(FIRSTS)], self.length, n, self.limits)
             res = self._send(p, "watch-golden")
             sc = score(res, self.settings.logprob_margin) if res.served and corruption_message(res) is None else None
-            if sc is not None:
-                golden.append(Golden(p, sc))
-        if len(golden) < GOLDEN:
-            return f"{GOLDEN - len(golden)} of {GOLDEN} golden prompts got no usable answer alone"
+            if sc is None:
+                failures += 1
+            else:
+                tried.append(Golden(p, sc))
+        if failures:
+            return f"{failures} of {len(tried) + failures} golden prompts got no usable answer alone"
+        golden = sorted(tried, key=lambda g: -g.ref.judged)[:GOLDEN]
+        if not sum(g.ref.judged for g in golden):
+            return (
+                f"none of {len(tried)} golden prompts' answers alone has a token leading its runner-up by "
+                f"{self.settings.logprob_margin:g} nats (answers of {n} tokens): raise probes.load_new_tokens "
+                "or lower probes.logprob_margin"
+            )
         self.golden = golden
         return None
 

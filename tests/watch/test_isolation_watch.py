@@ -16,7 +16,20 @@ from kvgate.gates.probes.under_load import Prompt
 from kvgate.sim import faults
 from kvgate.sim.deploy import SimDeployment
 from kvgate.watch.budget import TrafficBudget
-from kvgate.watch.isolation import CHANGED_TOKEN, CORRUPTION_ABORT, GOLDEN, Golden, burst_every, finding, judge
+from kvgate.gates.probes.plan import ProbeLimits
+from kvgate.gates.probes.sentinels import ByteCodec
+from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.watch.isolation import (
+    CHANGED_TOKEN,
+    CORRUPTION_ABORT,
+    EXTRA_CANDIDATES,
+    GOLDEN,
+    Golden,
+    IsolationWatch,
+    burst_every,
+    finding,
+    judge,
+)
 from tests.gates.probes.test_under_load import answer
 from tests.watch.helpers import WatchProcess
 
@@ -55,6 +68,42 @@ def test_a_changed_confident_token_and_a_corruption_abort_are_violations() -> No
     f = finding(out, 3)
     assert f.test_id == "probes.isolation.load" and f.outcome.value == "failed"
     assert "2 of 3 golden prompts" in f.summary and "metadata/context corruption" in f.summary
+
+
+def _recorder(margins: list[list[float]], budget: TrafficBudget | None = None) -> tuple[IsolationWatch, list[str]]:
+    """An IsolationWatch whose answers alone come, in turn, with these per-token margins (no server)."""
+    limits = ProbeLimits(context=4096, max_req_input_len=4090, page_size=16, pool=8192)
+    b = budget or TrafficBudget(requests_per_min=10_000, prefill_tokens_per_min=10**9, clock=lambda: 0.0)
+    iso = IsolationWatch(httpx.Client(), "http://127.0.0.1:9", limits, ByteCodec(), ProbeSettings(), b)
+    sent: list[str] = []
+
+    def send(p: Prompt, phase: str) -> object:
+        sent.append(p.label)
+        m = margins[len(sent) - 1]
+        return answer([len(sent) * 10 + j for j in range(len(m))], m)
+
+    iso._send = send  # type: ignore[method-assign]
+    return iso, sent
+
+
+def test_a_golden_set_keeps_drawing_prompts_until_enough_answers_hold_a_confident_token() -> None:
+    unsure, sure = [0.5] * 4, [0.5, 5.0, 0.5, 0.5]
+    # the first six answers hold no confident token (a small model, a short answer): more are drawn
+    iso, sent = _recorder([unsure] * GOLDEN + [sure] * GOLDEN)
+    assert iso.record() is None
+    assert len(sent) == 2 * GOLDEN and len(iso.golden) == GOLDEN and iso.confident == GOLDEN
+    # never one with none: at most EXTRA_CANDIDATES more, then it says why, naming what resolves it
+    iso, sent = _recorder([unsure] * (GOLDEN + EXTRA_CANDIDATES + 1))
+    why = iso.record()
+    assert len(sent) == GOLDEN + EXTRA_CANDIDATES and not iso.golden
+    assert why is not None and "leading its runner-up" in why and "probes.load_new_tokens" in why
+    # a few confident answers are enough when the draws run out: the most confident are kept
+    iso, sent = _recorder([unsure] * (GOLDEN + EXTRA_CANDIDATES - 1) + [sure])
+    assert iso.record() is None and iso.confident == 1 and len(iso.golden) == GOLDEN
+    # each extra draw is charged to the budget first: none is sent past it
+    tight = TrafficBudget(requests_per_min=GOLDEN + 2, prefill_tokens_per_min=10**9, clock=lambda: 0.0)
+    iso, sent = _recorder([unsure] * (GOLDEN + EXTRA_CANDIDATES), tight)
+    assert iso.record() is not None and len(sent) == GOLDEN + 2
 
 
 def test_a_burst_is_charged_whole_or_not_at_all() -> None:
