@@ -32,6 +32,12 @@ SELFTEST_SHAPE: dict[str, Any] = {
 }
 
 
+#: runs of the control before it calls the probes blind: a run under a load spike can miss the leak
+#: (its over-limit probes unanswered), and a second look cannot turn blindness into a pass, since a
+#: pass needs a foreign sentinel actually seen
+ATTEMPTS = 2
+
+
 def control_settings(settings: ProbeSettings) -> ProbeSettings:
     """The operator's probe settings as the control runs them.
 
@@ -57,8 +63,10 @@ def not_started(exc: BaseException) -> list[Finding]:
     ]
 
 
-def judge(findings: Sequence[Finding], wall_s: float) -> list[Finding]:
-    """The verdict on the probe findings of the control run: PASSED only if they saw the leak."""
+def judge(findings: Sequence[Finding], wall_s: float, earlier: Sequence[Finding] = ()) -> list[Finding]:
+    """The verdict on the probe findings of the control run: PASSED only if they saw the leak.
+
+    `earlier`: the failed verdict of the run before this one, if any (said in this verdict)."""
     probe_findings = [f for f in findings if f.gate == GATE]
     leaks = [f for f in probe_findings if f.outcome == Outcome.FAILED and f.check.startswith("canary.")]
     served = [
@@ -66,18 +74,31 @@ def judge(findings: Sequence[Finding], wall_s: float) -> list[Finding]:
         for f in probe_findings
         if f.outcome == Outcome.FAILED and f.check.startswith("contract.") and f.summary.startswith("served_over_limit")
     ]
+    attempt = 1 + sum(1 for f in earlier if f.check == CHECK)
     ev = [
         Evidence(NODE, "shape", SELFTEST_SHAPE),
+        Evidence(NODE, "attempt", f"{attempt} of {ATTEMPTS}"),
         Evidence(NODE, "probe_findings", {f.test_id: f.outcome.value for f in probe_findings}),
+        # what the over-limit and canary probes got, for whoever must tell blindness from a bad moment
+        Evidence(
+            NODE,
+            "what_the_leak_probes_got",
+            {
+                f.test_id: f"{f.outcome.value}: {f.summary[:240]}"
+                for f in probe_findings
+                if f.check.startswith(("contract.", "canary."))
+            },
+        ),
         Evidence(NODE, "wall_s", wall_s),
     ]
+    before = f" (run {attempt}; run {attempt - 1} saw nothing: {earlier[0].summary[:160]})" if earlier else ""
     if leaks:
         return [
             passed(
                 GATE,
                 CHECK,
                 NODE,
-                f"the probes see the known leak of emulated 0.5.19: {leaks[0].summary}",
+                f"the probes see the known leak of emulated 0.5.19{before}: {leaks[0].summary}",
                 *ev,
                 Evidence(NODE, "detected_by", [f.test_id for f in leaks + served]),
             )
@@ -88,8 +109,8 @@ def judge(findings: Sequence[Finding], wall_s: float) -> list[Finding]:
             CHECK,
             NODE,
             "the probes did NOT see the known leak of emulated 0.5.19 "
-            f"({len(served)} over-limit 200s, no foreign sentinel): they are blind, their 'no leak' cannot "
-            "be trusted",
+            f"({len(served)} over-limit 200s, no foreign sentinel; run {attempt} of {ATTEMPTS}): they are blind, "
+            "their 'no leak' cannot be trusted",
             *ev,
             remedy="check probe settings (tokenizer, max_new_tokens, tenants)",
         )

@@ -308,3 +308,7 @@ def test_self_test_that_cannot_see_the_leak_fails() -> None:
     # generation too short to carry any sentinel fragment: the probes are blind, so the control fails
     findings = run_self_test(ProbeSettings(max_new_tokens=1, abort_probe=False, latency_samples=3), None)
     assert findings[0].outcome == Outcome.FAILED, findings[0].summary
+    # blind twice: a second run is looked at before the probes are called blind, never a pass
+    assert "run 2 of 2" in findings[0].summary, findings[0].summary
+    got = next(e.value for e in findings[0].evidence if e.field == "what_the_leak_probes_got")
+    assert any(k.startswith("probes.canary.") for k in got), got
