@@ -18,9 +18,10 @@ deterministic inference). For prefill to rank another token first, the two compu
 differ by half the margin or more, far beyond round-off; prefill's own lead is not required, since a
 decode that misreads its KV makes answers prefill is seldom sure of (a real decode with a dropped layer:
 prefill below the margin at 15 of 16 replays). A position whose decode token is below the margin is
-never replayed (it could not be judged): the check costs only what it can use. Where the planned prompts leave fewer than `probes.handoff_min_positions` compared positions (a
-model that is seldom confident), up to EXTRA_PROMPTS more one-page prompts are sent until enough are;
-a confident disagreement fails; still too few is inconclusive.
+never replayed (it could not be judged): the check costs only what it can use. Where the planned
+prompts leave fewer than `probes.handoff_min_positions` compared positions (a model that is seldom
+confident), up to EXTRA_PROMPTS more one-page prompts are sent until enough are; a confident
+disagreement fails; still too few is inconclusive.
 
 Every request is recorded (`Sample`: prompt, position, rid, status, what the answer says about the
 workers that served it) for the PD-coverage check to read.
@@ -268,8 +269,10 @@ def _finding(
     tally: Tally, prompts: list[HandoffPrompt], note: str, settings: ProbeSettings, node: str, exact: bool
 ) -> Finding:
     m = settings.logprob_margin
-    rule = "exact (deterministic inference)" if exact else (
-        f"decode's token leads its runner-up by {m:g} nats and is prefill's top-1"
+    rule = (
+        "exact (deterministic inference)"
+        if exact
+        else (f"decode's token leads its runner-up by {m:g} nats and is prefill's top-1")
     )
     plan = {p.label: {"tokens": p.length, "replays": p.replays} for p in prompts}
     ev = [
@@ -319,10 +322,6 @@ def _finding(
         node,
         f"prefill, on its own KV, computes decode's token at all {len(tally.compared)} compared positions "
         f"({', '.join(p.label for p in prompts)}; {rule}); {note}"
-        + (
-            f"; {len(tally.unanswered)} position(s) not compared (handoff.not_compared)"
-            if tally.unanswered
-            else ""
-        ),
+        + (f"; {len(tally.unanswered)} position(s) not compared (handoff.not_compared)" if tally.unanswered else ""),
         *ev,
     )
