@@ -165,9 +165,25 @@ def _specs() -> list[PairSpec]:
 SPECS = _specs()
 
 
+#: what a real CPU pair that stopped answering for a while leaves in a failure: accepted-length requests
+#: with no answer within the probe deadline. On a 2-core CI host running two pairs and the rest of the
+#: suite, a healthy pair now and then stalls for a minute or more (stop 47/48's whole runs: a 0.5.22 Qwen2
+#: pair, 31 of 32 tenants and, another time, 3 requests in a row unanswered for 30 s each; quiet reruns
+#: passed). kvgate is right to block a deployment that stops answering, so such a verdict is not the
+#: defect under test: the test reruns once. A failure that recurs is reported; nothing else is rerun.
+STALL_SIGNATURES = [
+    r"no complete (non-)?streaming answer within the [0-9.]+ s probe deadline",
+    r"accepted-length requests in a row got no answer within",
+]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The SHAPE_SPECS pairs of the default run run SHAPE_TESTS only (the full matrix runs everything on
-    every pair)."""
+    """A real test reruns once on a stall of its pair (STALL_SIGNATURES, pytest-rerunfailures: the
+    summary counts reruns). The SHAPE_SPECS pairs of the default run run SHAPE_TESTS only (the full
+    matrix runs everything on every pair)."""
+    for item in items:
+        if item.get_closest_marker("real") is not None and item.get_closest_marker("flaky") is None:
+            item.add_marker(pytest.mark.flaky(reruns=1, only_rerun=STALL_SIGNATURES))
     if os.environ.get(MATRIX_ENV, "").strip().lower() == "full":
         return
     keep, drop = [], []
