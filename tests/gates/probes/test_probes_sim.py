@@ -121,7 +121,8 @@ def _check_frozen_at(deployment: Any, phase: str) -> Report:
         prefill_urls=tuple(dep.prefill_urls),
         decode_urls=tuple(dep.decode_urls),
         router_url=dep.router_url,
-        timeout=30.0,
+        # the second look reads the frozen decode too and waits this out on each read (30 s: 102 s a test)
+        timeout=10.0,
     )
     settings = ProbeSettings.from_mapping({"deadline_s": 3, "tenants": 4, "latency_samples": 4}, "test")
     try:
