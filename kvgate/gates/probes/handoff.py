@@ -272,7 +272,7 @@ def _finding(
     rule = (
         "exact (deterministic inference)"
         if exact
-        else (f"decode's token leads its runner-up by {m:g} nats and is prefill's top-1")
+        else f"decode's token leads its runner-up by {m:g} nats and is prefill's top-1"
     )
     plan = {p.label: {"tokens": p.length, "replays": p.replays} for p in prompts}
     ev = [
