@@ -580,7 +580,8 @@ def run_self_test(
                 from kvgate.paths import left_behind
 
                 notes.append(left_behind("self-test simulator logs", dep.log_dir, f"delete with rm -rf {dep.log_dir}"))
-        verdict = selftest.judge(report.findings, round(time.monotonic() - t0, 2), blind)
+        earlier = blind[0].summary if blind else None
+        verdict = selftest.judge(report.findings, round(time.monotonic() - t0, 2), attempt, earlier)
         if verdict[0].outcome != Outcome.FAILED:
             return verdict
         blind = verdict

@@ -27,6 +27,7 @@ from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.under_load import (
     CHECK,
+    FIRST_CHARS,
     GATE,
     REMEDY_CORRUPTION,
     SHORT_TOKENS,
@@ -50,8 +51,6 @@ NO_GOLDEN, OVER_BUDGET = "no golden set", "over budget"
 BURST_SKIPS = (NO_GOLDEN, OVER_BUDGET)
 #: prompts tried beyond GOLDEN, at most, while fewer than GOLDEN answers hold a confident position
 EXTRA_CANDIDATES = 12
-#: the first character of each candidate's line (distinct lines, distinct first tokens on most models)
-FIRSTS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 #: the share of the request budget the bursts may take (the scheduled probes keep the rest)
 BURST_SHARE = 0.5
 
@@ -124,7 +123,7 @@ class IsolationWatch:
             sure = sum(1 for g in tried if g.ref.judged)
             if i >= GOLDEN and (sure >= GOLDEN or failures or not self.budget.try_spend_all([self.length])):
                 break
-            p = load_prompt(self.sender, f"g{i}", FIRSTS[i % len(FIRSTS)], self.length, n, self.limits)
+            p = load_prompt(self.sender, f"g{i}", FIRST_CHARS[i % len(FIRST_CHARS)], self.length, n, self.limits)
             res = self._send(p, "watch-golden")
             sc = score(res, self.settings.logprob_margin) if res.served and corruption_message(res) is None else None
             if sc is None:

@@ -63,10 +63,10 @@ def not_started(exc: BaseException) -> list[Finding]:
     ]
 
 
-def judge(findings: Sequence[Finding], wall_s: float, earlier: Sequence[Finding] = ()) -> list[Finding]:
-    """The verdict on the probe findings of the control run: PASSED only if they saw the leak.
+def judge(findings: Sequence[Finding], wall_s: float, attempt: int = 1, earlier: str | None = None) -> list[Finding]:
+    """The verdict on the probe findings of control run `attempt`: PASSED only if they saw the leak.
 
-    `earlier`: the failed verdict of the run before this one, if any (said in this verdict)."""
+    `earlier`: what the run before this one concluded, if there was one (said in this verdict)."""
     probe_findings = [f for f in findings if f.gate == GATE]
     leaks = [f for f in probe_findings if f.outcome == Outcome.FAILED and f.check.startswith("canary.")]
     served = [
@@ -74,7 +74,6 @@ def judge(findings: Sequence[Finding], wall_s: float, earlier: Sequence[Finding]
         for f in probe_findings
         if f.outcome == Outcome.FAILED and f.check.startswith("contract.") and f.summary.startswith("served_over_limit")
     ]
-    attempt = 1 + sum(1 for f in earlier if f.check == CHECK)
     ev = [
         Evidence(NODE, "shape", SELFTEST_SHAPE),
         Evidence(NODE, "attempt", f"{attempt} of {ATTEMPTS}"),
@@ -91,7 +90,7 @@ def judge(findings: Sequence[Finding], wall_s: float, earlier: Sequence[Finding]
         ),
         Evidence(NODE, "wall_s", wall_s),
     ]
-    before = f" (run {attempt}; run {attempt - 1} saw nothing: {earlier[0].summary[:160]})" if earlier else ""
+    before = f" (run {attempt}; run {attempt - 1} saw nothing: {earlier[:160]})" if earlier else ""
     if leaks:
         return [
             passed(

@@ -55,7 +55,8 @@ REMEDY_NOISE = "run the gate against workers started with --enable-deterministic
 #: statuses of a deployment shedding load (not corruption, not a crash)
 SHED = (429, 503)
 SHORT_TOKENS, LONG_TOKENS = 32, 256
-_FIRST = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+#: the first character of each distinct prompt's line (distinct lines, distinct first tokens on most models)
+FIRST_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
 
 
 @dataclass(frozen=True)
@@ -178,10 +179,10 @@ def run_load(
     exact = deterministic(readings)
     n = settings.load_new_tokens
     distinct = [
-        load_prompt(sender, f"short{i:02d}", _FIRST[i % len(_FIRST)], plan.short_len, n, limits)
+        load_prompt(sender, f"short{i:02d}", FIRST_CHARS[i % len(FIRST_CHARS)], plan.short_len, n, limits)
         for i in range(plan.short)
     ] + [
-        load_prompt(sender, f"long{i:02d}", _FIRST[(plan.short + i) % len(_FIRST)], plan.long_len, n, limits)
+        load_prompt(sender, f"long{i:02d}", FIRST_CHARS[(plan.short + i) % len(FIRST_CHARS)], plan.long_len, n, limits)
         for i in range(plan.long)
     ]
     control = load_prompt(sender, "control", "~", plan.short_len, n, limits)
