@@ -9,6 +9,8 @@ corruption detected - bootstrap_room mismatch"), or pages reused before the pref
    control prompt, each alone, greedy, a few tokens, with the top-2 logprobs per token;
 2. waves: all of them at once, with copies of the control prompt, `load_waves` times; the wave size
    comes from the running-request limit the workers report (never above it), at most `load_concurrency`;
+   A prompt whose answer alone holds no confident position (margin.py) can show nothing: it is replaced
+   by a fresh prompt of the same length, answered alone, up to one more solo pass in all;
 3. judge only confident positions (margin.py): a concurrent answer whose changed confident tokens are
    another prompt's solo tokens fails naming donor and victim; a corruption abort fails naming the
    upstream reports; a control copy that differs from its own solo answer (with no donor) makes the
@@ -16,14 +18,15 @@ corruption detected - bootstrap_room mismatch"), or pages reused before the pref
    confident token fails. Other errors under load are a finding of their own (`isolation.load_errors`).
 A deployment that stopped answering the prompts sent alone (the sender's stall rule, gate.STALL_AFTER)
 gets no waves: both findings are inconclusive; waves none of whose requests was answered compare nothing
-and are inconclusive too.
+and are inconclusive too, and so are waves whose prompts held no confident position at all (no token
+was compared: the remedy says how to get some).
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -84,9 +87,10 @@ class Plan:
 
     @property
     def prefill_tokens(self) -> int:
-        """Tokens prefilled at most: every prompt alone once, then every wave."""
+        """Tokens prefilled at most: every prompt alone, twice where its first answer held no confident
+        token, then every wave."""
         distinct = self.short * self.short_len + self.long * self.long_len
-        return distinct + self.short_len + self.waves * (distinct + self.copies * self.short_len)
+        return 2 * (distinct + self.short_len) + self.waves * (distinct + self.copies * self.short_len)
 
     def as_evidence(self) -> dict[str, int | None]:
         return {
@@ -131,7 +135,7 @@ def plan_load(limits: ProbeLimits, settings: ProbeSettings, readings: Sequence[N
     copies = 4 if total >= 12 else 2
     long = total // 5
     short = total - copies - long
-    # Fixed and small whatever the page: at a 1M context the whole check costs ~0.004 of one
+    # Fixed and small whatever the page: at a 1M context the whole check costs ~0.006 of one
     # context-length prefill (bench/probe_cost.py).
     short_len = min(SHORT_TOKENS, limits.longest_accepted)
     long_len = min(LONG_TOKENS, limits.longest_accepted)
@@ -197,6 +201,9 @@ def run_load(
         solo = {p.label: send(p, "load-solo") for p in [*distinct, control]}
         if sender.stalled is not None:
             return _not_loaded(plan, sender.stalled, solo, node)
+        distinct, control, redrawn = _redraw_unsure(sender, limits, settings, exact, distinct, control, solo, send)
+        if sender.stalled is not None:
+            return _not_loaded(plan, sender.stalled, solo, node)
         waves: list[list[tuple[Prompt, ProbeResult]]] = []
         for w in range(plan.waves):
             batch = [*distinct, *([control] * plan.copies)]
@@ -205,8 +212,54 @@ def run_load(
                 futs = [pool.submit(send, p, f"load-wave{w}") for p in batch]
                 waves.append([(p, f.result()) for p, f in zip(batch, futs, strict=True)])
     found = _judge(plan, exact, settings, solo, waves, node)
-    wall = Evidence(node, "isolation.load.wall_s", round(time.monotonic() - t0, 3))
-    return [replace(f, evidence=(*f.evidence, wall)) if f.check == CHECK else f for f in found]
+    extra = (
+        Evidence(node, "isolation.load.redrawn", redrawn),
+        Evidence(node, "isolation.load.wall_s", round(time.monotonic() - t0, 3)),
+    )
+    return [replace(f, evidence=(*f.evidence, *extra)) if f.check == CHECK else f for f in found]
+
+
+def _confident(res: ProbeResult, margin: float, exact: bool) -> int | None:
+    """Confident positions of an answer; None when it was not served or carried no ids."""
+    sc = score(res, margin, exact) if res.served else None
+    return None if sc is None else sc.judged
+
+
+def _redraw_unsure(
+    sender: Sender,
+    limits: ProbeLimits,
+    settings: ProbeSettings,
+    exact: bool,
+    distinct: list[Prompt],
+    control: Prompt,
+    solo: dict[str, ProbeResult],
+    send: Callable[[Prompt, str], ProbeResult],
+) -> tuple[list[Prompt], Prompt, list[str]]:
+    """Replace each prompt whose answer alone held no confident position with a fresh one of the same
+    length and label (updating `solo`), at most one more solo pass of requests in all. Without it a small
+    model's waves can compare nothing and a slot collision that changes tokens goes unseen (a random
+    prompt's four tokens on a tiny model are often all near-ties). Returns the prompts and what was redrawn."""
+    budget = len(distinct) + 1
+    by_label = {p.label: p for p in [*distinct, control]}
+    redrawn: list[str] = []
+    draw = 0
+    for _ in range(2):
+        unsure = [label for label, res in solo.items() if _confident(res, settings.logprob_margin, exact) == 0]
+        for label in unsure:
+            if budget <= 0 or sender.stalled is not None:
+                break
+            old = by_label[label]
+            first = "~" if label == "control" else FIRST_CHARS[(len(distinct) + draw) % len(FIRST_CHARS)]
+            fresh = load_prompt(sender, label, first, len(old.ids), settings.load_new_tokens, limits)
+            draw += 1
+            budget -= 1
+            res = send(fresh, "load-solo")
+            if _confident(res, settings.logprob_margin, exact) is None:
+                continue  # the fresh one was not answered: keep the old prompt and its answer
+            by_label[label] = fresh
+            solo[label] = res
+            redrawn.append(label)
+    return [by_label[p.label] for p in distinct], by_label["control"], redrawn
 
 
 def _not_loaded(plan: Plan, stalled: str, solo: dict[str, ProbeResult], node: str) -> list[Finding]:
@@ -400,21 +453,30 @@ def _judge(
                 remedy="probe through a router that passes return_logprob/top_logprobs_num to SGLang",
             )
         )
-    else:
-        # A model too unsure of every token (a random tiny one) leaves only the aborts to judge: said so,
-        # and no claim about tokens is made that nothing observed.
-        scope = (
-            f"no foreign token; {judged} confident token positions kept"
-            if judged
-            else "no token of these prompts led its runner-up by the margin, so only corruption aborts were "
-            "judged (no token was compared)"
+    elif not judged:
+        # A slot collision that changes tokens shows only at a confident position: with none, the check saw
+        # only that nothing aborted, which is not isolation.
+        out.append(
+            inconclusive(
+                GATE,
+                CHECK,
+                node,
+                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}, no corruption abort, but no "
+                f"token of these prompts led its runner-up by {margin:g} nats (fresh prompts included), so no token "
+                "was compared: a request given another's tokens would have gone unseen",
+                *ev,
+                remedy=f"{REMEDY_NOISE} (every token is then judged), or raise probes.load_new_tokens (now "
+                f"{settings.load_new_tokens}) or lower probes.logprob_margin (now {margin:g})",
+            )
         )
+    else:
         out.append(
             passed(
                 GATE,
                 CHECK,
                 node,
-                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}: no corruption abort; {scope}",
+                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}: no corruption abort; "
+                f"no foreign token; {judged} confident token positions kept",
                 *ev,
             )
         )

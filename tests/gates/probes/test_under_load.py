@@ -98,11 +98,70 @@ def test_changed_confident_token_with_agreeing_control_fails() -> None:
     assert f.outcome == Outcome.FAILED and "changed a token the model was confident of" in f.summary
 
 
-def test_near_ties_never_fail() -> None:
+def test_near_ties_never_fail_and_nothing_compared_passes_nothing() -> None:
     noisy = {k: [0.1] * 4 for k in REFS}
     wave = {k: answer([t + 1 for t in v], [0.1] * 4) for k, v in REFS.items()}
     f = run(wave, noisy)[CHECK]
-    assert f.outcome == Outcome.PASSED and "only corruption aborts were judged (no token was compared)" in f.summary
+    # Every token changed, but none was one the model was sure of: not a failure, and not a pass either,
+    # since a request given another's tokens would have looked the same.
+    assert f.outcome == Outcome.INCONCLUSIVE and "no token was compared" in f.summary
+    assert "probes.load_new_tokens" in (f.remedy or "") and "--enable-deterministic-inference" in (f.remedy or "")
+
+
+class Answers:
+    """A stand-in for GenerateClient (not a server): greedy answers whose confidence the test chooses per
+    request, in the order requests arrive; every answer is the prompt's own (no corruption)."""
+
+    def __init__(self, sure_from: int | None) -> None:
+        self.sure_from = sure_from  # requests from this index on are answered confidently (None: never)
+        self.sent: list[tuple[str, list[int]]] = []
+
+    def generate(
+        self, name: str, ids: list[int], max_new_tokens: int, rid: str = "", top_logprobs: int = 0
+    ) -> ProbeResult:
+        n = len(self.sent)
+        self.sent.append((name, ids))
+        sure = self.sure_from is not None and n >= self.sure_from
+        out = [ids[0] + j for j in range(max_new_tokens)]
+        return answer(out, [5.0 if sure else 0.1] * max_new_tokens)
+
+
+def load_run(sure_from: int | None) -> tuple[Any, Answers]:
+    from kvgate.gates.probes.canary import Sender
+    from kvgate.gates.probes.cost import CostMeter
+    from kvgate.gates.probes.sentinels import ByteCodec
+    from kvgate.gates.probes.under_load import run_load
+    from kvgate.progress import NullObserver
+
+    client = Answers(sure_from)
+    lim = ProbeLimits(context=8192, max_req_input_len=8000, page_size=16)
+    settings = ProbeSettings(load_concurrency=6, load_waves=1)
+    sender = Sender(client, ByteCodec(settings.byte_offset), CostMeter(context=8192), NullObserver())  # type: ignore[arg-type]
+    found = run_load(sender, lim, settings, [reading_with(max_running_requests=None)], "router")
+    return {f.check: f for f in found}[CHECK], client
+
+
+def test_prompts_whose_answers_alone_hold_no_confident_token_are_replaced_once() -> None:
+    f, client = load_run(sure_from=5)  # the first solo pass (4 distinct + control) all near-ties
+    solo = [name for name, _ in client.sent[:10]]
+    assert solo[:5] == ["load-short00", "load-short01", "load-short02", "load-long00", "load-control"]
+    assert solo[5:] == solo[:5]  # each redrawn once, a fresh prompt of the same length
+    assert [len(ids) for _, ids in client.sent[5:10]] == [len(ids) for _, ids in client.sent[:5]]
+    assert all(a != b for (_, a), (_, b) in zip(client.sent[:5], client.sent[5:10], strict=True))
+    assert f.outcome == Outcome.PASSED and "confident token positions kept" in f.summary
+    assert {e.field: e.value for e in f.evidence}["isolation.load.redrawn"] == [
+        "short00",
+        "short01",
+        "short02",
+        "long00",
+        "control",
+    ]
+
+
+def test_a_model_never_sure_of_a_token_gets_one_more_solo_pass_then_inconclusive() -> None:
+    f, client = load_run(sure_from=None)
+    assert len(client.sent) == 5 + 5 + 6  # alone, one fresh draw each, one wave of 6
+    assert f.outcome == Outcome.INCONCLUSIVE and "no token was compared" in f.summary
 
 
 def test_other_errors_under_load_are_their_own_finding() -> None:
