@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.cpuserver.model import TINY_MODELS, tiny_model
-from kvgate.launch import PDDeployment, PDLaunchPlan
+from kvgate.deploy.launch import PDDeployment, PDLaunchPlan
 
 KVGATE = [sys.executable, "-c", "import sys; from kvgate.cli import main; sys.argv[0] = 'kvgate'; main()"]
 BUSY = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"

@@ -28,7 +28,7 @@ from pathlib import Path
 from kvgate.catalogue import load_catalogue
 from kvgate.catalogue.codescan import all_series, scan_site_packages
 from kvgate.catalogue.scanprog import MARKER_PREFIX
-from kvgate.upstream import unpacked_wheel
+from kvgate.upstream.releases import unpacked_wheel
 
 
 def _grep_patterns() -> list[str]:

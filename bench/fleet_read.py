@@ -6,7 +6,7 @@ behind the real router (smg), every metadata answer delayed by --delay seconds (
 distant worker). On each fleet, in one run, interleaved, median of --repeat runs each:
 
 - check: `kvgate check --router-url URL --no-probes` in-process at the default --concurrency: list the
-  workers from the router, read every worker's facts (kvgate/fleetread.py: server_info with every DP
+  workers from the router, read every worker's facts (kvgate/reading/fleetread.py: server_info with every DP
   rank's internal_states, /v1/models, /model_info), run the metadata gates, build the report;
 - watch: `kvgate watch`'s per-interval metadata pass (kvgate/watch/fleetpass.py: the same reader and
   facts, the router's listing overlapped with the reads of the last pass's workers), after one warm-up
@@ -19,7 +19,7 @@ distant worker). On each fleet, in one run, interleaved, median of --repeat runs
   at 1,024 workers, a window over 10,240).
 
 - two-read floor: the floor run twice in a row, the second when the first has ended: check's own shape,
-  which reads the fleet whole and then (issue 40's second look, kvgate/stability.py) reads the listing
+  which reads the fleet whole and then (issue 40's second look, kvgate/pipeline/stability.py) reads the listing
   and every worker whole again before its verdict. At 2 workers check is two slow answers, the floor one.
 
 From --stand-in-from workers up (10,240 by default) the fleet is listed by a stand-in router (a process
@@ -65,10 +65,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from kvgate.check import run_check
 from kvgate.defaults import DEFAULT_CONCURRENCY
-from kvgate.fleetread import READS
 from kvgate.gates.base import CheckOptions
+from kvgate.pipeline.check import run_check
+from kvgate.reading.fleetread import READS
 from kvgate.sim.deploy import SimDeployment
 from kvgate.watch.fleetpass import read_fleet
 from kvgate.watch.settings import WatchSettings

@@ -28,10 +28,10 @@ import sys
 import time
 from typing import Any
 
-from kvgate.check import run_check
-from kvgate.findings import Report
 from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes import ProbeGate, ProbeSettings
+from kvgate.pipeline.check import run_check
+from kvgate.results.findings import Report
 from kvgate.sim.deploy import SimDeployment
 
 LIMIT, GOAL = 1.2, 1.05

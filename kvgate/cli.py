@@ -23,7 +23,7 @@ app = typer.Typer(
 
 def _version_callback(value: bool) -> None:
     if value:
-        from kvgate import sinks
+        from kvgate.output import sinks
 
         sinks.echo(f"kvgate {__version__}")
         raise typer.Exit(0)

@@ -5,7 +5,7 @@ SCAN_TIMEOUT_S = 60.0
 
 DEFAULT_CONCURRENCY = 1024
 """Workers whose metadata is read at once, by default (`--concurrency`; the watch's pass reads as many):
-every GET of theirs in flight together on one thread (kvgate/fleetread.py), so a fleet of 1,024 costs
+every GET of theirs in flight together on one thread (kvgate/reading/fleetread.py), so a fleet of 1,024 costs
 about one slow answer."""
 
 NODE_DEADLINE_REQUESTS = 3

@@ -19,16 +19,19 @@ class UsageError(KvgateError):
 
 #: the most characters of a profile problem (and the values it quotes) an error message shows
 PROBLEM_CLIP = 400
+#: what a shortened text ends with where it was cut
+CUT = "\u2026"
 
 
 class ProfileError(UsageError):
     """A gate profile that does not validate (exit 2). The message names file, key and expectation."""
 
     def __init__(self, path: str, key: str | None, problem: str) -> None:
-        from kvgate.redact import clip
-
-        # The problem may quote the profile's values: a clipped, redacted excerpt, never a whole document.
-        problem = clip(problem, PROBLEM_CLIP)
+        # The problem may quote the profile's values: an excerpt, never a whole document. Redaction is the
+        # output boundary's (kvgate/output/sinks.py), where every message is written: a cut leaves either
+        # too little of a secret to be a fragment or enough for the boundary to recognise.
+        if len(problem) > PROBLEM_CLIP:
+            problem = problem[:PROBLEM_CLIP] + CUT
         self.path = path
         self.key = key
         self.problem = problem

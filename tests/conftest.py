@@ -127,12 +127,12 @@ def _validator() -> Any:
 @pytest.fixture(autouse=True)
 def _every_report_is_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Validate every JSON report against the schema and every emitted check ID against docs/checks.md."""
-    import kvgate.reporting
-    from kvgate.checkdocs import doc_for
+    import kvgate.formats.reporting
+    from kvgate.formats.checkdocs import doc_for
     from kvgate.formats.json_report import JsonFormatter
 
     validator = _validator()
-    render, emit = JsonFormatter.render, kvgate.reporting.emit
+    render, emit = JsonFormatter.render, kvgate.formats.reporting.emit
     _report_problems.clear()
 
     def checked_render(self: JsonFormatter, report: Any) -> str:
@@ -149,7 +149,7 @@ def _every_report_is_checked(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         return emit(report, *args, **kwargs)
 
     monkeypatch.setattr(JsonFormatter, "render", checked_render)
-    monkeypatch.setattr(kvgate.reporting, "emit", checked_emit)
+    monkeypatch.setattr(kvgate.formats.reporting, "emit", checked_emit)
     yield
     problems, _report_problems[:] = list(dict.fromkeys(_report_problems)), []
     assert not problems, "\n".join(problems)

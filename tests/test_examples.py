@@ -181,8 +181,8 @@ def test_the_parser_catches_a_bad_flag() -> None:
 
 
 def _gates_from_profile(path: Path) -> None:
-    from kvgate.check import default_gates
     from kvgate.commands.check import _options
+    from kvgate.pipeline.check import default_gates
 
     options = _options(["http://p:1"], ["http://d:1"], "http://r:1", str(path), None, None, None, False)
     # pool-context, defenses, fleet, probes: every section validated
@@ -191,7 +191,7 @@ def _gates_from_profile(path: Path) -> None:
 
 @pytest.mark.parametrize("path", sorted(PROFILES.glob("*.yaml")), ids=lambda p: p.name)
 def test_profiles_load_and_build_their_gates(path: Path) -> None:
-    from kvgate.profiles import load
+    from kvgate.gates.profiles import load
 
     prof = load(str(path))
     assert prof.name == path.stem and prof.context_length and prof.strict is True

@@ -16,57 +16,33 @@ PACKAGE = ROOT / "kvgate"
 # Bottom first. A module belongs to the layer of the longest entry that names it or a package above it
 # ("kvgate" alone is only the package's own __init__: the version).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    # Facts and plumbing every layer may use: exit codes, errors, defaults, paths, redaction, safe writes, the
-    # release wheels, SGLang's admission limits, the process supervisor and the one PD start sequence
-    # (workers, then the real router), progress observers, the check-ID pages.
-    (
-        "foundation",
-        (
-            "kvgate",
-            "kvgate.exitcodes",
-            "kvgate.errors",
-            "kvgate.defaults",
-            "kvgate.paths",
-            "kvgate.redact",
-            "kvgate.safeio",
-            "kvgate.sinks",
-            "kvgate.extras",
-            "kvgate.upstream",
-            "kvgate.admission",
-            "kvgate.supervisor",
-            "kvgate.pdstart",
-            "kvgate.progress",
-            "kvgate.checkdocs",
-        ),
-    ),
+    # What every layer needs, at the package's root: the version, exit codes, errors, defaults, where data
+    # and cache live, the optional extras.
+    ("core", ("kvgate", "kvgate.exitcodes", "kvgate.errors", "kvgate.defaults", "kvgate.paths", "kvgate.extras")),
+    # What leaves the process: redaction, safe writes, the output boundary and its sinks, progress.
+    ("output", ("kvgate.output",)),
+    # SGLang's own releases: the real wheels and facts read from them, the admission limits.
+    ("upstream", ("kvgate.upstream",)),
+    # Starting processes: the supervisor and the one PD start sequence (workers, then the real router).
+    ("deploy", ("kvgate.deploy",)),
     # What the workers and the router say about themselves, over HTTP whose every answer is bounded.
-    (
-        "target",
-        (
-            "kvgate.weburl",
-            "kvgate.compact",
-            "kvgate.httpbounds",
-            "kvgate.wideread",
-            "kvgate.target",
-            "kvgate.fleetread",
-            "kvgate.discovery",
-        ),
-    ),
+    ("reading", ("kvgate.reading",)),
     # Results: frozen findings and the report, waivers over them, the baseline file.
-    ("findings", ("kvgate.findings", "kvgate.waivers", "kvgate.baseline")),
-    # Knowledge the gates apply: the fix catalogue (and backport series as data), pool sizing, profiles.
-    ("knowledge", ("kvgate.catalogue", "kvgate.plan", "kvgate.profiles")),
+    ("results", ("kvgate.results",)),
+    # Knowledge the gates apply: the fix catalogue (and backport series as data), pool sizing.
+    ("knowledge", ("kvgate.catalogue", "kvgate.plan")),
+    # The gates, and the gate profiles that configure them.
     ("gates", ("kvgate.gates",)),
-    # Acting on an sglang tree, the real server on CPU, the simulator, starting deployments. A gate
-    # never starts anything: these sit above the gates, and the pipeline composes them.
+    # Acting on an sglang tree, the real server on CPU, the simulator, the launch plan of real workers. A
+    # gate never starts anything: these sit above the gates, and the pipeline composes them.
     ("backport", ("kvgate.backport",)),
     ("cpuserver", ("kvgate.cpuserver",)),
     ("sim", ("kvgate.sim",)),
-    ("launch", ("kvgate.launch",)),
+    ("launch", ("kvgate.deploy.launch",)),
     # The pipeline: target -> gates -> findings (and the self-test's positive control).
-    ("check", ("kvgate.check", "kvgate.stability")),
-    # Rendering a report.
-    ("report", ("kvgate.formats", "kvgate.reporting")),
+    ("pipeline", ("kvgate.pipeline",)),
+    # Rendering a report and writing it; the check-ID pages its links point to.
+    ("report", ("kvgate.formats",)),
     # `kvgate watch`: the pipeline and the report on a loop, metrics and a verdict over HTTP.
     ("watch", ("kvgate.watch",)),
     # `kvgate soak`: sustained load with the gate's and the watch's content checks interleaved.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnvError
-from kvgate.upstream import DownloadError, index_unreachable
+from kvgate.upstream.releases import DownloadError, index_unreachable
 from tests.assets.real_sglang import skip_only_if_unreachable
 
 # What pip prints in each case (shapes of pip 24/25 output).

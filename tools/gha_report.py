@@ -3,7 +3,7 @@
     python3 tools/gha_report.py REPORT.json MARKDOWN.md
 
 Standard library only (it runs on the runner's python3, beside the single-file kvgate), with kvgate's
-output boundary (`kvgate/sinks.py`, standard library only too) from the action's checkout. It appends
+output boundary (`kvgate/output/sinks.py`, standard library only too) from the action's checkout. It appends
 the Markdown report to $GITHUB_STEP_SUMMARY and prints one workflow command per check ID that failed,
 errored or was inconclusive: `::error title=<check ID>::<node>: <summary>` (an inconclusive one is
 `::warning` when the run opted out of strictness, since it did not block), with how many more findings
@@ -21,9 +21,9 @@ import os
 import sys
 from pathlib import Path
 
-# kvgate's own output boundary (kvgate/sinks.py: standard library only), from the action's checkout.
+# kvgate's own output boundary (kvgate/output/sinks.py: standard library only), from the action's checkout.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kvgate import sinks  # noqa: E402
+from kvgate.output import sinks  # noqa: E402
 
 BLOCKING = {"failed", "error"}
 #: the most annotations of one level printed (GitHub shows 10 errors and 10 warnings per step); past it,

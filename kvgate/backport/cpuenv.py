@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.errors import KvgateError
+from kvgate.output.safeio import write_atomic
 from kvgate.paths import cache_dir
-from kvgate.safeio import write_atomic
-from kvgate.upstream import DownloadError, index_unreachable, locked, wheel_path
+from kvgate.upstream.releases import DownloadError, index_unreachable, locked, wheel_path
 
 STUB_DIR = Path(__file__).resolve().parent / "_stub"
 """Holds `sitecustomize.py`: the torchvision STUB (not torchvision) every CPU environment needs."""

@@ -38,7 +38,7 @@ from kvgate.backport.journal import (
 from kvgate.catalogue.series import Patch, PatchFile, Series, sha256_bytes
 from kvgate.errors import KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.safeio import confine, inside
+from kvgate.output.safeio import confine, inside
 
 if TYPE_CHECKING:  # GitPython loads only for a --repo target
     import git

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvgate.backport.journal import BACK, FORWARD, RECORD, JournalRefused, Recovery, kill_point_test_only, sweep_temps
 from kvgate.catalogue.series import sha256_bytes
-from kvgate.safeio import write_atomic
+from kvgate.output.safeio import write_atomic
 
 if TYPE_CHECKING:  # GitPython loads only for a --repo target
     import git

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kvgate.catalogue.series import sha256_bytes
 from kvgate.errors import UsageError
-from kvgate.safeio import inside, relative_part, write_atomic, write_temp
+from kvgate.output.safeio import inside, relative_part, write_atomic, write_temp
 
 RECORD = "intent.json"
 FORWARD = "rolled forward"

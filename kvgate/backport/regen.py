@@ -15,8 +15,8 @@ import yaml
 
 from kvgate.backport.diffapply import apply, parse
 from kvgate.catalogue.series import load_series, normalise_release, sha256_bytes
-from kvgate.safeio import write_atomic
-from kvgate.upstream import unpacked_wheel
+from kvgate.output.safeio import write_atomic
+from kvgate.upstream.releases import unpacked_wheel
 
 
 class FileHashes(TypedDict):

@@ -16,7 +16,7 @@ from kvgate.catalogue.series import Series
 from kvgate.catalogue.source import detect_by_source
 from kvgate.catalogue.version import detect_by_version, parse_release
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, info, passed
+from kvgate.results.findings import Evidence, Finding, Outcome, failed, inconclusive, info, passed
 
 GATE = "fixes"
 

@@ -26,7 +26,7 @@ from kvgate.catalogue.series import Series, available, load_series
 from kvgate.catalogue.signatures import SourceTree, glob_regex
 from kvgate.defaults import SCAN_TIMEOUT_S  # one home: kvgate/defaults.py (re-exported here)
 from kvgate.errors import TransportError, UsageError
-from kvgate.redact import clip
+from kvgate.output.redact import clip
 
 SCAN_OUTPUT_LIMIT = 2 * 1024 * 1024  # bytes of stdout; the answer is a few kB
 

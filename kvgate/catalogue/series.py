@@ -15,8 +15,8 @@ import yaml
 
 from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.errors import UsageError
+from kvgate.output.safeio import confine, relative_part
 from kvgate.paths import backports_dir
-from kvgate.safeio import confine, relative_part
 
 _RELEASE = re.compile(r"^v?(\d+\.\d+\.\d+)$")
 

@@ -15,13 +15,13 @@ from typing import Any, NoReturn, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from kvgate import sinks
 from kvgate.errors import InternalError, Interrupted, KvgateError, UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
-from kvgate.redact import register
-from kvgate.redact import scope as redact_scope
+from kvgate.output import sinks
+from kvgate.output.redact import register
+from kvgate.output.redact import scope as redact_scope
+from kvgate.results.findings import INTERNAL_CHECK, Finding, Outcome, Report
 
 F = TypeVar("F", bound=Callable[..., Any])
 # click's UsageError (typer vendors click from 0.27 on): the base of typer.BadParameter, found by name.
@@ -57,7 +57,7 @@ def _reported_pairs(kwargs: dict[str, Any]) -> list[tuple[ReportFormat, Path | N
     outs = next((kwargs[k] for k in _OUTPUT_KWARGS if k in kwargs), None)
     if fmts is None and outs is None:
         return []
-    from kvgate.reporting import pair_outputs
+    from kvgate.formats.reporting import pair_outputs
 
     try:
         return pair_outputs(list(fmts or []), list(outs or []))
@@ -86,14 +86,14 @@ def handle_errors(func: F) -> F:
             return _run(*args, **kwargs)
 
     def _run(*args: Any, **kwargs: Any) -> Any:
-        from kvgate.supervisor import stop_on_sigterm
+        from kvgate.deploy.supervisor import stop_on_sigterm
 
         try:
             with stop_on_sigterm():  # a pipeline's timeout sends SIGTERM: it gets a report too
                 return func(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.deploy.supervisor.Stopped)
             stopped = Interrupted(func.__name__)
             pairs = _reported_pairs(kwargs)
             if not pairs:
@@ -195,7 +195,7 @@ def finish(
     not promote on a verdict nobody can read.
     """
     from kvgate.formats.digest import verdict_line
-    from kvgate.reporting import emit
+    from kvgate.formats.reporting import emit
 
     report, pairs = _unwritable_outputs(report, pairs)
     on_stdout = [fmt for fmt, dest in pairs if dest is None]
@@ -253,7 +253,7 @@ def _requested_pairs(args: list[str]) -> list[tuple[ReportFormat, Path | None]]:
         elif kind == "o" and value:
             outs.append(Path(value))
         i += 1
-    from kvgate.reporting import pair_outputs
+    from kvgate.formats.reporting import pair_outputs
 
     try:
         return pair_outputs(fmts, outs)

@@ -18,14 +18,14 @@ from kvgate.commands._common import (
     handle_errors,
 )
 from kvgate.errors import KvgateError, UsageError
-from kvgate.findings import Evidence, Finding, Report, failed, inconclusive, info, passed
 from kvgate.formats import ReportFormat
+from kvgate.results.findings import Evidence, Finding, Report, failed, inconclusive, info, passed
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
     from kvgate.backport.engine import BackportResult, Target
     from kvgate.backport.journal import Recovery
     from kvgate.catalogue.series import Series
-    from kvgate.progress import Observer
+    from kvgate.output.progress import Observer
 
 GATE = "backport"
 
@@ -69,8 +69,8 @@ def backport(
     """
     from kvgate.backport.engine import apply_series, revert_series
     from kvgate.catalogue.series import load_series
-    from kvgate.progress import NullObserver, terminal_observer
-    from kvgate.reporting import pair_outputs
+    from kvgate.formats.reporting import pair_outputs
+    from kvgate.output.progress import NullObserver, terminal_observer
 
     observer = terminal_observer(quiet) or NullObserver()
     pairs = pair_outputs(list(fmt), list(output))

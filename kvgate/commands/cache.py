@@ -13,9 +13,9 @@ from pathlib import Path
 
 import typer
 
-from kvgate import sinks
 from kvgate.commands._common import fail
 from kvgate.exitcodes import ExitStatus
+from kvgate.output import sinks
 
 
 def _entry_size(path: Path) -> int:

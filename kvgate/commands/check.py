@@ -32,7 +32,7 @@ from kvgate.formats import ReportFormat
 
 if TYPE_CHECKING:  # the pipeline (httpx, gates) loads when a command runs, not for --help
     from kvgate.gates.base import CheckOptions
-    from kvgate.profiles import Profile
+    from kvgate.gates.profiles import Profile
 
 DEFAULT_HEADROOM = 1.25
 
@@ -156,10 +156,10 @@ def check(
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""
-    from kvgate.check import run_check
-    from kvgate.progress import terminal_observer
-    from kvgate.redact import token_from_env
-    from kvgate.reporting import pair_outputs
+    from kvgate.formats.reporting import pair_outputs
+    from kvgate.output.progress import terminal_observer
+    from kvgate.output.redact import token_from_env
+    from kvgate.pipeline.check import run_check
 
     pairs = pair_outputs(list(fmt), list(output))
     try:
@@ -330,7 +330,7 @@ def _options(
 ) -> CheckOptions:
     """Merge the profile and the flags: flags win, then the profile, then the defaults."""
     from kvgate.gates.base import CheckOptions
-    from kvgate.profiles import Profile, load
+    from kvgate.gates.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
     if profile_ref:

@@ -69,8 +69,8 @@ def _deployment(
             expose_env_vars=True,
             skip_tokenizer_init=skip_tokenizer_init,
         )
-    from kvgate.launch import PDDeployment, PDLaunchPlan
-    from kvgate.upstream import DEFERRED_ENV
+    from kvgate.deploy.launch import PDDeployment, PDLaunchPlan
+    from kvgate.upstream.releases import DEFERRED_ENV
 
     env = {"SGLANG_EXPOSE_OWN_ENV_VARS": "1"}
     if deferred_release is not None:
@@ -140,10 +140,10 @@ def drill(
     sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
 ) -> None:
     """Run the full gate against a PD deployment it starts: the simulator, or the real server on CPU."""
-    from kvgate.check import run_check
+    from kvgate.formats.reporting import pair_outputs
     from kvgate.gates.base import CheckOptions
-    from kvgate.progress import NullObserver, terminal_observer
-    from kvgate.reporting import pair_outputs
+    from kvgate.output.progress import NullObserver, terminal_observer
+    from kvgate.pipeline.check import run_check
 
     pairs = pair_outputs(list(fmt), list(output))
     probes: dict[str, object] = {}
@@ -159,7 +159,7 @@ def drill(
             from kvgate.extras import require_sim
 
             require_sim("kvgate drill")
-        from kvgate.upstream import RELEASES
+        from kvgate.upstream.releases import RELEASES
 
         emulate: str = deprecated_alias("--release", "--emulate", release, emulate_old) or INCIDENT_RELEASE
         if emulate not in RELEASES:
@@ -168,7 +168,7 @@ def drill(
             raise UsageError(f"--engine {engine!r}: choose one of {', '.join(DEFAULTS)}")
         d = DEFAULTS[engine]
         if engine == "sglang":
-            from kvgate.profiles import load
+            from kvgate.gates.profiles import load
 
             # The bundled profile sized for the tiny model's 8k context; the flags still win.
             probes = {**load("cpu-tiny").probes, **probes}

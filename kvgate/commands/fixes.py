@@ -23,19 +23,19 @@ from kvgate.commands._common import (
 )
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
-from kvgate.findings import Report
 from kvgate.formats import ReportFormat
+from kvgate.results.findings import Report
 
 if TYPE_CHECKING:  # the catalogue loads when the command runs, not for --help
     from kvgate.catalogue import Assessment
     from kvgate.catalogue.codescan import CodeScan
-    from kvgate.findings import Finding
+    from kvgate.results.findings import Finding
 
 
 def read_server_version(url: str, *, token: str | None, timeout: float) -> tuple[str | None, str | None, str]:
     """`version` and transfer backend from the worker's server_info (TargetClient.server_info reads it:
     the same fallback, timeouts, auth and error mapping as `check`); transport failures exit 4."""
-    from kvgate.target import TargetClient
+    from kvgate.reading.target import TargetClient
 
     with TargetClient(timeout=timeout, token=token) as client:
         path, info = client.server_info(url)
@@ -52,7 +52,7 @@ FIXES_STRICT_HELP = (
 
 def _assess_url(url: str, *, backend: str | None, token: str | None, timeout: float) -> Assessment:
     from kvgate.catalogue import assess_version
-    from kvgate.target import validate_url
+    from kvgate.reading.target import validate_url
 
     validate_url("--url", url)
     version, reported_backend, path = read_server_version(url, token=token, timeout=timeout)
@@ -73,7 +73,7 @@ def _with_missing_files(findings: list[Finding], a: Assessment, scan: CodeScan |
     if scan is None:
         return findings
     from kvgate.catalogue.source import signature_results
-    from kvgate.findings import Evidence, Outcome
+    from kvgate.results.findings import Evidence, Outcome
 
     results = signature_results(a.catalogue, scan)
     out = []
@@ -139,9 +139,9 @@ def fixes(
     from kvgate.catalogue.assess import correctness_verdict
     from kvgate.catalogue.codescan import command_argv
     from kvgate.catalogue.source import auto_detect, from_python, from_site_packages
-    from kvgate.progress import NullObserver, terminal_observer
-    from kvgate.redact import token_from_env
-    from kvgate.reporting import pair_outputs
+    from kvgate.formats.reporting import pair_outputs
+    from kvgate.output.progress import NullObserver, terminal_observer
+    from kvgate.output.redact import token_from_env
 
     observer = terminal_observer(quiet) or NullObserver()
 

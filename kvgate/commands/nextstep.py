@@ -12,8 +12,8 @@ import shlex
 from urllib.parse import urlparse
 
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Outcome, Report
 from kvgate.formats.digest import NEXT_STEP
+from kvgate.results.findings import Outcome, Report
 
 # server_info's host of a pod behind a headless Service: POD.SERVICE.NAMESPACE.svc[.cluster.local]
 _K8S_HOST = re.compile(r"^(?P<pod>[a-z0-9-]+)\.[a-z0-9-]+\.(?P<ns>[a-z0-9-]+)\.svc(\.|$)")

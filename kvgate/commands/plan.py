@@ -19,7 +19,7 @@ from kvgate.commands._common import (
 )
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
-from kvgate.reporting import pair_outputs
+from kvgate.formats.reporting import pair_outputs
 
 ROLES = ("prefill", "decode")
 
@@ -106,9 +106,9 @@ def plan(
 
 def role_inputs(flags: dict[str, Any], profile_ref: str | None) -> dict[str, Any]:
     """PlanInputs per role: flags win, then the profile's deployment (role, then common), then defaults."""
+    from kvgate.gates.profiles import Profile, load
     from kvgate.plan.model import load_shape
     from kvgate.plan.planner import PlanInputs
-    from kvgate.profiles import Profile, load
 
     prof = load(profile_ref) if profile_ref else Profile(name="(none)", path="")
     given = {k: v for k, v in flags.items() if v is not None}

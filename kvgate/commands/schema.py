@@ -13,7 +13,7 @@ def schema(
     """Print the JSON Schema that every `--format json` report validates against."""
     import sys
 
-    from kvgate import sinks
     from kvgate.formats.json_report import schema_text
+    from kvgate.output import sinks
 
     sinks.write_stream(sys.stdout, schema_text())

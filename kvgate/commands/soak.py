@@ -65,15 +65,15 @@ def soak(
     """Drive sustained load through the router for --duration, with the handoff, isolation and canary
     checks interleaved; every timeslice gets a content verdict and is judged against the profile's SLOs."""
     from kvgate.commands.check import check_options
-    from kvgate.progress import LineObserver, RichObserver
-    from kvgate.redact import token_from_env
-    from kvgate.reporting import pair_outputs
+    from kvgate.formats.reporting import pair_outputs
+    from kvgate.output.progress import LineObserver, RichObserver
+    from kvgate.output.redact import token_from_env
 
     pairs = pair_outputs(list(fmt), list(output))
     try:
         options = check_options([], [], router_url, profile, None, None, timeout, strict, probe_deadline=probe_deadline)
-        from kvgate.check import node_specs
-        from kvgate.profiles import load
+        from kvgate.gates.profiles import load
+        from kvgate.pipeline.check import node_specs
         from kvgate.soak.run import Soak
         from kvgate.soak.settings import SoakSettings
 

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate import sinks
 from kvgate.commands._common import (
     RELEASE_METAVAR,
     STRICT_HELP,
@@ -23,10 +22,11 @@ from kvgate.commands._common import (
 )
 from kvgate.errors import Interrupted, KvgateError, UsageError
 from kvgate.formats import ReportFormat
+from kvgate.output import sinks
 
 if TYPE_CHECKING:  # the launcher and the pipeline load when the command runs, not for --help
+    from kvgate.deploy.launch import PDDeployment
     from kvgate.gates.base import CheckOptions
-    from kvgate.launch import PDDeployment
 
 
 @handle_errors
@@ -82,10 +82,10 @@ def up(
     """Start prefill and decode workers and the real router; print the URLs, or gate them with --gate."""
     import sys
 
-    from kvgate.check import run_check
-    from kvgate.launch import PDDeployment, PDLaunchPlan
-    from kvgate.progress import terminal_observer
-    from kvgate.reporting import pair_outputs
+    from kvgate.deploy.launch import PDDeployment, PDLaunchPlan
+    from kvgate.formats.reporting import pair_outputs
+    from kvgate.output.progress import terminal_observer
+    from kvgate.pipeline.check import run_check
 
     pairs = pair_outputs(list(fmt), list(output))
     if tp_old is not None:
@@ -146,7 +146,7 @@ def up(
         except KvgateError as exc:
             report = fatal_report("up --gate", exc)
         finish(with_notes(report, logs_left("worker logs", dep.log_dir)), pairs, verbose)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.supervisor.Stopped)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (kvgate.deploy.supervisor.Stopped)
         sinks.echo("kvgate up: stopping", err=True)
         dep.stop()
         left = logs_left("worker logs", dep.log_dir)
@@ -163,7 +163,7 @@ def _gate_options(
 ) -> CheckOptions:
     """What `up --gate` checks on the deployment it started: its URLs, the profile, the flags."""
     from kvgate.gates.base import CheckOptions
-    from kvgate.profiles import load as load_profile
+    from kvgate.gates.profiles import load as load_profile
 
     prof = load_profile(profile) if profile else None
     is_strict, strict_source = resolve_strict(strict, prof.strict if prof else None)

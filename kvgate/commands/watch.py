@@ -101,8 +101,8 @@ def watch(
 
     from kvgate.commands.check import check_options
     from kvgate.extras import require_watch
-    from kvgate.progress import LineObserver
-    from kvgate.redact import token_from_env
+    from kvgate.output.progress import LineObserver
+    from kvgate.output.redact import token_from_env
 
     require_watch("kvgate watch")
     from kvgate.watch.loop import Watcher
@@ -137,8 +137,8 @@ def watch(
         read_deadline=read_deadline,
         model_config=model_config,
     )
-    from kvgate.check import node_specs
-    from kvgate.profiles import load
+    from kvgate.gates.profiles import load
+    from kvgate.pipeline.check import node_specs
 
     node_specs(options)  # validates --router-url
     section = load(profile).watch if profile else {}
@@ -166,6 +166,6 @@ def watch(
         raise UsageError(f"--listen {listen}: cannot serve there: {exc}") from None
     try:
         watcher.run(threading.Event(), max_intervals=intervals)
-    except KeyboardInterrupt:  # SIGTERM (kvgate.supervisor.Stopped) or Ctrl-C: the normal end of a watch
+    except KeyboardInterrupt:  # SIGTERM (kvgate.deploy.supervisor.Stopped) or Ctrl-C: the normal end of a watch
         pass
     raise typer.Exit(0)

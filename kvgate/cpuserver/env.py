@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kvgate.backport.cpuenv import CpuEnvError, base_python, cpu_env, pins_file, pip_env, root, run_step
-from kvgate.safeio import write_atomic
-from kvgate.upstream import locked
+from kvgate.output.safeio import write_atomic
+from kvgate.upstream.releases import locked
 
 STUB_DIR = Path(__file__).resolve().parent / "_stub"
 """`sitecustomize.py` (torchvision STUB + the 0.5.23 Mooncake host-pinning workaround) and the sgl_kernel STUB."""

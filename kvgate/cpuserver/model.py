@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kvgate.backport.cpuenv import CpuEnvError, base_python, root
-from kvgate.safeio import write_atomic
-from kvgate.upstream import locked
+from kvgate.output.safeio import write_atomic
+from kvgate.upstream.releases import locked
 
 _WRITER = Path(__file__).resolve().parent / "_write_model.py"
 # Fixed local training text for the tokenizer: standard-library sources, present on every Python.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from kvgate.findings import Report
+from kvgate.results.findings import Report
 
 
 class Formatter(ABC):

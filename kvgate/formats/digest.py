@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.checkdocs import doc_for
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Evidence, Finding, Outcome, Report
+from kvgate.formats.checkdocs import doc_for
+from kvgate.results.findings import Evidence, Finding, Outcome, Report
 
 # A leak seen in an answer outranks a pool that is too small, which outranks a missing fix.
 _GATE_ORDER = {"probes": 0, "pool-context": 1, "defenses": 2, "fixes": 3, "backport-probe": 4}

@@ -2,7 +2,7 @@
 
 It opens from a CI artifact with no network: no script, no external style or font, and a
 Content-Security-Policy that forbids loading anything. Every string of the report is escaped here
-(server text is hostile); `kvgate.reporting` has already made controls and bidi characters visible.
+(server text is hostile); `kvgate.formats.reporting` has already made controls and bidi characters visible.
 A soak report (`cost.soak`) gets its latency, throughput, content-verdict and pool plots; a check
 report (`cost.gates`) gets the timeline of its gates: what ran when, how long, what it judged; and
 (`cost.steps`) of the steps inside them: each probe, calibration pass and read, when and how long.
@@ -14,10 +14,10 @@ import json
 from html import escape
 from typing import Any
 
-from kvgate.findings import Report
 from kvgate.formats import svg
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import verdict_line
+from kvgate.results.findings import Report
 
 #: evidence shown per finding, at most (the json report has all of it)
 EVIDENCE_CHARS = 4000

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from kvgate import __version__
-from kvgate.findings import Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import doc_ref
+from kvgate.results.findings import Report
 
 SCHEMA_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("report.schema.json")

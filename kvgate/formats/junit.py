@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats.base import Formatter
+from kvgate.results.findings import Finding, Outcome, Report
 
 
 def _details(f: Finding) -> str:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from kvgate import sinks
-from kvgate.findings import Outcome, Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import (
     counts_line,
@@ -14,6 +12,8 @@ from kvgate.formats.digest import (
     same_on_nodes,
     verdict_line,
 )
+from kvgate.output import sinks
+from kvgate.results.findings import Outcome, Report
 
 _ICON = {
     Outcome.PASSED: "PASS",

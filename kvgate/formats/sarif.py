@@ -29,11 +29,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kvgate import __version__
-from kvgate.checkdocs import doc_for, page_text
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats.base import Formatter
+from kvgate.formats.checkdocs import doc_for, page_text
 from kvgate.formats.digest import evidence_line
+from kvgate.results.findings import Finding, Outcome, Report
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"

@@ -14,7 +14,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats.base import Formatter
 from kvgate.formats.digest import (
     NEXT_STEP,
@@ -27,6 +26,7 @@ from kvgate.formats.digest import (
     same_on_nodes,
     verdict_line,
 )
+from kvgate.results.findings import Finding, Outcome, Report
 
 _STYLE = {
     Outcome.PASSED: "green",

@@ -10,10 +10,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvgate.discovery import RankLoad, RouterListing
-from kvgate.findings import Finding
-from kvgate.progress import NullObserver, Observer
-from kvgate.target import DEFAULT_CONCURRENCY, NodeReading, NodeSpec, TargetClient
+from kvgate.defaults import DEFAULT_CONCURRENCY
+from kvgate.output.progress import NullObserver, Observer
+from kvgate.reading.discovery import RankLoad, RouterListing
+from kvgate.reading.node import NodeReading, NodeSpec
+from kvgate.reading.target import TargetClient
+from kvgate.results.findings import Finding
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class CheckOptions:
     probes: Mapping[str, Any] = field(default_factory=dict)
     # Defenses gate: operator knowledge the server does not expose (e.g. deferred-release env).
     defenses: Mapping[str, Any] = field(default_factory=dict)
-    # Accepted findings with a reason and an expiry (kvgate.waivers.Waiver); from the profile.
+    # Accepted findings with a reason and an expiry (kvgate.results.waivers.Waiver); from the profile.
     waivers: tuple[Any, ...] = ()
     # Where each node's code is read (defenses gate): key "*" (flags), "prefill", "decode" or a node URL ->
     # {"site_packages": PATH} or {"python": COMMAND}; validated by kvgate.gates.defenses.code_sources.

@@ -1,13 +1,13 @@
-"""The baseline gate: the fleet as read now against a recorded baseline (kvgate/baseline.py)."""
+"""The baseline gate: the fleet as read now against a recorded baseline (kvgate/results/baseline.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kvgate import baseline
-from kvgate.discovery import normalize_url
-from kvgate.findings import Finding
 from kvgate.gates.base import GateContext
+from kvgate.reading.discovery import normalize_url
+from kvgate.results import baseline
+from kvgate.results.findings import Finding
 
 GATE = baseline.GATE
 

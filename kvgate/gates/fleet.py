@@ -29,11 +29,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from kvgate.discovery import RankLoad, RouterListing, RouterWorker, normalize_url
-from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
 from kvgate.gates.base import GateContext
 from kvgate.gates.pair import pair_consistency
-from kvgate.target import DECODE, PREFILL, NodeReading
+from kvgate.reading.discovery import RankLoad, RouterListing, RouterWorker, normalize_url
+from kvgate.reading.node import DECODE, PREFILL, NodeReading
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, info, passed
 
 GATE = "fleet"
 PD_ROLES = (PREFILL, DECODE)

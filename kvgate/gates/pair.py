@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvgate.findings import Evidence, Finding, failed, passed
-from kvgate.target import DECODE, PREFILL, NodeReading
+from kvgate.reading.node import DECODE, PREFILL, NodeReading
+from kvgate.results.findings import Evidence, Finding, failed, passed
 
 GATE = "fleet"
 CHECK = "pair-consistency"

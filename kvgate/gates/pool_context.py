@@ -3,7 +3,7 @@
 Why decode too: decode reserves pages for the whole prompt at bootstrap (incident.md section 2,
 step 1), so a decode pool below the context is the same hazard on the other side of the handoff.
 
-SGLang's limits (sglang-surface.md section 2; the formulas live in `kvgate.admission`): the tokenizer
+SGLang's limits (sglang-surface.md section 2; the formulas live in `kvgate.upstream.admission`): the tokenizer
 rejects a prompt of N >= context tokens with a plain 400, the scheduler rejects N >= max_req_input_len
 = min(context - 1, pool - 1) - 5 through `set_finish_with_abort`, the path that leaked before
 #36988/#38935. Every length in between passes the tokenizer and takes the abort path: the reject band.
@@ -19,10 +19,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kvgate.admission import AdmissionLimits, max_req_input_len
-from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
-from kvgate.target import NodeReading
+from kvgate.reading.node import NodeReading
+from kvgate.results.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
+from kvgate.upstream.admission import AdmissionLimits, max_req_input_len
 
 GATE = "pool-context"
 REMEDY_POOL = (
@@ -355,7 +355,7 @@ def with_plan_knobs(
     """Failed headroom findings of `reading`, explained with `kvgate plan`'s knobs for this model."""
     from kvgate.plan.explain import explain
     from kvgate.plan.model import load_shape
-    from kvgate.target import sizing_settings
+    from kvgate.reading.node import sizing_settings
 
     shape = load_shape(Path(model_config))
     settings = sizing_settings(reading)

@@ -19,8 +19,8 @@ from kvgate.plan.model import ModelShape
 from kvgate.plan.planner import DEFAULT_RELEASE, PlanInputs, plan_worker
 from kvgate.plan.sizing import GIB
 from kvgate.plan.verdict import knob_remedy
-from kvgate.target import NodeReading, SizingSettings
-from kvgate.upstream import RELEASES
+from kvgate.reading.node import NodeReading, SizingSettings
+from kvgate.upstream.releases import RELEASES
 
 
 @dataclass(frozen=True)

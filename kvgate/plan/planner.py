@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvgate.admission import max_req_input_len
 from kvgate.plan import sizing
 from kvgate.plan.model import ModelShape, PlanError
 from kvgate.plan.weights import estimate_weights_gib
+from kvgate.upstream.admission import max_req_input_len
 
 DEFAULT_RELEASE = "0.5.23"
 DEFAULT_HEADROOM = 1.25

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from packaging.version import Version
 
 from kvgate.plan.model import Attention, ModelShape, PlanError
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 
 # --kv-cache-dtype values the planner models, and the bytes of one element of each.
 # fp8_e5m2 is left out: SGLang refuses it on CPU, so no release's code could confirm its sizing here.

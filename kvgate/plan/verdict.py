@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.findings import Evidence, Finding, Report, failed, passed
 from kvgate.plan.knobs import Knob, knobs
 from kvgate.plan.planner import WorkerPlan
+from kvgate.results.findings import Evidence, Finding, Report, failed, passed
 
 GATE = "plan"
 

@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 import typer
 from typer.core import TyperCommand
 
-from kvgate import sinks
 from kvgate.defaults import INCIDENT_RELEASE
 from kvgate.errors import InternalError, KvgateError, UsageError
+from kvgate.output import sinks
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,10 +129,10 @@ def up(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr (the URLs still print)."),
 ) -> None:
     """Start router + workers, print their URLs and one JSON line, stay up until Ctrl-C/SIGTERM."""
+    from kvgate.deploy.supervisor import stop_on_sigterm
     from kvgate.extras import require_sim
     from kvgate.sim.deploy import SimDeployment
-    from kvgate.supervisor import stop_on_sigterm
-    from kvgate.upstream import RELEASES
+    from kvgate.upstream.releases import RELEASES
 
     require_sim("kvgate sim up")
     if release is not None and emulate_old is not None:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvgate.pdstart import DistinctPorts, PDLayout, WorkerProcess, start_pd
-from kvgate.supervisor import Supervisor, http_ok
-from kvgate.upstream import RELEASES
+from kvgate.deploy.pdstart import DistinctPorts, PDLayout, WorkerProcess, start_pd
+from kvgate.deploy.supervisor import Supervisor, http_ok
+from kvgate.upstream.releases import RELEASES
 
 
 @dataclass
@@ -156,7 +156,7 @@ class SimDeployment:
         return argv
 
     def start(self, attempts: int = 3) -> SimDeployment:
-        """Start the workers, then the router, and wait until all are ready (`kvgate.pdstart`).
+        """Start the workers, then the router, and wait until all are ready (`kvgate.deploy.pdstart`).
 
         Ports are picked free just before the children bind them; if another process takes one in
         between (other test runs on the same machine), the start is retried with fresh ports.

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from kvgate.admission import max_req_input_len
 from kvgate.sim.config import WorkerConfig, env_bool, env_float
 from kvgate.sim.kvpool import KVPool
 from kvgate.sim.releases import SimRelease
 from kvgate.sim.request import Abort, RequestError, SimReq
+from kvgate.upstream.admission import max_req_input_len
 
 
 class BaseEngine:
@@ -60,7 +60,7 @@ class BaseEngine:
 
     @property
     def max_req_input_len(self) -> int:
-        """`managers/tp_worker.py get_worker_info` over the pool's capacity (`kvgate.admission`)."""
+        """`managers/tp_worker.py get_worker_info` over the pool's capacity (`kvgate.upstream.admission`)."""
         return max_req_input_len(self.cfg.effective_context, self.max_total_num_tokens)
 
     def tokenizer_stage(self, input_ids: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:

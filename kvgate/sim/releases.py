@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
+from kvgate.upstream.releases import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
 class SimRelease:
@@ -60,7 +60,7 @@ class SimRelease:
     @property
     def deferred_release_default(self) -> bool:
         """`srt/environ.py SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE`'s default in this release:
-        kept once, in `kvgate.upstream.DEFERRED_RELEASE_DEFAULT` (checked against every wheel)."""
+        kept once, in `kvgate.upstream.releases.DEFERRED_RELEASE_DEFAULT` (checked against every wheel)."""
         return DEFERRED_RELEASE_DEFAULT[self.version]
 
     def admission_door_rejects(self, aborted: bool, holds_resources: bool) -> bool:
@@ -229,7 +229,7 @@ class KvgateBackport(SimRelease):
 FIXED_BY = ("kvgate-backport", "kvgate-backport-hardened")
 
 
-#: One class per release of `kvgate.upstream.RELEASES`, the one list of releases kvgate knows
+#: One class per release of `kvgate.upstream.releases.RELEASES`, the one list of releases kvgate knows
 #: (tests/sim/test_units.py checks that every release there has one).
 _BY_VERSION: dict[str, type[SimRelease]] = {
     cls.version: cls for cls in (Release0519, Release0520, Release0521, Release0522, Release0523)

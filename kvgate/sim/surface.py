@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvgate.admission import max_req_input_len
 from kvgate.sim.config import WorkerConfig, env_bool, exportable_env_vars
 from kvgate.sim.releases import SimRelease
+from kvgate.upstream.admission import max_req_input_len
 
 
 def pool_capacity(max_total_tokens: int, page_size: int) -> int:

@@ -13,7 +13,7 @@ import logging
 import shlex
 
 from kvgate.sim.lifecycle import run_until_signalled
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 
 
 def human_int(value: str) -> int:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvgate.findings import Finding, Outcome
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.cost import CostMeter
@@ -20,7 +19,8 @@ from kvgate.gates.probes.handoff import run_handoff
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.progress import NullObserver
+from kvgate.output.progress import NullObserver
+from kvgate.results.findings import Finding, Outcome
 from kvgate.soak.settings import HANDOFF, ISOLATION
 from kvgate.watch import isolation
 from kvgate.watch.budget import TrafficBudget

@@ -25,8 +25,8 @@ from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sentinel, TokenCodec, owners
 from kvgate.gates.probes.under_load import corruption_message
-from kvgate.progress import NullObserver
-from kvgate.redact import clip
+from kvgate.output.progress import NullObserver
+from kvgate.output.redact import clip
 from kvgate.soak.settings import LONG, MEDIUM, NEAR_LIMIT, SHORT, SoakSettings
 
 #: sentinels of the previous slice a new slice's book starts with (older ones are still caught as

@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from kvgate.httpbounds import parse_json
-from kvgate.redact import clip
+from kvgate.output.redact import clip
+from kvgate.reading.httpbounds import parse_json
 
 LOADS_PATH = "/v1/loads"
 

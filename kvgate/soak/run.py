@@ -19,7 +19,6 @@ import httpx
 
 from kvgate.defaults import PROBE_BODY_CAP
 from kvgate.errors import InternalError, TransportError
-from kvgate.findings import Evidence, Finding, Outcome, Report, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import GenerateClient
@@ -28,8 +27,9 @@ from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, max_new_tokens_for
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import SGLANG_WAITING_TIMEOUT_S, ProbeSettings
-from kvgate.httpbounds import bounded_client
-from kvgate.progress import NullObserver, Observer, StepHandle
+from kvgate.output.progress import NullObserver, Observer, StepHandle
+from kvgate.reading.httpbounds import bounded_client
+from kvgate.results.findings import Evidence, Finding, Outcome, Report, failed, inconclusive, passed
 from kvgate.soak.content import ContentChecks, ContentResult
 from kvgate.soak.load import Load, RequestRecord, bucket_lengths
 from kvgate.soak.pool import PoolSampler

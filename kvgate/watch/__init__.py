@@ -5,7 +5,7 @@ One module per concern:
 - `budget`: the probe traffic budget (requests and prefill tokens per sliding minute), enforced and measured;
 - `latency`: the latency-too-good signal over time (prefill durations by prompt-length bucket);
 - `fleetpass`: the per-interval metadata pass (the router's listing and every worker's facts, read by
-  the fleet reader `kvgate check` uses, kvgate/fleetread.py) and every judged fact that differs from what
+  the fleet reader `kvgate check` uses, kvgate/reading/fleetread.py) and every judged fact that differs from what
   the last full gate judged;
 - `probes`: the scheduled content probes (sentinel-carrying latency samples, scanned for foreign sentinels);
 - `metrics`: the Prometheus metrics (prometheus_client, imported only here);

@@ -29,7 +29,7 @@ from typing import Any
 
 import h11
 
-from kvgate import sinks
+from kvgate.output import sinks
 
 #: the largest webhook payload read (Flagger's is a few hundred bytes)
 MAX_POST = 64 << 10

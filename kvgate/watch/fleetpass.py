@@ -1,7 +1,7 @@
 """The per-interval metadata pass: the fleet read as `kvgate check` reads it, compared with what the
 last full gate judged.
 
-The pass reads what the gate reads, with the same reader (kvgate/fleetread.py: the router's listing,
+The pass reads what the gate reads, with the same reader (kvgate/reading/fleetread.py: the router's listing,
 every worker's server_info with every DP rank's `internal_states`, `/v1/models`, `/model_info`), all at
 once on one thread: a fleet of 1,024 workers costs about one slow answer (bench/fleet_read.py measures
 it). Every fact the gate judged (`fleetread.judged_facts`, the router's entries for each worker, the
@@ -21,11 +21,12 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from kvgate.check import discovered_specs
-from kvgate.discovery import RouterListing, list_router_workers
 from kvgate.errors import TransportError
-from kvgate.fleetread import JUDGED_KEYS, judged_facts, read_workers
-from kvgate.target import NodeReading, NodeSpec, TargetClient
+from kvgate.pipeline.check import discovered_specs
+from kvgate.reading.discovery import RouterListing, list_router_workers
+from kvgate.reading.fleetread import JUDGED_KEYS, judged_facts, read_workers
+from kvgate.reading.node import NodeReading, NodeSpec
+from kvgate.reading.target import TargetClient
 
 #: flag changes logged per worker (a restart with other flags can move dozens; the first few say enough)
 MAX_FLAG_LINES = 8

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvgate.findings import Evidence, Finding, failed
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.cost import CostMeter
@@ -28,7 +27,8 @@ from kvgate.gates.probes.handoff import CHECK, GATE, REMEDY_FAIL, HandoffPrompt,
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.progress import NullObserver
+from kvgate.output.progress import NullObserver
+from kvgate.results.findings import Evidence, Finding, failed
 from kvgate.watch.budget import TrafficBudget, every_for_share
 
 #: replays per round: decode's first and last confident positions (early and late in the answer)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 import httpx
 
-from kvgate.findings import Evidence, Finding, failed
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.cost import CostMeter
@@ -36,7 +35,8 @@ from kvgate.gates.probes.under_load import (
     corruption_message,
     load_prompt,
 )
-from kvgate.progress import NullObserver
+from kvgate.output.progress import NullObserver
+from kvgate.results.findings import Evidence, Finding, failed
 from kvgate.watch.budget import TrafficBudget, every_for_share
 
 #: prompts of the golden set, all sent at once: each request shares the decode with 5 others (the

@@ -1,7 +1,7 @@
 """The watch loop: every interval a metadata pass; a full gate at start, on any change, on a leak
 and on schedule; the scheduled probes spread over what is left of the interval.
 
-The verdict is the last full gate's report (kvgate.check.run_check over the router's whole worker
+The verdict is the last full gate's report (kvgate.pipeline.check.run_check over the router's whole worker
 list: the fleet gate fails a run through the router that leaves listed workers out, so a change
 re-gates the whole fleet, changed workers included, at once). The pass and the probes only decide
 when the gate runs and feed the metrics.
@@ -19,11 +19,8 @@ from dataclasses import replace
 
 import httpx
 
-from kvgate.check import default_gates, run_check
 from kvgate.defaults import PROBE_BODY_CAP
-from kvgate.discovery import RouterListing
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.formats.json_report import JsonFormatter
 from kvgate.gates.base import CheckOptions, GateContext
 from kvgate.gates.probes.codec_select import select_codec
@@ -31,8 +28,11 @@ from kvgate.gates.probes.margin import deterministic
 from kvgate.gates.probes.plan import ProbeLimits, limits_from_readings
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.httpbounds import bounded_client
-from kvgate.target import DECODE, PREFILL, NodeReading
+from kvgate.pipeline.check import default_gates, run_check
+from kvgate.reading.discovery import RouterListing
+from kvgate.reading.httpbounds import bounded_client
+from kvgate.reading.node import DECODE, PREFILL, NodeReading
+from kvgate.results.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.watch import handoff, isolation
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer

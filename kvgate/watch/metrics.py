@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from kvgate import sinks
-from kvgate.findings import Finding, Outcome, Report
-from kvgate.redact import redact
+from kvgate.output import sinks
+from kvgate.output.redact import redact
+from kvgate.results.findings import Finding, Outcome, Report
 from kvgate.watch.budget import WINDOW_S
 from kvgate.watch.fleetpass import CHANGE_KINDS
 from kvgate.watch.handoff import ROUND_SKIPS

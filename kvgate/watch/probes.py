@@ -21,7 +21,7 @@ from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sentinel, TokenCodec, owners
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.progress import NullObserver
+from kvgate.output.progress import NullObserver
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.latency import LONG, ONE_PAGE
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnv, CpuEnvError, cpu_env
-from kvgate.upstream import DownloadError, index_unreachable, unpacked_wheel
+from kvgate.upstream.releases import DownloadError, index_unreachable, unpacked_wheel
 
 
 def under_ci() -> bool:

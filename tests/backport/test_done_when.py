@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from kvgate.backport.cpuenv import CpuEnv
 from kvgate.cli import app
-from kvgate.findings import Finding, Outcome
 from kvgate.gates.defenses import DefenseInputs
+from kvgate.results.findings import Finding, Outcome
 
 from .conftest import tree_digest
 

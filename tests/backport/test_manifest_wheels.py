@@ -6,7 +6,7 @@ import pytest
 
 from kvgate.backport.regen import recompute
 from kvgate.catalogue.series import load_series
-from kvgate.upstream import DownloadError
+from kvgate.upstream.releases import DownloadError
 from tests.assets.real_sglang import skip_only_if_unreachable
 
 pytestmark = pytest.mark.wheels

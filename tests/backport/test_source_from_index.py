@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.upstream import wheel_path
+from kvgate.upstream.releases import wheel_path
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.wheels

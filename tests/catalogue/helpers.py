@@ -7,7 +7,7 @@ from pathlib import Path
 
 import git
 
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 from tests.assets.real_sglang import wheel_or_skip
 
 # upstream-fixes.md section 3 (grep of the published wheels), one row per catalogue entry:

@@ -17,7 +17,7 @@ from kvgate.catalogue.assess import assess, correctness_verdict, to_findings
 from kvgate.catalogue.combine import CODE_METHODS, combine
 from kvgate.catalogue.model import METHODS, Detection
 from kvgate.cli import app
-from kvgate.findings import Outcome
+from kvgate.results.findings import Outcome
 from tests.catalogue.helpers import commit_release, copy_signature_tree, init_repo
 
 FIX = "pr-38935"  # a correctness fix with signatures in four files

@@ -11,7 +11,7 @@ import pytest
 
 from kvgate.catalogue.model import Fix, Signature
 from kvgate.catalogue.signatures import DirTree
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 from tests.catalogue.helpers import wheel
 
 pytestmark = pytest.mark.wheels

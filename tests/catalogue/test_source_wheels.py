@@ -12,7 +12,7 @@ from kvgate.catalogue import Presence, assess_installed
 from kvgate.catalogue.codescan import locate_package
 from kvgate.catalogue.source import from_python, from_site_packages, read_declared_version
 from kvgate.errors import TransportError, UsageError
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 from tests.catalogue.helpers import EXPECTED, add_marker, copy_signature_tree, wheel
 
 pytestmark = pytest.mark.wheels

@@ -8,7 +8,7 @@ from kvgate.catalogue import Presence, load_catalogue, parse_release
 from kvgate.catalogue.version import detect_by_version
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 from tests.catalogue.helpers import EXPECTED
 
 

@@ -54,7 +54,7 @@ def test_fixes_malformed_url_is_a_usage_error_with_a_report(tmp_path: Path) -> N
 def test_unexpected_crash_in_check_writes_the_report_and_exits_5(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kvgate.check as pipeline  # `check` imports run_check when it runs (a light --help)
+    import kvgate.pipeline.check as pipeline  # `check` imports run_check when it runs (a light --help)
 
     def boom(*a: Any, **k: Any) -> None:
         raise KeyError("something kvgate did not expect")
@@ -101,7 +101,7 @@ def test_a_redirect_is_not_read_as_the_document(tmp_path: Path, payload_server: 
 
 
 def test_a_run_that_checked_nothing_never_passes_even_without_strict() -> None:
-    from kvgate.findings import Report, exit_status_for
+    from kvgate.results.findings import Report, exit_status_for
 
     assert exit_status_for([], strict=False) == ExitStatus.INCONCLUSIVE
     assert Report("fixes", (), strict=False).exit_status == ExitStatus.INCONCLUSIVE

@@ -18,10 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.discovery import list_router_workers, normalize_url
 from kvgate.exitcodes import ExitStatus
+from kvgate.reading.discovery import list_router_workers, normalize_url
+from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment
-from kvgate.target import TargetClient
 
 runner = CliRunner()
 CONTEXT = 4096

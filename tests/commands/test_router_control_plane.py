@@ -1,7 +1,7 @@
 """The router as smg 1.13.0 really works: control-plane auth, the probe listener, draining, /get_loads.
 
 Each test starts the REAL `smg` the project installs (`.venv/bin/smg`, command line from
-kvgate/pdstart.py `router_argv`) in front of simulated metadata workers, over real sockets. Where smg
+kvgate/deploy/pdstart.py `router_argv`) in front of simulated metadata workers, over real sockets. Where smg
 1.13.0 does not fill a feature (per-rank pools in /get_loads for HTTP PD workers), the test says so
 and a server shaped from smg's own response types stands in for the router.
 """
@@ -21,14 +21,14 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.check import router_readiness
 from kvgate.cli import app
-from kvgate.discovery import list_router_workers
+from kvgate.deploy.pdstart import router_argv
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.fleet import router_status
-from kvgate.pdstart import router_argv
+from kvgate.pipeline.check import router_readiness
+from kvgate.reading.discovery import list_router_workers
+from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment
-from kvgate.target import TargetClient
 from tests.conftest import PayloadServer, Route
 
 runner = CliRunner()

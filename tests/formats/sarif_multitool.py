@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.paths import cache_dir
-from kvgate.upstream import locked
+from kvgate.upstream.releases import locked
 
 VERSION = "5.7.0"
 PACKAGE = f"@microsoft/sarif-multitool@{VERSION}"

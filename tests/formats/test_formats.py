@@ -8,8 +8,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Evidence, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
+from kvgate.results.findings import Evidence, Finding, Outcome, Report
 
 
 def _report() -> Report:
@@ -70,7 +70,7 @@ def test_markdown_escapes_pipes() -> None:
 
 
 def test_table_prints_brackets_verbatim() -> None:
-    from kvgate.findings import failed
+    from kvgate.results.findings import failed
 
     report = Report(command="check", findings=(failed("g", "c", "prefill[0] http://x", "saw [tenant-a] in [b]"),))
     text = ReportFormat.TABLE.formatter().render(report)
@@ -78,7 +78,7 @@ def test_table_prints_brackets_verbatim() -> None:
 
 
 def test_info_is_neither_a_pass_nor_a_failure() -> None:
-    from kvgate.findings import exit_status_for, info, passed
+    from kvgate.results.findings import exit_status_for, info, passed
 
     note = info(
         "defenses",
@@ -100,8 +100,8 @@ def test_info_is_neither_a_pass_nor_a_failure() -> None:
 
 
 def test_table_leads_with_the_verdict_and_the_deciding_findings_at_80_columns() -> None:
-    from kvgate.findings import failed, passed
     from kvgate.formats.table import TableFormatter
+    from kvgate.results.findings import failed, passed
 
     node = "prefill[0] http://127.0.0.1:30000"
     findings = [passed("target", "reachable", node, "answered")] * 20 + [
@@ -159,8 +159,8 @@ def test_words_say_what_the_run_did() -> None:
     error; a command whose own default is not strict does not claim an opt-out."""
     from dataclasses import replace
 
-    from kvgate.findings import inconclusive
     from kvgate.formats.digest import counts_line, verdict_line
+    from kvgate.results.findings import inconclusive
 
     blocked = replace(inconclusive("g", "c", "n", "not seen"), blocking=True)
     r = Report(command="check", findings=(blocked,), strict=False, strict_source="--no-strict")

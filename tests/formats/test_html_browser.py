@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.findings import Evidence, Report, failed
 from kvgate.formats.html import HtmlFormatter
+from kvgate.results.findings import Evidence, Report, failed
 from tests.soak.helpers import soak
 
 CHROMIUM = shutil.which("chromium")

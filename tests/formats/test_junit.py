@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Finding, Outcome, Report
 from kvgate.formats import ReportFormat
+from kvgate.results.findings import Finding, Outcome, Report
 
 XSD = Path(__file__).resolve().parent.parent / "assets" / "junit" / "junit-10.xsd"
 runner = CliRunner()

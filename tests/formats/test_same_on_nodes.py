@@ -39,7 +39,7 @@ def test_identical_release_findings_print_once_with_their_nodes(payload_server: 
     assert detail.count("- pr-38935 = present") == 1  # the ~25 lines once, not once per node
     assert detail.count("FAIL defenses.release decode[0]") == 1  # a different verdict stays apart
     markdown = runner.invoke(app, [*args, "-f", "markdown"]).stdout
-    # as a Markdown reader sees it: server text (URLs, brackets) is backslash-escaped (kvgate/sinks.py)
+    # as a Markdown reader sees it: server text (URLs, brackets) is backslash-escaped (kvgate/output/sinks.py)
     evidence = re.sub(r"\\(.)", r"\1", markdown.split("### Evidence", 1)[1].split("###", 1)[0])
     assert evidence.count("**defenses.release** (4 nodes: prefill[0]") == 1
     doc = json.loads(runner.invoke(app, [*args, "-f", "json"]).stdout)

@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.checkdocs import doc_for
 from kvgate.cli import app
-from kvgate.findings import Evidence, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
+from kvgate.formats.checkdocs import doc_for
+from kvgate.results.findings import Evidence, Finding, Outcome, Report
 from tests.catalogue.helpers import copy_signature_tree
 
 SCHEMA = Path(__file__).resolve().parent.parent / "assets" / "sarif" / "sarif-schema-2.1.0.json"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.checkdocs import doc_for, entries
 from kvgate.cli import app
-from kvgate.findings import Evidence, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
+from kvgate.formats.checkdocs import doc_for, entries
+from kvgate.results.findings import Evidence, Finding, Outcome, Report
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,11 +101,11 @@ def test_family_ids_find_their_page(check_id: str, anchor: str) -> None:
 def test_an_undocumented_check_is_caught(tmp_path: Path) -> None:
     import io
 
-    import kvgate.reporting
+    import kvgate.formats.reporting
     from tests import conftest
 
     assert doc_for("nosuch.check") is None
-    kvgate.reporting.emit(
+    kvgate.formats.reporting.emit(
         Report(command="x", findings=(Finding("nosuch", "check", "n", Outcome.PASSED, "s"),)),
         [(ReportFormat.JSON, tmp_path / "r.json")],
         stdout=io.StringIO(),

@@ -19,9 +19,9 @@ from markdown_it import MarkdownIt
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.findings import Evidence, Finding, Outcome, Report
 from kvgate.formats.digest import verdict_line
 from kvgate.formats.markdown import BUDGET_BYTES, MarkdownFormatter
+from kvgate.results.findings import Evidence, Finding, Outcome, Report
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 1024 * 1024  # GitHub's step-summary limit

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvgate.findings import Outcome
 from kvgate.gates.pool_context import check_node
-from kvgate.target import NodeSpec, parse_node
+from kvgate.reading.node import NodeSpec, parse_node
+from kvgate.results.findings import Outcome
 from tests.assets import sglang_payloads as P
 from tests.fuzz.mutations import BREAKING, KINDS, label, mutate, paths
 

@@ -8,8 +8,8 @@ import pytest
 
 from kvgate.catalogue import assess_installed
 from kvgate.catalogue.source import from_site_packages
-from kvgate.findings import Finding, Outcome
 from kvgate.gates.defenses import DEFERRED_ENV, DefenseInputs, inputs_from_reading, run_defenses_gate
+from kvgate.results.findings import Finding, Outcome
 
 P0 = DefenseInputs(
     node="prefill[0]",
@@ -306,7 +306,7 @@ def test_finding_count_and_gate_name() -> None:
 
 
 def test_adapter_from_a_node_reading() -> None:
-    from kvgate.target import NodeSpec, parse_node
+    from kvgate.reading.node import NodeSpec, parse_node
     from tests.assets import sglang_payloads as Pl
 
     doc = Pl.server_info(pool=2_000_000, context=1_048_576)
@@ -342,7 +342,8 @@ def test_profile_section_validation() -> None:
 def test_gate_adapter_runs_over_readings() -> None:
     from kvgate.gates.base import CheckOptions, GateContext
     from kvgate.gates.defenses import DefensesGate
-    from kvgate.target import NodeSpec, TargetClient, parse_node
+    from kvgate.reading.node import NodeSpec, parse_node
+    from kvgate.reading.target import TargetClient
     from tests.assets import sglang_payloads as Pl
 
     doc = Pl.server_info(pool=2_000_000, context=1_048_576)

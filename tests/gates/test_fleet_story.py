@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from kvgate.discovery import parse_workers
-from kvgate.findings import Outcome
 from kvgate.gates.fleet import router_identity
 from kvgate.gates.pair import pair_consistency
 from kvgate.gates.pool_context import context_sources
-from kvgate.target import NodeReading, NodeSpec, parse_node
+from kvgate.reading.discovery import parse_workers
+from kvgate.reading.node import NodeReading, NodeSpec, parse_node
+from kvgate.results.findings import Outcome
 from tests.assets import router_payloads as R
 from tests.assets import sglang_payloads as P
 

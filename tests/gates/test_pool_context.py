@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvgate.findings import Finding, Outcome
 from kvgate.gates.pool_context import check_node
-from kvgate.target import NodeSpec, parse_node
+from kvgate.reading.node import NodeSpec, parse_node
+from kvgate.results.findings import Finding, Outcome
 from tests.assets import sglang_payloads as P
 
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
-from kvgate.upstream import DEFERRED_ENV
+from kvgate.upstream.releases import DEFERRED_ENV
 from tests.assets import sglang_payloads as P
 from tests.conftest import PayloadServer, Route
 

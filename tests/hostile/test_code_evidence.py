@@ -24,7 +24,7 @@ from kvgate.cli import app
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.defenses import CodeSource, vouch
-from kvgate.target import NodeSpec
+from kvgate.reading.node import NodeSpec
 from tests.assets import sglang_payloads as P
 from tests.catalogue.helpers import wheel
 from tests.conftest import PayloadServer, Route

@@ -24,7 +24,7 @@ from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 from kvgate.errors import UsageError
 from kvgate.exitcodes import ExitStatus
-from kvgate.safeio import UnsafePath, confine
+from kvgate.output.safeio import UnsafePath, confine
 
 from .series_fixture import make_series, make_site, tree
 

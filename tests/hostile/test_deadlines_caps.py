@@ -31,14 +31,14 @@ from kvgate.defaults import (
     PROBE_BODY_CAP,
     STREAM_LINE_CAP,
 )
-from kvgate.discovery import list_router_workers
 from kvgate.errors import TransportError
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.contract import Verdict, classify
 from kvgate.gates.probes.plan import REJECT, LengthProbe
-from kvgate.httpbounds import cap_text
-from kvgate.target import TargetClient
+from kvgate.reading.discovery import list_router_workers
+from kvgate.reading.httpbounds import cap_text
+from kvgate.reading.target import TargetClient
 from tests.assets import sglang_payloads as P
 from tests.hostile.net_servers import Request, Script, ScriptedServer, drip, head, sse
 

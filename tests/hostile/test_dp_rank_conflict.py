@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.admission import max_req_input_len
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.probes.gate import REMEDY_DP_RANK, REMEDY_REJECT
-from kvgate.upstream import DP_RANK_CONFLICT_MARK, FORCE_QUERY_PREFILL_DP_RANK
+from kvgate.upstream.admission import max_req_input_len
+from kvgate.upstream.releases import DP_RANK_CONFLICT_MARK, FORCE_QUERY_PREFILL_DP_RANK
 from tests.hostile.net_servers import MutatingProxy, Request, head
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 Each answer was capped at 16 MiB, but nothing bounded the whole read: every worker's parsed
 server_info was kept whole to the end of the run, and every answer in flight was buffered at once,
 so a router listing many workers that answer near the cap chose kvgate's memory. Now the reader keeps
-only the facts the gates judge (kvgate/compact.py) and at most about `wideread.INFLIGHT_BYTES` of
+only the facts the gates judge (kvgate/reading/compact.py) and at most about `wideread.INFLIGHT_BYTES` of
 answers in flight. Here a fleet of listed workers (one process, real sockets: tests/assets/bulk_fleet.py)
 each answers a server_info padded to near the cap, and `kvgate check` runs as a child process whose
 peak RSS (its own `ru_maxrss`, from wait4) must stay under PEAK_RSS. Memory is asserted, never time.

@@ -201,7 +201,7 @@ class Growing(dict):  # type: ignore[type-arg]
 
 
 def test_a_fleet_that_keeps_moving_is_inconclusive(payload_server: Fleet) -> None:
-    from kvgate.stability import MAX_REGATES
+    from kvgate.pipeline.stability import MAX_REGATES
 
     p = payload_server(worker_routes("prefill"))
     d = payload_server(worker_routes("decode"))

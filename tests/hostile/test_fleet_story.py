@@ -405,7 +405,7 @@ def test_exit_0_only_when_every_routed_worker_and_rank_was_read_and_all_views_ag
     if any(w == "extra-entry-unreachable" for w, _ in mutations):
         entries.append(R.smg_entry("http://127.0.0.1:1", "decode"))
     if not entries:
-        return  # a router that lists nothing is its own test (tests/test_discovery.py)
+        return  # a router that lists nothing is its own test (tests/reading/test_discovery.py)
     rtr.routes = {"/workers": Route(R.smg_workers(*entries)), "/readiness": Route({"status": "ready"})}
     code, doc = check("--router-url", rtr.url, *given_args)
     problems = [

@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.discovery import parse_workers
 from kvgate.errors import ProfileError
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import failed, inconclusive
-from kvgate.waivers import UNWAIVABLE, Waiver, apply_waivers, parse_waivers
+from kvgate.reading.discovery import parse_workers
+from kvgate.results.findings import failed, inconclusive
+from kvgate.results.waivers import UNWAIVABLE, Waiver, apply_waivers, parse_waivers
 from tests.assets import router_payloads as R
 from tests.assets import sglang_payloads as P
 from tests.conftest import PayloadServer, Route

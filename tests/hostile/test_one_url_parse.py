@@ -21,9 +21,9 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgate.cli import app
+from kvgate.deploy.pdstart import DistinctPorts, router_argv
 from kvgate.exitcodes import ExitStatus
-from kvgate.pdstart import DistinctPorts, router_argv
-from kvgate.weburl import disagreement
+from kvgate.reading.weburl import disagreement
 from tests.assets import sglang_payloads as P
 from tests.conftest import PayloadServer, Route
 

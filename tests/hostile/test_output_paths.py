@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgate import safeio
 from kvgate.cli import app
+from kvgate.output import safeio
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]

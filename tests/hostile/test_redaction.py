@@ -1,6 +1,6 @@
 """A token echoed by a hostile server never reaches any output, whole or in fragments (issue 20, case 4).
 
-The rule under test (kvgate/redact.py, docs/security.md): for a registered secret S and k = min(8, len(S)),
+The rule under test (kvgate/output/redact.py, docs/security.md): for a registered secret S and k = min(8, len(S)),
 no output contains a k-character substring of S, also not once the line breaks (and the padding and
 table borders around them) of a folded table are looked through. Tokens are drawn from RFC 6750's
 b64token alphabet, 16-256 characters, and echoed at every offset: through `redact`/`clip`/`emit`
@@ -26,15 +26,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from kvgate import redact as R
 from kvgate.cli import app
-from kvgate.findings import Evidence, Finding, Outcome, Report
 from kvgate.formats import ReportFormat
+from kvgate.formats.reporting import emit
 from kvgate.formats.table import TableFormatter
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.contract import classify
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
-from kvgate.reporting import emit
+from kvgate.output import redact as R
+from kvgate.results.findings import Evidence, Finding, Outcome, Report
 from tests.assets.loopback import LoopbackServer
 
 B64TOKEN = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/"
@@ -329,7 +329,7 @@ def test_case4_any_token_any_offset_through_the_cli(
 
 def test_progress_lines_and_rich_frames_are_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     """Both observers write their final bytes through the redacting stream (Rich folds long lines itself)."""
-    from kvgate.progress import LineObserver, RichObserver
+    from kvgate.output.progress import LineObserver, RichObserver
 
     token = "prg_" + "Qw3rTy7uI9oP" * 8
     R.register(token)

@@ -19,12 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from kvgate import safeio
 from kvgate.backport.engine import Layout, Target, apply_series, revert_series
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.formats import ReportFormat
-from kvgate.safeio import UnsafePath, write_atomic
+from kvgate.output import safeio
+from kvgate.output.safeio import UnsafePath, write_atomic
 from tests.assets import sglang_payloads as P
 from tests.conftest import PayloadServer, Route
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.admission import max_req_input_len
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
+from kvgate.upstream.admission import max_req_input_len
 from tests.hostile.net_servers import MutatingProxy, Request, head, sse_bytes
 
 pytestmark = pytest.mark.slow

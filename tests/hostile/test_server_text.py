@@ -39,14 +39,14 @@ import pytest
 from markdown_it import MarkdownIt
 from typer.testing import CliRunner
 
-from kvgate import redact as R
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
+from kvgate.output import redact as R
 from tests.assets import router_payloads as RP
 from tests.assets import sglang_payloads as P
 from tests.conftest import PayloadServer, Route
 from tests.hostile.net_servers import Request, ScriptedServer
-from tests.test_sinks import workflow_commands
+from tests.output.test_sinks import workflow_commands
 from tests.watch.helpers import WatchProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -238,7 +238,7 @@ def test_6_control_characters_reach_no_terminal_and_junit_stays_well_formed(
 
 def test_7_watch_probe_client_refuses_a_compressed_answer(tmp_path: Path) -> None:
     from kvgate.gates.base import CheckOptions
-    from kvgate.httpbounds import OverCap
+    from kvgate.reading.httpbounds import OverCap
     from kvgate.watch.loop import Watcher
     from kvgate.watch.settings import WatchSettings
 

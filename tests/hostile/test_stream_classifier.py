@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.contract import Verdict, classify
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
-from kvgate.target import TargetClient
+from kvgate.reading.target import TargetClient
 from tests.hostile.net_servers import ScriptedServer, sse
 
 SENT, LIMIT, LINE_CAP = 5000, 4242, 4096

@@ -24,7 +24,7 @@ import pytest
 
 from kvgate.plan.model import load_shape
 from kvgate.plan.planner import PlanInputs, plan_worker
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 from tests.assets.real_sglang import cpu_env_or_skip
 
 HERE = Path(__file__).resolve().parent

@@ -1,7 +1,7 @@
 """The real-SGLang tier: a REAL prefill/decode pair of every release 0.5.19-0.5.23 on this CPU.
 
 Each pair is `python -m sglang.launch_server` x2 (Mooncake over TCP) behind the real smg router,
-started by kvgate's own launcher (`kvgate.launch`, device cpu) from the release's cached CPU
+started by kvgate's own launcher (`kvgate.deploy.launch`, device cpu) from the release's cached CPU
 environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time on each
 pytest process: the fixture is session-scoped and parametrized, so pytest groups every test of one pair
 together; the pair is stopped after its last test (about 2 GB of RAM per server, none kept idle). Under
@@ -37,8 +37,8 @@ import httpx
 import pytest
 
 from kvgate.cpuserver.model import TINY_MODELS, tiny_model
-from kvgate.launch import PDDeployment, PDLaunchPlan
-from kvgate.upstream import RELEASES
+from kvgate.deploy.launch import PDDeployment, PDLaunchPlan
+from kvgate.upstream.releases import RELEASES
 from tests.assets.real_sglang import server_env_or_skip
 from tests.real.lifetime_race import hook_env
 from tests.real.schedule import STARTS_LOG
@@ -213,7 +213,7 @@ class RealPair:
     stopped: bool = False  # stopped after its last test (pytest_runtest_teardown)
 
     def restart_with_pool(self, role: str, index: int, pool: int) -> None:
-        """Restart one worker on its URL with `--max-total-tokens pool` (kvgate.launch.PDDeployment)."""
+        """Restart one worker on its URL with `--max-total-tokens pool` (kvgate.deploy.launch.PDDeployment)."""
         self.altered.add((role, index))
         self.deployment.restart_worker(role, index, pool=pool)
 

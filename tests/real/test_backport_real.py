@@ -37,7 +37,7 @@ from typer.testing import CliRunner
 from kvgate.backport.cpuenv import copy_site_packages, cpu_env
 from kvgate.catalogue.series import load_series
 from kvgate.cli import app
-from kvgate.launch import PDDeployment
+from kvgate.deploy.launch import PDDeployment
 from tests.assets.real_sglang import server_env_or_skip
 from tests.real.conftest import RACE_OUTCOME, RACE_SPEC, RACE_SPECS, STOOD_IN_0_5_20, RealPair, plan_for, report_of
 from tests.real.lifetime_race import provoke, wait_for_hold_end

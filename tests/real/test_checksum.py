@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.launch import PDDeployment, PDLaunchPlan
-from kvgate.supervisor import SupervisorError
+from kvgate.deploy.launch import PDDeployment, PDLaunchPlan
+from kvgate.deploy.supervisor import SupervisorError
 from tests.assets.real_sglang import server_env_or_skip
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]

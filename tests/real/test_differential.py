@@ -23,8 +23,9 @@ import pytest
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.contract import classify
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, limits_from_readings, plan_length_probes
+from kvgate.reading.node import DECODE, PREFILL, NodeReading, NodeSpec
+from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment
-from kvgate.target import DECODE, PREFILL, NodeReading, NodeSpec, TargetClient
 from tests.real.conftest import RealPair
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]

@@ -24,7 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.launch import PDDeployment
+from kvgate.deploy.launch import PDDeployment
 from tests.assets.real_sglang import server_env_or_skip
 from tests.real.conftest import IDS, PairSpec, plan_for, report_of
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.findings import Finding, Outcome
+from kvgate.deploy.launch import PDDeployment
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import GenerateClient
 from kvgate.gates.probes.cost import CostMeter
@@ -33,9 +33,10 @@ from kvgate.gates.probes.plan import limits_from_readings
 from kvgate.gates.probes.sentinels import ByteCodec
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.under_load import CHECK, UPSTREAM, run_load
-from kvgate.launch import PDDeployment
-from kvgate.progress import NullObserver
-from kvgate.target import DECODE, PREFILL, NodeSpec, TargetClient
+from kvgate.output.progress import NullObserver
+from kvgate.reading.node import DECODE, PREFILL, NodeSpec
+from kvgate.reading.target import TargetClient
+from kvgate.results.findings import Finding, Outcome
 from tests.assets.real_sglang import server_env_or_skip
 from tests.real.conftest import IDS, PairSpec, plan_for
 

@@ -19,8 +19,8 @@ import yaml
 from typer.testing import CliRunner
 
 from kvgate.cli import app
-from kvgate.pdstart import find_smg
-from kvgate.supervisor import Supervisor
+from kvgate.deploy.pdstart import find_smg
+from kvgate.deploy.supervisor import Supervisor
 from tests.real.conftest import IDS, PairSpec, RealPair, report_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]

@@ -154,7 +154,8 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
 
 def test_plan_predicts_the_pool_the_real_server_sized(real_pair: RealPair, tmp_path: Path) -> None:
     """`kvgate plan` for the tiny model with the pair's --max-total-tokens gives what each real worker reports."""
-    from kvgate.target import NodeSpec, TargetClient
+    from kvgate.reading.node import NodeSpec
+    from kvgate.reading.target import TargetClient
 
     spec = real_pair.spec
     with TargetClient(timeout=30.0) as client:

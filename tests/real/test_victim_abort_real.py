@@ -19,7 +19,6 @@ from dataclasses import replace
 
 import pytest
 
-from kvgate.findings import Outcome
 from kvgate.gates.probes.abort import CANCELLED, AbortPlan, plan_abort, run_abort
 from kvgate.gates.probes.calibrate import calibrate, calibration_budget
 from kvgate.gates.probes.canary import Sender
@@ -28,8 +27,10 @@ from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, limits_from_readings, max_new_tokens_for
 from kvgate.gates.probes.sentinels import ByteCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.progress import NullObserver
-from kvgate.target import DECODE, PREFILL, NodeSpec, TargetClient
+from kvgate.output.progress import NullObserver
+from kvgate.reading.node import DECODE, PREFILL, NodeSpec
+from kvgate.reading.target import TargetClient
+from kvgate.results.findings import Outcome
 from tests.real.conftest import NO_WORKERS, RealPair
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]

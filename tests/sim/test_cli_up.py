@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvgate.supervisor import pid_alive
+from kvgate.deploy.supervisor import pid_alive
 from tests.sim.conftest import sentinel_prompt
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from kvgate.sim.prefill import PrefillEngine
 from kvgate.sim.releases import KvgateBackport, SimRelease, get_release
 from kvgate.sim.request import RequestError, SimReq
 from kvgate.sim.toymodel import Context, attend
-from kvgate.upstream import DEFERRED_RELEASE_DEFAULT, RELEASES
+from kvgate.upstream.releases import DEFERRED_RELEASE_DEFAULT, RELEASES
 
 
 def test_tokenizer_round_trips_text_and_ids() -> None:
@@ -123,7 +123,7 @@ def test_scheduler_stage_is_set_finish_with_abort() -> None:
 
 
 def test_release_table() -> None:
-    # one class per release kvgate knows (kvgate.upstream.RELEASES is the one list)
+    # one class per release kvgate knows (kvgate.upstream.releases.RELEASES is the one list)
     assert [get_release(v).version for v in RELEASES] == list(RELEASES)
     r19, r20, r21, r22, r23 = (get_release(v) for v in ("0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"))
     assert not r19.retires_aborted_result_after_forward() and r20.retires_aborted_result_after_forward()

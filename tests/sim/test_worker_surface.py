@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from kvgate.upstream import RELEASES
+from kvgate.upstream.releases import RELEASES
 from tests.sim.conftest import generate
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from kvgate.supervisor import free_port
+from kvgate.deploy.supervisor import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -125,8 +125,8 @@ def test_bursts_take_at_most_half_the_request_budget() -> None:
 def test_a_violation_stands_until_a_gate_after_a_fleet_change_passes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A scheduled re-gate that passes does not clear it (the race may just not have struck during the
     gate); a gate that a fleet change (a rollout, a restart) triggered and that passed does."""
-    from kvgate.findings import Report, passed
     from kvgate.gates.base import CheckOptions
+    from kvgate.results.findings import Report, passed
     from kvgate.watch import loop
     from kvgate.watch.loop import Watcher
     from kvgate.watch.settings import WatchSettings

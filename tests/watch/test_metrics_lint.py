@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.findings import Finding, Outcome, Report
+from kvgate.results.findings import Finding, Outcome, Report
 from kvgate.watch.metrics import LENGTH_LABEL, OUTCOME_CODE, WatchMetrics
 
 RULES = Path(__file__).resolve().parents[2] / "examples" / "kubernetes" / "watch" / "prometheusrule.yaml"

@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvgate.discovery import RouterListing, RouterWorker
 from kvgate.errors import ProfileError
-from kvgate.findings import Report, failed, inconclusive, passed
 from kvgate.gates.base import CheckOptions
-from kvgate.target import NodeReading, NodeSpec, parse_node
+from kvgate.reading.discovery import RouterListing, RouterWorker
+from kvgate.reading.node import NodeReading, NodeSpec, parse_node
+from kvgate.results.findings import Report, failed, inconclusive, passed
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.fleetpass import Change, FleetView, changes, view_of
 from kvgate.watch.latency import ALERT, LONG, OK, ONE_PAGE, UNKNOWN, LatencySignal, percentile

@@ -17,7 +17,7 @@ from kvgate.gates.defenses.code import PLACEHOLDERS, CodeSource, code_sources, s
 from kvgate.gates.defenses.common import GATE, DefenseInputs, inputs_from_reading
 from kvgate.gates.defenses.gate import DefensesGate, run_defenses_gate
 from kvgate.gates.defenses.options import DEFENSE_KEYS, DefenseOptions, defense_options
-from kvgate.upstream import DEFERRED_ENV
+from kvgate.upstream.releases import DEFERRED_ENV
 
 __all__ = [
     "CodeSource",

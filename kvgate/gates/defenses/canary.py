@@ -6,8 +6,8 @@ opt-in detection aid: off is reported (info) unless the caller requires it.
 
 from __future__ import annotations
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
 from kvgate.gates.defenses.common import GATE, DefenseInputs, not_counted
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, info, passed
 
 # Architectures whose KV pool is MLA (MLATokenToKVPool) or DSA (DSATokenToKVPool): the canary has no
 # attacher for them. From sglang 0.5.23 configs/model_config.py (the unconditional MLA list).

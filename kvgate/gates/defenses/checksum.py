@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from packaging.version import Version
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, info, passed
 from kvgate.gates.defenses.common import GATE, DefenseInputs, not_counted, release_of
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, info, passed
 
 _CHECKSUM_FROM = Version("0.5.21")
 _CHECKSUM_SAFE_FROM = Version("0.5.23")

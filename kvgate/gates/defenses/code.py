@@ -34,8 +34,8 @@ from kvgate.catalogue import assess_code, load_catalogue, parse_release
 from kvgate.catalogue.codescan import SCAN_TIMEOUT_S, CodeScan, command_argv, scan_command, scan_site_packages
 from kvgate.errors import KvgateError, ProfileError, UsageError
 from kvgate.gates.defenses.common import DefenseInputs, backend_of, inputs_from_reading
-from kvgate.progress import Observer
-from kvgate.target import NodeReading, NodeSpec
+from kvgate.output.progress import Observer
+from kvgate.reading.node import NodeReading, NodeSpec
 
 #: What a `python` template may name; `{role}` alone names a role, the others one node.
 PLACEHOLDERS = ("url", "role", "index", "host", "port")

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from kvgate.catalogue import Assessment, parse_release
 from kvgate.catalogue.version import ReleaseString
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, failed, inconclusive
-from kvgate.target import NodeReading
+from kvgate.reading.node import NodeReading
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive
 
 GATE = "defenses"
 
@@ -55,7 +55,7 @@ class DefenseInputs:
 
 
 def inputs_from_reading(reading: NodeReading) -> DefenseInputs:
-    """The defenses gate's view of one worker as kvgate.target read it."""
+    """The defenses gate's view of one worker as kvgate.reading.target read it."""
     info = reading.server_info
     device = info.get("device")
     pp_size = info.get("pp_size")

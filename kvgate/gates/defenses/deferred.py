@@ -13,9 +13,9 @@ from __future__ import annotations
 from packaging.version import Version
 
 from kvgate.catalogue import Presence
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.defenses.common import GATE, DefenseInputs, backend_of, env_bool, release_of
-from kvgate.upstream import DEFERRED_DEFAULT_FIX, DEFERRED_ENV, DEFERRED_RELEASE_DEFAULT
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
+from kvgate.upstream.releases import DEFERRED_DEFAULT_FIX, DEFERRED_ENV, DEFERRED_RELEASE_DEFAULT
 
 # The first release whose default is on (for remedies).
 _DEFERRED_ON_FROM = min((r for r, on in DEFERRED_RELEASE_DEFAULT.items() if on), key=Version)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from kvgate.findings import Finding
 from kvgate.gates.base import CheckOptions, GateContext
 from kvgate.gates.defenses.canary import check_canary
 from kvgate.gates.defenses.checksum import check_checksum
@@ -14,6 +13,7 @@ from kvgate.gates.defenses.common import GATE, DefenseInputs, backend_of
 from kvgate.gates.defenses.deferred import check_deferred
 from kvgate.gates.defenses.options import DefenseOptions
 from kvgate.gates.defenses.release import check_release
+from kvgate.results.findings import Finding
 
 
 def run_defenses_gate(

@@ -17,9 +17,9 @@ from dataclasses import replace
 from kvgate.catalogue import Presence, assess_version, describe, load_catalogue
 from kvgate.catalogue.assess import READ_THE_CODE, Assessment, correctness_verdict, remedy_for_missing
 from kvgate.errors import UsageError
-from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
 from kvgate.gates.defenses.code import CHECK_THE_SCAN
 from kvgate.gates.defenses.common import GATE, DefenseInputs, backend_of
+from kvgate.results.findings import Evidence, Finding, Outcome, error, failed, inconclusive, passed
 
 CHECK = "release"
 PROVE = "--site-packages PATH or --python COMMAND"

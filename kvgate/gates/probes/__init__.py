@@ -7,7 +7,7 @@ API:
 - `ProbeSettings.from_mapping(mapping, source)`: validated settings (keys documented on the class);
   a bad key or value raises `ProfileError(source, "probes.<key>", problem)`.
 - `kvgate.gates.probes.selftest`: the positive control's shape and verdict (the pipeline,
-  `kvgate.check.run_self_test`, starts the simulator and runs it).
+  `kvgate.pipeline.check.run_self_test`, starts the simulator and runs it).
 - `Verdict`: the contract's outcome classes (failure class names in finding summaries).
 
 Check names (finding.check, gate "probes"): contract.{beyond_context,context_limit,pool_limit,

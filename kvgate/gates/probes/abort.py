@@ -51,7 +51,6 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.abort_search import (
     CANCELLED,
     EARLY,
@@ -68,6 +67,7 @@ from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.sentinels import Sighting, owners
 from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
 
 GATE = "probes"
 CHECK = "abort.mid_transfer"

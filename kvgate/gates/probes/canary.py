@@ -21,7 +21,7 @@ from kvgate.gates.probes.sentinels import (
     plant_ids,
     scan,
 )
-from kvgate.progress import Observer
+from kvgate.output.progress import Observer
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from kvgate.defaults import STREAM_LINE_CAP
-from kvgate.httpbounds import OverCap, cap_text, parse_json
+from kvgate.reading.httpbounds import OverCap, cap_text, parse_json
 
 
 @dataclass(frozen=True)

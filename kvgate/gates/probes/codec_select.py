@@ -8,7 +8,7 @@ import httpx
 
 from kvgate.gates.probes.sentinels import ByteCodec, ServerCodec, TokenCodec, TokenSpaceCodec, new_sentinel
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.target import PREFILL, NodeReading
+from kvgate.reading.node import PREFILL, NodeReading
 
 
 def is_simulator(readings: Sequence[NodeReading]) -> bool:

@@ -35,7 +35,7 @@ from enum import Enum
 
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe
-from kvgate.redact import clip
+from kvgate.output.redact import clip
 
 
 class Verdict(str, Enum):

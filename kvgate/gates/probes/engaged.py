@@ -28,12 +28,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeGuard
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.base import GateContext
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import LengthProbe
-from kvgate.httpbounds import parse_json
-from kvgate.target import DECODE, PREFILL, SANE_MAX, NodeReading
+from kvgate.reading.httpbounds import parse_json
+from kvgate.reading.node import DECODE, PREFILL, SANE_MAX, NodeReading
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
 
 GATE = "probes"
 ENGAGED = "pd.engaged"
@@ -169,7 +169,7 @@ def _sane(v: object) -> TypeGuard[float]:
 
 def read_counts(ctx: GateContext, workers: Sequence[NodeReading]) -> list[Count]:
     """One bounded read of every worker: /metrics, then /v1/loads where /metrics has no request counter."""
-    from kvgate.wideread import Answer
+    from kvgate.reading.wideread import Answer
 
     answers = ctx.client.get_raw([(w.spec.url, METRICS_PATH) for w in workers])
     counts: list[Count] = []

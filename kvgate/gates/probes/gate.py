@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvgate.findings import Evidence, Finding, Outcome, error, failed, inconclusive, info, passed
 from kvgate.gates.base import GateContext
 from kvgate.gates.probes.abort import plan_abort, run_abort
 from kvgate.gates.probes.calibrate import Calibration, calibrate, calibration_budget
@@ -49,8 +48,9 @@ from kvgate.gates.probes.sentinels import ByteCodec, Sighting, leading, owners
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.under_load import CHECK as LOAD_CHECK
 from kvgate.gates.probes.under_load import run_load
-from kvgate.target import DECODE, PREFILL
-from kvgate.upstream import DP_RANK_CONFLICT_MARK, FORCE_QUERY_PREFILL_DP_RANK
+from kvgate.reading.node import DECODE, PREFILL
+from kvgate.results.findings import Evidence, Finding, Outcome, error, failed, inconclusive, info, passed
+from kvgate.upstream.releases import DP_RANK_CONFLICT_MARK, FORCE_QUERY_PREFILL_DP_RANK
 
 GATE = "probes"
 #: Accepted-length requests left unanswered in a row before the run stops sending (see Sender.stall_after).

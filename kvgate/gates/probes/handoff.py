@@ -33,13 +33,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.margin import TOP_N, score, tops_at
 from kvgate.gates.probes.plan import ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.redact import clip
+from kvgate.output.redact import clip
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
 
 GATE = "probes"
 CHECK = "handoff.prefill_oracle"

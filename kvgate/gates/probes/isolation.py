@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.margin import TOP_N, answer_ids, score
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe, ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.redact import clip
+from kvgate.output.redact import clip
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
 
 GATE = "probes"
 CHECK = "isolation.greedy_replay"

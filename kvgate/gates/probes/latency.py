@@ -19,12 +19,12 @@ import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, MIN_EFFECT_S, ROOM_CAP_TOKENS, Calibration
 from kvgate.gates.probes.canary import Sender, Sent
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.stats import KsResult, ks_long_slower, p_value_one_sided
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
 
 GATE = "probes"
 CHECK = "latency.prefill_scaling"

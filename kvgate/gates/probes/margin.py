@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.gates.probes.client import ProbeResult
-from kvgate.target import NodeReading
+from kvgate.reading.node import NodeReading
 
 #: top logprobs asked per output position (top-1 and its runner-up)
 TOP_N = 2

@@ -1,6 +1,6 @@
 """Exact probe lengths from what the workers report (gate 1's readings).
 
-SGLang's bounds (sglang-surface.md section 2, `kvgate.admission`): the tokenizer rejects len >= context
+SGLang's bounds (sglang-surface.md section 2, `kvgate.upstream.admission`): the tokenizer rejects len >= context
 with a 400; the scheduler rejects len >= max_req_input_len through `set_finish_with_abort`, the path
 that leaked (incident.md section 2). So the longest accepted prompt is min(max_req_input_len, context) - 1,
 the first rejected length of the pool bound is max_req_input_len and that of the context bound is the
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvgate.admission import AdmissionLimits
-from kvgate.target import PREFILL, NodeReading
+from kvgate.reading.node import PREFILL, NodeReading
+from kvgate.upstream.admission import AdmissionLimits
 
 ACCEPT = "accept"
 REJECT = "reject"

@@ -1,6 +1,6 @@
 """The positive control's verdict (`kvgate check --self-test`): did the probes see a known leak?
 
-The control is composed by the pipeline (`kvgate.check.run_self_test`): it starts the simulator
+The control is composed by the pipeline (`kvgate.pipeline.check.run_self_test`): it starts the simulator
 emulating SGLang 0.5.19 behind the real router, in the incident's shape scaled down (prefill pool well
 below the context, decode pool large), and runs the probe gate against it. This module holds only what
 the gate knows: the shape, the settings the control runs with, and the verdict on what it saw.
@@ -16,8 +16,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from kvgate.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 from kvgate.gates.probes.settings import ProbeSettings
+from kvgate.results.findings import Evidence, Finding, Outcome, failed, inconclusive, passed
 
 GATE = "probes"
 CHECK = "selftest.positive_control"

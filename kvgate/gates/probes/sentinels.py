@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from kvgate.httpbounds import parse_json
-from kvgate.redact import clip
+from kvgate.output.redact import clip
+from kvgate.reading.httpbounds import parse_json
 
 PREFIX = "KVG"
 _CORE_LEN = 10

@@ -30,14 +30,14 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from kvgate.findings import Evidence, Finding, failed, inconclusive, passed
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.margin import TOP_N, Scored, deterministic, score
 from kvgate.gates.probes.plan import ProbeLimits, max_new_tokens_for
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.redact import clip
-from kvgate.target import NodeReading
+from kvgate.output.redact import clip
+from kvgate.reading.node import NodeReading
+from kvgate.results.findings import Evidence, Finding, failed, inconclusive, passed
 
 GATE = "probes"
 CHECK = "isolation.load"

@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Outcome
 from kvgate.gates.probes.abort import (
     CANCELLED,
     EARLY,
@@ -36,7 +35,8 @@ from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import ByteCodec, ServerCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.progress import NullObserver
+from kvgate.output.progress import NullObserver
+from kvgate.results.findings import Outcome
 from tests.assets.loopback import LoopbackServer
 
 LIMITS = ProbeLimits(context=8192, max_req_input_len=8000, page_size=1, pool=None)

@@ -252,7 +252,7 @@ def _run_latency(client: Any, cal: Calibration) -> tuple[Any, Any]:
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.latency import run_latency
     from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     sender = Sender(client, ByteCodec(), CostMeter(context=LATENCY_LIMITS.context), NullObserver())
     return run_latency(sender, cal, LATENCY_LIMITS, ProbeSettings())
@@ -371,7 +371,7 @@ def test_a_burst_over_one_grown_length_does_not_set_the_slope() -> None:
     from kvgate.gates.probes.canary import Sender
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
     client = _BurstClient()
@@ -410,7 +410,7 @@ def test_a_burst_at_the_whole_context_is_measured_again_past_the_budget() -> Non
     from kvgate.gates.probes.canary import Sender
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     lim = ProbeLimits(context=8192, max_req_input_len=8186, page_size=16, pool=None)
     client = _LastLengthBurstClient()
@@ -489,7 +489,7 @@ def test_a_1m_pass_that_misses_under_load_looks_again_longer() -> None:
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.latency import run_latency
     from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     lim = ProbeLimits(context=1_048_576, max_req_input_len=1_048_570, page_size=16, pool=None)
     sender = Sender(_LoadedOnceClient(), ByteCodec(), CostMeter(context=lim.context), NullObserver())
@@ -519,7 +519,7 @@ def test_a_1m_pass_that_misses_twice_under_load_that_arrived_after_calibration_l
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.latency import run_latency
     from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     lim = ProbeLimits(context=1_048_576, max_req_input_len=1_048_570, page_size=16, pool=None)
     quiet = Calibration(16, 0.0077, 0.00084, ((2048, 0.0136), (8192, 0.0204)), 1.543e-6, True, 22, ())
@@ -570,7 +570,7 @@ def test_a_repeat_at_the_longest_prompt_is_judged_with_the_pass_before_it() -> N
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.latency import run_latency
     from kvgate.gates.probes.sentinels import ByteCodec
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     lim = ProbeLimits(context=4096, max_req_input_len=4090, page_size=16, pool=None)
     cal = Calibration(16, 0.0916, 0.0422, ((2048, 0.264), (4089, 0.428)), 82.6e-6, False, 34, ())

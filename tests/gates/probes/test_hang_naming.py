@@ -12,14 +12,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from kvgate.findings import Outcome
 from kvgate.gates.probes.canary import Sent
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.contract import Classified, Verdict
 from kvgate.gates.probes.gate import REMEDY_REJECT, REMEDY_UNTOLD_DECODE, _Run
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
 from kvgate.gates.probes.sentinels import Sentinel
-from kvgate.target import DECODE, PREFILL
+from kvgate.reading.node import DECODE, PREFILL
+from kvgate.results.findings import Outcome
 
 POOL_LIMIT = LengthProbe("pool_limit", 4090, REJECT, "pool", "first rejected length of the pool bound", 8)
 LONGEST = LengthProbe("longest_accepted", 4089, ACCEPT, "none", "largest accepted prompt", 8)

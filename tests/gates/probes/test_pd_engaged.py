@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from kvgate.check import run_check
-from kvgate.findings import Finding, Outcome, Report
+from kvgate.deploy.pdstart import find_smg
+from kvgate.deploy.supervisor import Supervisor
 from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes import ProbeGate, ProbeSettings
 from kvgate.gates.probes.engaged import parse_loads, parse_metrics
-from kvgate.pdstart import find_smg
+from kvgate.pipeline.check import run_check
+from kvgate.results.findings import Finding, Outcome, Report
 from kvgate.sim.deploy import SimDeployment
-from kvgate.supervisor import Supervisor
 
 # Small and quick: the contract lengths stay short, and the expensive phases are off (they are not
 # what these tests are about, and the counters move with every request the probes send).
@@ -193,7 +193,7 @@ def test_regular_mode_over_both_workers_fails_as_not_pd(deployment: Any, own_rou
 def _rule(prefill: list[float], decode: list[float], served: int) -> Finding:
     """The verdict `probes.pd.engaged` gives counters that moved by these amounts (no router listing)."""
     from kvgate.gates.probes.engaged import Engagement, Served
-    from kvgate.target import NodeSpec, parse_node
+    from kvgate.reading.node import NodeSpec, parse_node
 
     def state(role: str, i: int, delta: float) -> Served:
         spec = NodeSpec(role, f"http://{role}{i}:1", i)

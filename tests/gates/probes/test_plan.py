@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvgate.gates.probes.plan import ACCEPT, REJECT, ProbeLimits, limits_from_readings, plan_length_probes
-from kvgate.target import NodeSpec, parse_node
+from kvgate.reading.node import NodeSpec, parse_node
 from tests.assets.sglang_payloads import max_req_input_len, model_info, server_info, v1_models
 
 

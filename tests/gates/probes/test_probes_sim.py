@@ -1,7 +1,7 @@
 """The probe gates against simulated SGLang PD workers behind the real router (smg 1.13.0).
 
 Each test starts its own deployment (processes, loopback sockets, the real router; nothing mocked)
-and runs the probes through `kvgate.check.run_check`, the pipeline `kvgate check` uses.
+and runs the probes through `kvgate.pipeline.check.run_check`, the pipeline `kvgate check` uses.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from kvgate.check import run_check
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Finding, Outcome, Report
 from kvgate.gates.base import CheckOptions, Gate
 from kvgate.gates.pool_context import PoolContextGate
 from kvgate.gates.probes import ProbeGate, ProbeSettings
 from kvgate.gates.probes.gate import STALL_AFTER
 from kvgate.gates.probes.sentinels import ANY_SENTINEL
-from kvgate.progress import NullObserver
+from kvgate.output.progress import NullObserver
+from kvgate.pipeline.check import run_check
+from kvgate.results.findings import Finding, Outcome, Report
 from kvgate.sim.deploy import SimDeployment
 
 pytestmark = pytest.mark.slow
@@ -294,7 +294,7 @@ def test_deferred_release_on_abort_mid_transfer_cancels_and_stays_clean(deployme
 
 
 def test_self_test_sees_the_known_leak() -> None:
-    from kvgate.check import run_self_test
+    from kvgate.pipeline.check import run_self_test
 
     findings = run_self_test(ProbeSettings(), None)
     assert [f.test_id for f in findings] == ["probes.selftest.positive_control"]
@@ -304,7 +304,7 @@ def test_self_test_sees_the_known_leak() -> None:
 
 
 def test_self_test_that_cannot_see_the_leak_fails() -> None:
-    from kvgate.check import run_self_test
+    from kvgate.pipeline.check import run_self_test
 
     # generation too short to carry any sentinel fragment: the probes are blind, so the control fails
     findings = run_self_test(ProbeSettings(max_new_tokens=1, abort_probe=False, latency_samples=3), None)

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
-from kvgate.findings import Report, passed
+from kvgate.results.findings import Report, passed
 
 runner = CliRunner()
 
@@ -69,7 +69,7 @@ def test_control_that_could_not_run_blocks_even_without_strict(
 
 
 def test_control_that_did_not_see_the_leak_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvgate.check as check
+    import kvgate.pipeline.check as check
     import kvgate.sim.deploy as deploy
 
     monkeypatch.setattr(deploy, "SimDeployment", _Blind)
@@ -88,9 +88,9 @@ def test_control_that_did_not_see_the_leak_fails(tmp_path: Path, monkeypatch: py
 
 
 def test_a_control_that_misses_once_looks_again_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kvgate.check as check
+    import kvgate.pipeline.check as check
     import kvgate.sim.deploy as deploy
-    from kvgate.findings import failed
+    from kvgate.results.findings import failed
 
     monkeypatch.setattr(deploy, "SimDeployment", _Blind)
     real = check.run_check

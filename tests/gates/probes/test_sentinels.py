@@ -92,7 +92,7 @@ def _tokenizer_server(offset: int, lossy: bool = False):
 
 
 def _readings(url: str, model_path: str = "org/model", simulator: bool = False):
-    from kvgate.target import NodeSpec, parse_node
+    from kvgate.reading.node import NodeSpec, parse_node
     from tests.assets.sglang_payloads import model_info, server_info, v1_models
 
     info = server_info(context=4096, pool=8192)

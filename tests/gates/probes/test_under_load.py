@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from kvgate.findings import Outcome
 from kvgate.gates.probes import ProbeSettings
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.margin import score
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.under_load import CHECK, CHECK_ERRORS, Plan, Prompt, _judge, plan_load
+from kvgate.reading.node import NodeSpec, parse_node
+from kvgate.results.findings import Outcome
 from kvgate.sim import faults
-from kvgate.target import NodeSpec, parse_node
 from tests.assets.sglang_payloads import model_info, server_info, v1_models
 from tests.gates.probes.test_probes_sim import check, probe
 
@@ -131,7 +131,7 @@ def load_run(sure_from: int | None) -> tuple[Any, Answers]:
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.sentinels import ByteCodec
     from kvgate.gates.probes.under_load import run_load
-    from kvgate.progress import NullObserver
+    from kvgate.output.progress import NullObserver
 
     client = Answers(sure_from)
     lim = ProbeLimits(context=8192, max_req_input_len=8000, page_size=16)
