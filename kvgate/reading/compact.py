@@ -36,7 +36,7 @@ RANK_COUNT = "kvgate:internal_states entries"
 #: where the keys folded into one digest are
 REST = "kvgate:the remaining keys"
 
-#: server_info keys a gate or the parser reads (target.parse_node, sizing_settings, gates/)
+#: server_info keys a gate or the parser reads (node.parse_node, sizing_settings, gates/)
 READ_KEYS = frozenset(
     {
         "max_total_num_tokens",

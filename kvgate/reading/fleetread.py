@@ -7,7 +7,7 @@ every DP rank's `internal_states` is in it), `/v1/models` (the context the serve
 thread (`wideread`): a fleet of 1,024 costs about one slow answer, not 1,024/width of them
 (bench/fleet_read.py prints it beside a bare-socket floor). Each answer is bounded as
 `httpbounds` bounds the client's: the whole exchange within the timeout, the body within the metadata
-cap, a compressed answer refused; judged by `target.decode_answer` and parsed by `target.parse_node`,
+cap, a compressed answer refused; judged by `node.decode_answer` and parsed by `node.parse_node`,
 as one worker read through `TargetClient.read_node` is.
 
 `judged_facts` is the part of a reading the gates judge: what a watch compares pass after pass, and
