@@ -22,6 +22,7 @@ from kvgate.exitcodes import ExitStatus
 from kvgate.reading.discovery import list_router_workers, normalize_url
 from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment
+from tests.assets.sim_setup import sizes
 
 runner = CliRunner()
 CONTEXT = 4096
@@ -33,6 +34,13 @@ def check(*args: str) -> Any:
     # The simulator runs no sglang code (its release label is the evidence) and --no-probes leaves the
     # probes unobserved on purpose: both opt-outs are explicit, as an operator gating metadata only would.
     return runner.invoke(app, ["check", "--quiet", "--no-probes", "--trust-version", "--no-strict", *args])
+
+
+def healthy_fleet(deployment: Callable[..., SimDeployment], prefill: int, decode: int, **extra: Any) -> SimDeployment:
+    """A light fleet of the fixed release (0.5.22), every pool healthy for the context, behind the real router."""
+    return deployment(
+        emulate="0.5.22", prefill=prefill, decode=decode, **sizes(CONTEXT, GOOD_POOL, GOOD_POOL), light=True, **extra
+    )
 
 
 def not_passed(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,9 +59,7 @@ def test_router_alone_finds_the_one_short_pool(
         emulate="0.5.22",
         prefill=prefill,
         decode=decode,
-        context_length=CONTEXT,
-        prefill_pool=pools,
-        decode_pool=GOOD_POOL,
+        **sizes(CONTEXT, pools, GOOD_POOL),
         light=prefill + decode > 2,
     )
     res = check("--router-url", str(dep.router_url), "--format", "json")
@@ -78,15 +84,7 @@ def test_router_alone_finds_the_one_short_pool(
 
 
 def test_real_router_workers_shape_is_what_discovery_reads(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(
-        emulate="0.5.22",
-        prefill=2,
-        decode=2,
-        context_length=CONTEXT,
-        prefill_pool=GOOD_POOL,
-        decode_pool=GOOD_POOL,
-        light=True,
-    )
+    dep = healthy_fleet(deployment, 2, 2)
     raw = httpx.get(f"{dep.router_url}/workers", timeout=5).json()
     # The shape smg 1.13.0 really returns (fleet.md section 2), observed rather than assumed.
     assert raw["total"] == 4 and raw["stats"]["prefill_count"] == 2 and raw["stats"]["decode_count"] == 2
@@ -105,15 +103,7 @@ def test_real_router_workers_shape_is_what_discovery_reads(deployment: Callable[
 
 
 def test_cross_check_names_a_worker_the_gate_was_not_told_about(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(
-        emulate="0.5.22",
-        prefill=2,
-        decode=2,
-        context_length=CONTEXT,
-        prefill_pool=GOOD_POOL,
-        decode_pool=GOOD_POOL,
-        light=True,
-    )
+    dep = healthy_fleet(deployment, 2, 2)
     left_out = dep.decode_urls[1]
     res = check(
         "--router-url",
@@ -137,15 +127,7 @@ def test_cross_check_names_a_worker_the_gate_was_not_told_about(deployment: Call
 
 
 def test_given_role_differs_from_the_router_role(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(
-        emulate="0.5.22",
-        prefill=1,
-        decode=1,
-        context_length=CONTEXT,
-        prefill_pool=GOOD_POOL,
-        decode_pool=GOOD_POOL,
-        light=True,
-    )
+    dep = healthy_fleet(deployment, 1, 1)
     # The decode passed as a prefill: the node reports decode, and the router routes it as decode.
     res = check(
         "--router-url",
@@ -164,14 +146,10 @@ def test_given_role_differs_from_the_router_role(deployment: Callable[..., SimDe
 
 
 def test_router_lists_a_failed_worker(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(
-        emulate="0.5.22",
-        prefill=2,
-        decode=2,
-        context_length=CONTEXT,
-        prefill_pool=GOOD_POOL,
-        decode_pool=GOOD_POOL,
-        light=True,
+    dep = healthy_fleet(
+        deployment,
+        2,
+        2,
         router_args=[
             "--health-check-interval-secs",
             "1",
@@ -203,15 +181,7 @@ def test_router_lists_a_failed_worker(deployment: Callable[..., SimDeployment]) 
 
 
 def test_baseline_round_trip_on_the_fleet(deployment: Callable[..., SimDeployment], tmp_path: Path) -> None:
-    dep = deployment(
-        emulate="0.5.22",
-        prefill=2,
-        decode=2,
-        context_length=CONTEXT,
-        prefill_pool=GOOD_POOL,
-        decode_pool=GOOD_POOL,
-        light=True,
-    )
+    dep = healthy_fleet(deployment, 2, 2)
     base = tmp_path / "fleet-baseline.json"
     first = check("--router-url", str(dep.router_url), "--write-baseline", str(base), "--format", "json")
     assert first.exit_code == ExitStatus.PASSED, first.output
@@ -224,14 +194,10 @@ def test_baseline_round_trip_on_the_fleet(deployment: Callable[..., SimDeploymen
 
 
 def test_dp_aware_router_lists_ranks_and_each_worker_is_read_once(deployment: Callable[..., SimDeployment]) -> None:
-    dep = deployment(
-        emulate="0.5.22",
-        prefill=1,
-        decode=1,
-        context_length=CONTEXT,
-        prefill_pool=GOOD_POOL,
-        decode_pool=GOOD_POOL,
-        light=True,
+    dep = healthy_fleet(
+        deployment,
+        1,
+        1,
         dp_size=2,
         router_args=["--dp-aware"],
     )

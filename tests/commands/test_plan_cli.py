@@ -118,23 +118,10 @@ def test_each_possible_knob_alone_makes_the_plan_pass_and_impossible_ones_do_not
             assert plan(*with_flag(INCIDENT, flag, "1")).exit_code == ExitStatus.GATE_FAILED
 
 
-# A GQA worker a little short of its context: raising the memory fraction can close it.
-SHORT_GQA = [
-    "--model-config",
-    GQA,
-    "--gpu-memory-gib",
-    "139.5",
-    "--tp",
-    "8",
-    "--mem-fraction-static",
-    "0.85",
-    "--page-size",
-    "64",
-    "--context-length",
-    "2200000",
-    "--weights-gib",
-    "18.5",
-]
+# A GQA worker on 8 GPUs of 139.5 GiB at the default memory fraction.
+GQA_WORKER = ["--model-config", GQA, "--gpu-memory-gib", "139.5", "--tp", "8", "--mem-fraction-static", "0.85"]
+# That worker a little short of its context: raising the memory fraction can close it.
+SHORT_GQA = [*GQA_WORKER, "--page-size", "64", "--context-length", "2200000", "--weights-gib", "18.5"]
 
 
 def test_the_mem_fraction_knob_is_the_smallest_that_fits() -> None:
@@ -151,23 +138,12 @@ def test_the_context_knob_is_the_longest_that_fits() -> None:
     assert plan(*with_flag(INCIDENT, "--context-length", str(ctx + 1))).exit_code == ExitStatus.GATE_FAILED
 
 
+# The same GQA worker at a 131,072-token context, which its pool holds.
+GQA_131K = [*GQA_WORKER, "--context-length", "131072", "--weights-gib", "18.5"]
+
+
 def test_a_pool_that_holds_the_context_passes() -> None:
-    res = plan(
-        "--model-config",
-        GQA,
-        "--gpu-memory-gib",
-        "139.5",
-        "--tp",
-        "8",
-        "--mem-fraction-static",
-        "0.85",
-        "--context-length",
-        "131072",
-        "--weights-gib",
-        "18.5",
-        "-f",
-        "json",
-    )
+    res = plan(*GQA_131K, "-f", "json")
     assert res.exit_code == ExitStatus.PASSED, res.output
     doc = doc_of(res)
     assert all(f["outcome"] == "passed" for f in doc["findings"]) and len(doc["findings"]) == 2
@@ -175,24 +151,7 @@ def test_a_pool_that_holds_the_context_passes() -> None:
 
 
 def test_a_cap_below_the_context_fails_and_names_the_cap_knob() -> None:
-    res = plan(
-        "--model-config",
-        GQA,
-        "--gpu-memory-gib",
-        "139.5",
-        "--tp",
-        "8",
-        "--mem-fraction-static",
-        "0.85",
-        "--context-length",
-        "131072",
-        "--weights-gib",
-        "18.5",
-        "--max-total-tokens",
-        "100000",
-        "-f",
-        "json",
-    )
+    res = plan(*GQA_131K, "--max-total-tokens", "100000", "-f", "json")
     assert res.exit_code == ExitStatus.GATE_FAILED
     assert doc_of(res)["target"]["prefill"]["max_total_num_tokens"] == 100_000
     knobs = _knobs(res)

@@ -29,6 +29,7 @@ from kvgate.pipeline.check import router_readiness
 from kvgate.reading.discovery import list_router_workers
 from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment
+from tests.assets.sim_setup import sizes
 from tests.conftest import PayloadServer, Route
 
 runner = CliRunner()
@@ -102,9 +103,7 @@ def fleet(tmp_path: Path) -> Iterator[Callable[..., tuple[SimDeployment, Smg]]]:
             emulate="0.5.22",
             prefill=1,
             decode=decode,
-            context_length=4096,
-            prefill_pool=8192,
-            decode_pool=8192,
+            **sizes(4096, 8192, 8192),
             light=True,
             router=False,
             dp_size=dp_size,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from kvgate.cli import app
 from kvgate.deploy.launch import PDDeployment, PDLaunchPlan, dp_env, plan_slots, worker_argv
@@ -18,6 +18,15 @@ from kvgate.exitcodes import ExitStatus
 from kvgate.upstream.releases import CPU_THREADS_BIND, FORCE_QUERY_PREFILL_DP_RANK
 
 runner = CliRunner()
+
+
+def _gate_a_sim_pair(release: str, prefill_pool: int, *extra: str) -> Result:
+    """`kvgate up --engine sim --gate -q`: a simulated pair of `release` at an 8,192-token context, its
+    decode pool 16,384 tokens, gated once; `extra` adds flags."""
+    args = ["up", "--engine", "sim", "--release", release, "--context-length", "8192"]
+    return runner.invoke(
+        app, [*args, "--prefill-pool", str(prefill_pool), "--decode-pool", "16384", "--gate", "-q", *extra]
+    )
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -92,28 +101,7 @@ def test_invalid_plans_are_usage_errors(kw: dict) -> None:
 @pytest.mark.slow
 def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    res = runner.invoke(
-        app,
-        [
-            "up",
-            "--engine",
-            "sim",
-            "--release",
-            "0.5.22",
-            "--context-length",
-            "8192",
-            "--prefill-pool",
-            "16384",
-            "--decode-pool",
-            "16384",
-            "--gate",
-            "-q",
-            "-f",
-            "json",
-            "-o",
-            str(out),
-        ],
-    )
+    res = _gate_a_sim_pair("0.5.22", 16384, "-f", "json", "-o", str(out))
     doc = json.loads(out.read_text())
     # Strict by default: a pass needs every check observed; an unobserved probe is exit 3, said so.
     unobserved = [f for f in doc["findings"] if f["outcome"] == "inconclusive"]
@@ -131,26 +119,7 @@ def test_up_gate_with_the_simulator_engine(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_up_gate_fails_a_leaky_release(tmp_path: Path) -> None:
-    res = runner.invoke(
-        app,
-        [
-            "up",
-            "--engine",
-            "sim",
-            "--release",
-            "0.5.19",
-            "--model-path",
-            "toy",
-            "--context-length",
-            "8192",
-            "--prefill-pool",
-            "4096",
-            "--decode-pool",
-            "16384",
-            "--gate",
-            "-q",
-        ],
-    )
+    res = _gate_a_sim_pair("0.5.19", 4096, "--model-path", "toy")
     assert res.exit_code == ExitStatus.GATE_FAILED, res.output
 
 

@@ -26,6 +26,18 @@ BREAKING = (
 OTHER = ("huge",)
 KINDS = BREAKING + OTHER
 
+# The paths gate 1 rests on (sglang-surface.md section 1; kvgate/gates/pool_context.py), per document.
+NEEDED_INFO: set[Path] = {
+    ("max_total_num_tokens",),
+    ("max_req_input_len",),
+    ("internal_states",),
+    ("internal_states", 0),
+    ("internal_states", 0, "memory_usage"),
+    ("internal_states", 0, "memory_usage", "token_capacity"),
+    ("dp_size",),
+}
+NEEDED_MODELS: set[Path] = {("data",), ("data", 0), ("data", 0, "max_model_len")}
+
 
 def paths(doc: Any, prefix: Path = (), depth: int = 4) -> Iterator[Path]:
     """Every path into `doc` (object keys and the first list element), down to `depth`."""

@@ -27,7 +27,16 @@ from kvgate.exitcodes import ExitStatus
 from tests.assets import sglang_payloads as P
 from tests.conftest import PayloadServer, Route
 from tests.fuzz.conftest import CLI_EXAMPLES
-from tests.fuzz.mutations import BREAKING, KINDS, label, mutate, paths, with_duplicate_key
+from tests.fuzz.mutations import (
+    BREAKING,
+    KINDS,
+    NEEDED_INFO,
+    NEEDED_MODELS,
+    label,
+    mutate,
+    paths,
+    with_duplicate_key,
+)
 
 runner = CliRunner()
 # Generous: on a loaded CI machine a loopback answer can take a while; only the "slow" fault exceeds it.
@@ -62,17 +71,8 @@ def docs(role: str) -> dict[str, Any]:
 BASE = {"prefill": docs("prefill"), "decode": docs("decode")}
 # What a gate needs: gate 1's fields, and the version the defenses gate judges the fixes by.
 NEEDED = {
-    "/server_info": {
-        ("max_total_num_tokens",),
-        ("max_req_input_len",),
-        ("internal_states",),
-        ("internal_states", 0),
-        ("internal_states", 0, "memory_usage"),
-        ("internal_states", 0, "memory_usage", "token_capacity"),
-        ("dp_size",),
-        ("version",),
-    },
-    "/v1/models": {("data",), ("data", 0), ("data", 0, "max_model_len")},
+    "/server_info": NEEDED_INFO | {("version",)},
+    "/v1/models": NEEDED_MODELS,
     "/model_info": set(),
 }
 

@@ -16,22 +16,11 @@ from kvgate.gates.pool_context import check_node
 from kvgate.reading.node import NodeSpec, parse_node
 from kvgate.results.findings import Outcome
 from tests.assets import sglang_payloads as P
-from tests.fuzz.mutations import BREAKING, KINDS, label, mutate, paths
+from tests.fuzz.mutations import BREAKING, KINDS, NEEDED_INFO, NEEDED_MODELS, label, mutate, paths
 
 INFO = P.server_info("0.5.23", mode="prefill", pool=2_040_000, rank_pools=[2_040_000, 2_040_000])
 MODELS = P.v1_models()
 MODEL_INFO = P.model_info("0.5.23", "prefill")
-# What gate 1 rests on (sglang-surface.md section 1; pool_context.py).
-NEEDED_INFO = {
-    ("max_total_num_tokens",),
-    ("max_req_input_len",),
-    ("internal_states",),
-    ("internal_states", 0),
-    ("internal_states", 0, "memory_usage"),
-    ("internal_states", 0, "memory_usage", "token_capacity"),
-    ("dp_size",),
-}
-NEEDED_MODELS = {("data",), ("data", 0), ("data", 0, "max_model_len")}
 DOCS = {"server_info": (INFO, NEEDED_INFO), "/v1/models": (MODELS, NEEDED_MODELS)}
 
 

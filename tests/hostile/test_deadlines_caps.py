@@ -314,6 +314,16 @@ def test_an_endless_stream_of_short_lines_stops_at_the_probe_cap() -> None:
     assert verdict is Verdict.NO_OBSERVATION and f"{cap_text(PROBE_BODY_CAP)} cap" in detail, detail
 
 
+def _probe_a_trickle(script: Script, stop: threading.Event, *, stream: bool) -> tuple[Verdict, str, float]:
+    """Probe a server that trickles until `stop` is set, with a 2 s deadline; then end the trickle and the server."""
+    srv = ScriptedServer(script).start()
+    try:
+        return _probe(srv.url, stream=stream, deadline_s=2.0)
+    finally:
+        stop.set()
+        srv.stop()
+
+
 def test_a_trickling_stream_is_a_hang_within_the_probe_deadline() -> None:
     stop = threading.Event()
 
@@ -323,24 +333,16 @@ def test_a_trickling_stream_is_a_hang_within_the_probe_deadline() -> None:
             conn.sendall(b": keep-alive\n\n")
             time.sleep(0.2)
 
-    srv = ScriptedServer(script).start()
-    try:
-        verdict, detail, elapsed = _probe(srv.url, stream=True, deadline_s=2.0)
-    finally:
-        stop.set()
-        srv.stop()
+    verdict, detail, elapsed = _probe_a_trickle(script, stop, stream=True)
     assert verdict is Verdict.HANG, detail
     assert elapsed < 2.0 + 1.0, elapsed
 
 
 def test_a_trickling_plain_answer_is_a_hang_within_the_probe_deadline() -> None:
     stop = threading.Event()
-    srv = ScriptedServer(drip(b'{"error": {"message": "99"}}' + b" " * 500, 0.2, stop)).start()
-    try:
-        verdict, detail, elapsed = _probe(srv.url, stream=False, deadline_s=2.0)
-    finally:
-        stop.set()
-        srv.stop()
+    verdict, detail, elapsed = _probe_a_trickle(
+        drip(b'{"error": {"message": "99"}}' + b" " * 500, 0.2, stop), stop, stream=False
+    )
     assert verdict is Verdict.HANG, detail
     assert elapsed < 2.0 + 1.0, elapsed
 

@@ -19,6 +19,7 @@ from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.sim.deploy import SimDeployment
 from tests.assets import router_payloads as R
+from tests.assets.sim_setup import sizes
 from tests.conftest import PayloadServer, Route
 from tests.hostile.test_fleet_moves import META_ONLY, Switch, stable
 
@@ -39,17 +40,13 @@ def test_a_worker_that_registers_during_the_check_is_gated(
     dep = deployment(
         emulate="0.5.22",
         decode=2,
-        context_length=CONTEXT,
-        prefill_pool=GOOD,
-        decode_pool=pools,
+        **sizes(CONTEXT, GOOD, pools),
         light=True,
         router=False,
     )
     late = dep.decode_urls[1]
     if newcomer == "unfixed-release":
-        old = deployment(
-            emulate="0.5.19", context_length=CONTEXT, prefill_pool=GOOD, decode_pool=GOOD, light=True, router=False
-        )
+        old = deployment(emulate="0.5.19", **sizes(CONTEXT, GOOD, GOOD), light=True, router=False)
         late = old.decode_urls[0]
     first = dep.decode_urls[0]
     router = payload_server({})

@@ -39,6 +39,12 @@ def routes(mode: str, *, dp: int = 1, info: dict[str, Any] | None = None, contex
     }
 
 
+def decode_at_8k(payload_server: Callable[..., PayloadServer]) -> PayloadServer:
+    """A decode of 0.5.22 whose every source says an 8,192-token context, its pool big."""
+    info = P.server_info("0.5.22", mode="decode", pool=BIG, context=8_192)
+    return payload_server(routes("decode", info=info, context=8_192))
+
+
 def check(*args: str) -> tuple[int, dict[str, Any]]:
     res = runner.invoke(app, ["check", "--quiet", *META_ONLY, *args, "--format", "json"])
     assert res.stdout.startswith("{"), (res.exit_code, res.stdout, res.stderr)
@@ -256,9 +262,7 @@ def test_case_3_a_rank_capacity_of_1e308_blocks(payload_server: Callable[..., Pa
 def test_case_4_two_answers_for_the_context_block(payload_server: Callable[..., PayloadServer]) -> None:
     info = P.server_info("0.5.22", mode="prefill", pool=BIG, context=8_192, context_flag=1_048_576)
     p = payload_server(routes("prefill", info=info, context=8_192))
-    d = payload_server(
-        routes("decode", info=P.server_info("0.5.22", mode="decode", pool=BIG, context=8_192), context=8_192)
-    )
+    d = decode_at_8k(payload_server)
     code, doc = check("--prefill-url", p.url, "--decode-url", d.url)
     assert code == ExitStatus.INCONCLUSIVE
     [two] = [f for f in of(doc, "pool-context.context-sources") if f["outcome"] != "passed"]
@@ -272,9 +276,7 @@ def test_case_4_a_disagreement_that_changes_the_verdict_blocks_without_strict(
     pool = 681_280
     info = P.server_info("0.5.22", mode="prefill", pool=pool, context=8_192, context_flag=1_048_576)
     p = payload_server(routes("prefill", info=info, context=8_192))
-    d = payload_server(
-        routes("decode", info=P.server_info("0.5.22", mode="decode", pool=BIG, context=8_192), context=8_192)
-    )
+    d = decode_at_8k(payload_server)
     code, doc = check("--prefill-url", p.url, "--decode-url", d.url, "--no-strict")
     assert code == ExitStatus.INCONCLUSIVE
     [two] = [f for f in of(doc, "pool-context.context-sources") if f["outcome"] != "passed"]
@@ -296,9 +298,7 @@ def test_case_4_the_scheduler_bound_that_implies_another_context(payload_server:
 def test_agreeing_context_sources_pass(payload_server: Callable[..., PayloadServer]) -> None:
     info = P.server_info("0.5.22", mode="prefill", pool=BIG, context=8_192, context_flag=8_192)
     p = payload_server(routes("prefill", info=info, context=8_192))
-    d = payload_server(
-        routes("decode", info=P.server_info("0.5.22", mode="decode", pool=BIG, context=8_192), context=8_192)
-    )
+    d = decode_at_8k(payload_server)
     code, doc = check("--prefill-url", p.url, "--decode-url", d.url)
     assert code == ExitStatus.PASSED, [f["summary"] for f in doc["findings"] if f["outcome"] != "passed"]
     assert {f["outcome"] for f in of(doc, "pool-context.context-sources")} == {"passed"}

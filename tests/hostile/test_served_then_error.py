@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.upstream.admission import max_req_input_len
+from tests.assets.sim_setup import doubt_opted_out_args
 from tests.hostile.net_servers import MutatingProxy, Request, head, sse_bytes
 
 pytestmark = pytest.mark.slow
@@ -65,13 +66,9 @@ def proxied(deployment: Callable[..., Any]) -> Iterator[tuple[Any, MutatingProxy
 
 
 def _check(dep: Any, proxy: MutatingProxy, out: Path) -> tuple[int, dict[str, Any]]:
-    args = ["check", "--router-url", proxy.url, "-q", "--tenants", "8", "-f", "json", "-o", str(out)]
-    args += [a for u in dep.prefill_urls for a in ("--prefill-url", u)]
-    args += [a for u in dep.decode_urls for a in ("--decode-url", u)]
     # As tests/test_binary.py: the simulator runs no sglang code and does not expose its env, and its 8k
     # context is too short for the latency test, so doubt is opted out of; a failure still exits 1.
-    args += ["--trust-version", "--deferred-release", "--no-strict"]
-    res = runner.invoke(app, args)
+    res = runner.invoke(app, doubt_opted_out_args(proxy.url, dep, out))
     assert out.is_file(), res.output
     return res.exit_code, json.loads(out.read_text())
 

@@ -8,7 +8,13 @@ from typing import Any
 
 import httpx
 
+from tests.assets.sim_setup import sizes
+
 FILLER = "the quick brown fox jumps over the lazy dog\n"
+
+# incident.md section 2 at small scale: prefill pool < an over-pool prompt < context, decode pool large.
+CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE = 4096, 1024, 16384, 16
+SMALL_INCIDENT = sizes(CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE)
 
 
 def sentinel_prompt(sentinel: str, tokens: int) -> str:

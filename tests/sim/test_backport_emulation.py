@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from tests.sim.conftest import generate, sentinel_prompt, state, wait_for
+from tests.sim.conftest import SMALL_INCIDENT, generate, sentinel_prompt, state, wait_for
 
 pytestmark = pytest.mark.slow
 
-CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE = 4096, 1024, 16384, 16
 SENTINEL = "PLANTED-9e4a"
 
 
 def _scenario(deployment, waiting_timeout: float = 120, **kw):
     dep = deployment(
-        context_length=CONTEXT,
-        prefill_pool=PREFILL_POOL,
-        decode_pool=DECODE_POOL,
-        page_size=PAGE,
+        **SMALL_INCIDENT,
         waiting_timeout=waiting_timeout,
         **kw,
     )

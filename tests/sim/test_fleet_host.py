@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 
 from kvgate.sim.deploy import SimDeployment
+from tests.assets.sim_setup import sizes
 
 
 def _shape(doc: Any) -> Any:
@@ -24,10 +25,7 @@ def test_light_workers_answer_like_full_workers(deployment: Callable[..., SimDep
         emulate="0.5.23",
         prefill=1,
         decode=1,
-        context_length=4096,
-        prefill_pool=1000,
-        decode_pool=8192,
-        page_size=16,
+        **sizes(4096, 1000, 8192, 16),
         router=False,
     )
     full = deployment(**kw)

@@ -27,6 +27,7 @@ import pytest
 
 from kvgate.sim.client import pd_generate
 from kvgate.sim.releases import get_release
+from tests.assets.sim_setup import sizes
 from tests.sim.conftest import state, wait_for
 
 pytestmark = pytest.mark.slow
@@ -54,10 +55,7 @@ def _run(deployment, emulate: str, deferred: bool | None) -> tuple[str, dict]:
         emulate=emulate,
         prefill=2,
         decode=1,
-        context_length=16384,
-        prefill_pool=16384,
-        decode_pool=65536,
-        page_size=16,
+        **sizes(16384, 16384, 65536, 16),
         chunked_prefill_size=1024,
         prefill_tokens_per_s=[1024, 0],
         transfer_tokens_per_s=256,

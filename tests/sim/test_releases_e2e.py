@@ -11,11 +11,21 @@ import time
 import httpx
 import pytest
 
-from tests.sim.conftest import generate, sentinel_prompt, state, wait_for
+from tests.assets.sim_setup import sizes
+from tests.sim.conftest import (
+    CONTEXT,
+    DECODE_POOL,
+    PAGE,
+    PREFILL_POOL,
+    SMALL_INCIDENT,
+    generate,
+    sentinel_prompt,
+    state,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
-CONTEXT, PREFILL_POOL, DECODE_POOL, PAGE = 4096, 1024, 16384, 16
 LIMIT = min(CONTEXT - 1, PREFILL_POOL - 1) - 5  # prefill max_req_input_len = 1018
 OVER = 2000  # prefill rejects (>= LIMIT), decode and context accept
 SENTINEL = "SENTINEL-7c1e-canary"
@@ -35,9 +45,7 @@ def _over_pool(stream: bool = False, n: int = OVER) -> dict:
 
 
 def test_0519_leaks_stale_pages_under_http_200(deployment) -> None:
-    dep = deployment(
-        emulate="0.5.19", context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=PAGE
-    )
+    dep = deployment(emulate="0.5.19", **SMALL_INCIDENT)
     info = httpx.get(dep.prefill_urls[0] + "/server_info", timeout=10).json()
     assert info["max_req_input_len"] == LIMIT and info["max_total_num_tokens"] == PREFILL_POOL
     _plant(dep.router_url)
@@ -59,10 +67,7 @@ def test_0520_no_leak_but_decode_hangs_until_waiting_timeout(deployment) -> None
     timeout = 3.0
     dep = deployment(
         emulate="0.5.20",
-        context_length=CONTEXT,
-        prefill_pool=PREFILL_POOL,
-        decode_pool=DECODE_POOL,
-        page_size=PAGE,
+        **SMALL_INCIDENT,
         waiting_timeout=timeout,
     )
     _plant(dep.router_url)
@@ -94,10 +99,7 @@ def test_0521_plus_door_reject_is_a_400_but_the_decode_is_not_told(deployment, v
     timeout = 5.0
     dep = deployment(
         emulate=version,
-        context_length=CONTEXT,
-        prefill_pool=PREFILL_POOL,
-        decode_pool=DECODE_POOL,
-        page_size=PAGE,
+        **SMALL_INCIDENT,
         waiting_timeout=timeout,
     )
     _plant(dep.router_url)
@@ -134,10 +136,7 @@ def test_a_rejected_stream_holds_a_small_decode_pool_until_the_waiting_timeout(d
     small_pool = 160 * PAGE  # room for one over-pool reservation (126 pages), not two requests
     dep = deployment(
         emulate=version,
-        context_length=CONTEXT,
-        prefill_pool=PREFILL_POOL,
-        decode_pool=small_pool,
-        page_size=PAGE,
+        **sizes(CONTEXT, PREFILL_POOL, small_pool, PAGE),
         waiting_timeout=timeout,
     )
     decode = dep.decode_urls[0]
@@ -154,9 +153,7 @@ def test_a_rejected_stream_holds_a_small_decode_pool_until_the_waiting_timeout(d
 
 
 def test_context_overflow_is_a_tokenizer_stage_400(deployment) -> None:
-    dep = deployment(
-        emulate="0.5.22", context_length=CONTEXT, prefill_pool=PREFILL_POOL, decode_pool=DECODE_POOL, page_size=PAGE
-    )
+    dep = deployment(emulate="0.5.22", **SMALL_INCIDENT)
     r = generate(dep.router_url, _over_pool(n=CONTEXT))
     assert r.status_code == 400
     # smg relays whichever worker's 400 comes first (the prefill's wraps the raw body); same message
@@ -171,10 +168,7 @@ def test_several_prefill_and_decode_workers_serve_their_own_content(deployment) 
         emulate="0.5.22",
         prefill=2,
         decode=2,
-        context_length=CONTEXT,
-        prefill_pool=PREFILL_POOL,
-        decode_pool=DECODE_POOL,
-        page_size=PAGE,
+        **SMALL_INCIDENT,
     )
 
     def one(i: int) -> tuple[int, str]:
@@ -195,10 +189,7 @@ def test_latency_signal_leaky_answer_is_faster_than_a_real_prefill(deployment) -
     tps = 2000.0
     dep = deployment(
         emulate="0.5.19",
-        context_length=CONTEXT,
-        prefill_pool=PREFILL_POOL,
-        decode_pool=DECODE_POOL,
-        page_size=PAGE,
+        **SMALL_INCIDENT,
         prefill_tokens_per_s=tps,
     )
     t0 = time.monotonic()
@@ -216,10 +207,7 @@ def test_latency_signal_leaky_answer_is_faster_than_a_real_prefill(deployment) -
 def test_kv_transfer_takes_time_when_bandwidth_is_set(deployment) -> None:
     dep = deployment(
         emulate="0.5.22",
-        context_length=CONTEXT,
-        prefill_pool=4096,
-        decode_pool=DECODE_POOL,
-        page_size=PAGE,
+        **sizes(CONTEXT, 4096, DECODE_POOL, PAGE),
         prefill_tokens_per_s=0,
         transfer_tokens_per_s=4096,
     )

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from kvgate.upstream.releases import RELEASES
+from tests.assets.sim_setup import sizes
 from tests.sim.conftest import generate
 
 pytestmark = pytest.mark.slow
@@ -17,10 +18,7 @@ pytestmark = pytest.mark.slow
 def test_server_info_keys_per_release(deployment, version: str) -> None:
     dep = deployment(
         emulate=version,
-        context_length=8192,
-        prefill_pool=4096,
-        decode_pool=65536,
-        page_size=16,
+        **sizes(8192, 4096, 65536, 16),
         router=False,
         expose_env_vars=True,
         deferred_release=False,
@@ -89,9 +87,7 @@ def test_worker_without_bootstrap_room_and_completions_shape(deployment) -> None
 
 def test_streaming_completions_through_the_router(deployment) -> None:
     # waiting_timeout: the over-pool stream below waits for it (SGLang's 300 s would make the test slow)
-    dep = deployment(
-        emulate="0.5.21", context_length=8192, prefill_pool=4096, decode_pool=65536, page_size=16, waiting_timeout=4
-    )
+    dep = deployment(emulate="0.5.21", **sizes(8192, 4096, 65536, 16), waiting_timeout=4)
     model = httpx.get(dep.decode_urls[0] + "/v1/models", timeout=10).json()["data"][0]["id"]
     r = httpx.post(
         dep.router_url + "/v1/completions",

@@ -38,6 +38,7 @@ from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.output.progress import NullObserver
 from kvgate.results.findings import Outcome
 from tests.assets.loopback import LoopbackServer
+from tests.assets.sim_setup import HEALTHY_POOL, SIM_UP, check_args
 
 LIMITS = ProbeLimits(context=8192, max_req_input_len=8000, page_size=1, pool=None)
 # A deployment measured at 1 ms per one-page request (0.5 ms noise) and 10 ms at 4,096 tokens.
@@ -308,16 +309,7 @@ class _Timeline:
 
 
 # The held-out pair's calibration: 40 ms per one-page request, 80 ms at the victim's length.
-HELD_OUT_CAL = Calibration(
-    one_page_tokens=16,
-    base_s=0.04,
-    jitter_s=0.003,
-    lengths=((256, 0.08),),
-    s_per_token=0.04 / 240,
-    observable=True,
-    requests=0,
-    failures=(),
-)
+HELD_OUT_CAL = replace(CAL, base_s=0.04, jitter_s=0.003, lengths=((256, 0.08),), s_per_token=0.04 / 240)
 
 
 def test_a_victim_in_flight_far_past_the_calibrated_window_is_found_by_bisection(abort_endpoint: Any) -> None:
@@ -454,22 +446,14 @@ def test_a_healthy_sim_ten_times_slower_end_to_end_passes_the_abort_probe_at_the
     than one token takes ten times its time to the KV, as the held-out real pair's victims did."""
     dep = deployment(
         emulate=emulate,
-        prefill_pool=10240,
+        prefill_pool=HEALTHY_POOL,
         expose_env_vars=True,
         deferred_release=True,
         e2e_factor=10.0,
-        context_length=8192,
-        decode_pool=65536,
-        page_size=16,
-        chunked_prefill_size=8192,
+        **SIM_UP,
     )
     out = tmp_path / "report.json"
-    args = ["check", "--quiet", "--router-url", dep.router_url, "--trust-version", "-f", "json", "-o", str(out)]
-    for u in dep.prefill_urls:
-        args += ["--prefill-url", u]
-    for u in dep.decode_urls:
-        args += ["--decode-url", u]
-    res = CliRunner().invoke(app, args)
+    res = CliRunner().invoke(app, check_args(dep, out))
     doc = json.loads(out.read_text())
     bad = [f"{f['id']}: {f['summary']}" for f in doc["findings"] if f["outcome"] not in ("passed", "info")]
     assert res.exit_code == ExitStatus.PASSED, bad

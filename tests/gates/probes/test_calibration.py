@@ -22,22 +22,14 @@ from kvgate.gates.probes.calibrate import FLOOR_CAP_TOKENS, JITTER_SAMPLES, MIN_
 from kvgate.gates.probes.latency import EFFECT_NOISE, plan_latency
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.settings import ProbeSettings
+from tests.assets.sim_setup import HEALTHY_POOL, SIM_UP, check_args, sizes
 
 runner = CliRunner()
-
-# `kvgate sim up`'s own defaults (kvgate/sim/cli.py), with a healthy prefill pool (1.25 x the context).
-SIM_UP = {"context_length": 8192, "decode_pool": 65536, "page_size": 16, "chunked_prefill_size": 8192}
-HEALTHY_POOL = 10240
 
 
 def _check(dep: Any, tmp_path: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     out = tmp_path / "report.json"
-    args = ["check", "--quiet", "--router-url", dep.router_url, "--trust-version", "-f", "json", "-o", str(out)]
-    for u in dep.prefill_urls:
-        args += ["--prefill-url", u]
-    for u in dep.decode_urls:
-        args += ["--decode-url", u]
-    res = runner.invoke(app, args + list(extra))
+    res = runner.invoke(app, check_args(dep, out) + list(extra))
     return res.exit_code, json.loads(out.read_text())
 
 
@@ -166,10 +158,7 @@ def test_token_space_canaries_see_a_leak_in_output_ids(deployment: Any, tmp_path
     only: the sentinels planted as ids are found in another request's output_ids."""
     dep = deployment(
         emulate="0.5.19",
-        context_length=8192,
-        prefill_pool=4096,
-        decode_pool=65536,
-        page_size=16,
+        **sizes(8192, 4096, 65536, 16),
         skip_tokenizer_init=True,
     )
     profile = tmp_path / "ids.yaml"

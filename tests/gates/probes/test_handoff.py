@@ -18,6 +18,7 @@ from kvgate.gates.probes import ProbeSettings
 from kvgate.gates.probes.handoff import NEAR_LIMIT_AUTO_MAX, pick, plan_handoff
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.sim import faults
+from tests.assets.sim_setup import doubt_opted_out_args
 
 HANDOFF = "probes.handoff.prefill_oracle"
 runner = CliRunner()
@@ -68,13 +69,9 @@ def test_replays_are_picked_early_and_late_among_confident_positions() -> None:
 
 
 def _check(dep: Any, out: Path) -> tuple[int, dict[str, Any]]:
-    args = ["check", "--router-url", dep.router_url, "-q", "--tenants", "8", "-f", "json", "-o", str(out)]
-    args += [a for u in dep.prefill_urls for a in ("--prefill-url", u)]
-    args += [a for u in dep.decode_urls for a in ("--decode-url", u)]
     # As tests/test_binary.py: the simulator runs no sglang code and does not expose its env, so doubt is
     # opted out of; a failure still exits 1.
-    args += ["--trust-version", "--deferred-release", "--no-strict"]
-    res = runner.invoke(app, args)
+    res = runner.invoke(app, doubt_opted_out_args(dep.router_url, dep, out))
     assert out.is_file(), res.output
     return res.exit_code, json.loads(out.read_text())
 

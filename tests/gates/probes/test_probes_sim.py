@@ -23,6 +23,7 @@ from kvgate.output.progress import NullObserver
 from kvgate.pipeline.check import run_check
 from kvgate.results.findings import Finding, Outcome, Report
 from kvgate.sim.deploy import SimDeployment
+from tests.assets.sim_setup import sizes
 
 pytestmark = pytest.mark.slow
 
@@ -75,10 +76,7 @@ def test_0519_incident_numbers_leak_is_named(deployment: Any) -> None:
 def test_0520_hangs_within_the_probe_deadline(deployment: Any) -> None:
     dep = deployment(
         emulate="0.5.20",
-        context_length=131_072,
-        prefill_pool=81_920,
-        decode_pool=2_097_152,
-        page_size=16,
+        **sizes(131_072, 81_920, 2_097_152, 16),
         waiting_timeout=20,
     )
     # The abort probe is off: 0.5.20 releases an aborted request's pages at once, so it also fails there
@@ -249,10 +247,7 @@ def test_32_concurrent_tenants_each_carry_only_their_own_sentinel(deployment: An
 # instant (canaries routed there finish their own small writes while the victim's write is in flight).
 ABORT_SHAPE = dict(
     prefill=2,
-    context_length=16_384,
-    prefill_pool=65_536,
-    decode_pool=262_144,
-    page_size=16,
+    **sizes(16_384, 65_536, 262_144, 16),
     chunked_prefill_size=1024,
     prefill_tokens_per_s=[2048, 0],
     transfer_tokens_per_s=2048,
