@@ -15,7 +15,7 @@ import ast
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _NAMES = {"print", "typer.echo", "typer.secho", "click.echo", "os.write", "write_atomic", "write_temp", "write_output"}
 _SUFFIXES = (".write", ".writelines", ".write_text", ".write_bytes", ".sendall")
 _CONSOLE = ("console.print", "console.log", "console.rule", "self.console.log", "self.console.print")

@@ -42,7 +42,7 @@ from kvgate.output import redact as R
 from kvgate.output import sinks
 from kvgate.results.findings import Evidence, Finding, Outcome, Report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = int(os.environ.get("KVGATE_FUZZ_EXAMPLES", "150"))
 # Arbitrary Unicode, surrogates included (a server's JSON can carry "\ud800"), weighted toward the
 # characters sinks act on.
