@@ -23,8 +23,7 @@ from kvgate.formats.json_report import JsonFormatter
 from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.margin import deterministic
-from kvgate.gates.probes.plan import ProbeLimits, limits_from_readings
-from kvgate.gates.probes.sentinels import TokenCodec
+from kvgate.gates.probes.plan import limits_from_readings
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.pipeline.check import default_gates, run_check
 from kvgate.reading.httpbounds import bounded_client
@@ -38,6 +37,7 @@ from kvgate.watch.heap import limit_arenas, release_heap
 from kvgate.watch.latency import ALERT, UNKNOWN, LatencySignal
 from kvgate.watch.metrics import BURST_SKIP_PREFIX, ROUND_SKIP_PREFIX, WatchMetrics
 from kvgate.watch.probes import ScheduledProbes
+from kvgate.watch.route import ProbeRoute
 from kvgate.watch.settings import WatchSettings
 
 Log = Callable[[str], None]
@@ -310,9 +310,10 @@ class Watcher:
             self.probes_note = f"sentinels cannot be encoded ({how})"
             self.log(f"scheduled probes paused: {self.probes_note}")
             return
-        self._record_golden(limits, codec)
-        self._plan_handoff(limits, codec, deterministic(readings))
-        probes = ScheduledProbes(self.http, self.router, limits, codec, self.probe_settings, self.budget)
+        route = ProbeRoute(self.http, self.router, limits, codec, self.probe_settings)
+        self._record_golden(route)
+        self._plan_handoff(route, deterministic(readings))
+        probes = ScheduledProbes(route, self.budget)
         if not probes.enabled:
             self.probes_note = probes.why_disabled
             self.log(f"scheduled probes paused: {self.probes_note}")
@@ -320,7 +321,7 @@ class Watcher:
         self.probes = probes
         self.probes_note = f"one-page {probes.one_page} and long {probes.long:,} tokens"
 
-    def _record_golden(self, limits: ProbeLimits, codec: TokenCodec) -> None:
+    def _record_golden(self, route: ProbeRoute) -> None:
         """After a passed gate (with the load probe on and no violation standing): a new golden set."""
         if not self.probe_settings.load_probe:
             self.isolation_note = "probes.load_probe is off"
@@ -337,7 +338,7 @@ class Watcher:
         if self.report.exit_status is not ExitStatus.PASSED:
             self.isolation_note = "the last full gate did not pass: no golden set"
             return
-        iso = isolation.IsolationWatch(self.http, self.router, limits, codec, self.probe_settings, self.budget)
+        iso = isolation.IsolationWatch(route, self.budget)
         why = iso.record()
         if why is not None:
             self.isolation_note = why
@@ -348,7 +349,7 @@ class Watcher:
         self.isolation_note = f"{len(iso.golden)} golden prompts, {iso.confident} confident positions"
         self.log(f"isolation golden set recorded: {self.isolation_note}")
 
-    def _plan_handoff(self, limits: ProbeLimits, codec: TokenCodec, exact: bool) -> None:
+    def _plan_handoff(self, route: ProbeRoute, exact: bool) -> None:
         """The handoff rounds: every `handoff_every` intervals, from this interval on."""
         if not self.probe_settings.handoff_probe:
             self.handoff_note = "probes.handoff_probe is off"
@@ -362,7 +363,7 @@ class Watcher:
             return
         if self.handoff_finding is not None:
             return
-        hw = handoff.HandoffWatch(self.http, self.router, limits, codec, self.probe_settings, self.budget, exact)
+        hw = handoff.HandoffWatch(route, self.budget, exact)
         why = hw.why_disabled
         if why is not None:
             self.handoff_note = why
