@@ -23,7 +23,8 @@ import httpx
 
 from kvgate.gates.base import CheckOptions
 from kvgate.sim.deploy import OBSERVABLE_PREFILL_TOKENS_PER_S, SimDeployment
-from kvgate.watch.loop import Watcher, limit_arenas
+from kvgate.watch.heap import limit_arenas
+from kvgate.watch.loop import Watcher
 from kvgate.watch.settings import WatchSettings
 
 GOAL_PCT = 5.0

@@ -27,8 +27,9 @@ from typing import Any
 from kvgate.defaults import METADATA_BODY_CAP
 from kvgate.errors import TransportError
 from kvgate.reading.compact import compact_info, compact_model_info, compact_models
+from kvgate.reading.http11 import Answer, Failure
 from kvgate.reading.node import NodeReading, NodeSpec, decode_answer, parse_node
-from kvgate.reading.wideread import Answer, Failure, get_each
+from kvgate.reading.wideread import get_each
 
 #: What is read from every worker: each entry is one fact's paths, the older one tried on a 404.
 READS: tuple[tuple[str, ...], ...] = (

@@ -156,7 +156,7 @@ class TargetClient:
 
     def get_raw(self, gets: Sequence[tuple[str, str]], *, cap_name: str = "metadata cap") -> list[Any]:
         """GET each (base URL, path) at once through the one-thread reader (kvgate/reading/wideread.py), under this
-        client's token, timeout, width and metadata cap; one `wideread.Answer` or `wideread.Failure` each,
+        client's token, timeout, width and metadata cap; one `http11.Answer` or `http11.Failure` each,
         in order, all within one deadline (as many timeouts as the rounds of `concurrency` need, plus one)."""
         from kvgate.reading.wideread import get_each
 

@@ -8,9 +8,9 @@ callbacks each) cost about twice the kernel's own work, and httpx before it five
 pass must cost about one slow answer (bench/fleet_read.py prints it against a bare-socket floor).
 Hostile peers are bounded as kvgate/reading/httpbounds.py bounds its client: every request its own deadline
 (connect, handshake, send and every byte of the answer), the body `body_cap`, and a compressed answer
-refused (identity is asked for: a compressed body could expand past any cap); also headers MAX_HEAD
-and chunk-size lines MAX_CHUNK_LINE. A redirect is an answer like any other (its Location kept): the
-caller decides, and kvgate's callers never follow one.
+refused (identity is asked for: a compressed body could expand past any cap); also headers and
+chunk-size lines (the answer's parser: kvgate/reading/http11.py). A redirect is an answer like any
+other (its Location kept): the caller decides, and kvgate's callers never follow one.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from kvgate.reading.httpbounds import cap_text
+from kvgate.reading.http11 import Answer, Failure, HttpProblem, Response
 
-MAX_HEAD = 64 << 10
 #: the most answer bytes granted at once over all requests: an answer whose head announces more than
 #: SMALL_ANSWER (or none: then the whole cap) is read only once its bytes are granted, oldest first,
 #: and waits unread (its clock stopped) until they are; a fleet of near-cap answers then holds about
@@ -39,137 +37,7 @@ INFLIGHT_BYTES = 192 << 20
 #: answers this small are read without a grant (a healthy worker's are); heads are read in small steps
 SMALL_ANSWER = 32 << 10
 _HEAD_RECV = 16 << 10
-#: the most of one chunk-size line (hex size and extensions) a chunked answer may send
-MAX_CHUNK_LINE = 1024
 _RECV = 256 << 10
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A whole HTTP answer: its status and its body (de-chunked); `location` is a redirect's target."""
-
-    status: int
-    body: bytes
-    location: str | None = None
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why no answer came, as a sentence naming the URL."""
-
-    reason: str
-
-
-class _HttpProblem(Exception):
-    pass
-
-
-class _Response:
-    """An HTTP/1.1 answer parsed incrementally; `feed` and `eof` return the Answer once it is whole."""
-
-    def __init__(self, body_cap: int, cap_name: str = "cap") -> None:
-        self.cap = body_cap
-        self.cap_name = cap_name
-        self.buf = bytearray()
-        self.status = 0
-        self.body_at = -1  # the body's first byte in buf, once the head is in
-        self.length: int | None = None  # Content-Length, when the answer has one
-        self.chunked = False
-        self.chunk_at = 0  # chunked: where the next chunk-size line starts
-        self.body = bytearray()  # chunked: the body decoded so far
-        self.location: str | None = None
-
-    def held(self) -> int:
-        """Answer bytes this parser holds now."""
-        return len(self.buf) + len(self.body)
-
-    def feed(self, data: bytes) -> Answer | None:
-        self.buf += data
-        return self._parse(eof=False)
-
-    def eof(self) -> Answer:
-        answer = self._parse(eof=True)
-        if answer is None:
-            raise _HttpProblem("the connection closed before the whole answer arrived")
-        return answer
-
-    def _parse(self, *, eof: bool) -> Answer | None:
-        if self.body_at < 0:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0 or end > MAX_HEAD:
-                if len(self.buf) > MAX_HEAD:
-                    raise _HttpProblem(f"response headers over {MAX_HEAD >> 10} KiB")
-                return None
-            self._head(bytes(self.buf[:end]))
-            self.body_at = self.chunk_at = end + 4
-        if self.chunked:
-            return self._chunks()
-        have = len(self.buf) - self.body_at
-        if self.length is not None:
-            if have < self.length:
-                return None
-            return Answer(self.status, bytes(self.buf[self.body_at : self.body_at + self.length]), self.location)
-        if have > self.cap:
-            raise self._over()
-        return Answer(self.status, bytes(self.buf[self.body_at :]), self.location) if eof else None
-
-    def _head(self, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
-        status_line = lines[0].split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/1.") or not status_line[1].isdigit():
-            raise _HttpProblem(f"not an HTTP/1.x answer: {lines[0][:60]!r}")
-        self.status = int(status_line[1])
-        fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
-        encoding = fields.get("content-encoding", "identity").lower()
-        if encoding not in ("", "identity"):
-            raise _HttpProblem(
-                f"the answer is compressed (Content-Encoding {encoding[:40]!r}) although identity was asked for: "
-                "its size past the cap could not be bounded"
-            )
-        self.location = fields.get("location")
-        if "chunked" in fields.get("transfer-encoding", "").lower():
-            self.chunked = True
-        elif "content-length" in fields:
-            raw = fields["content-length"]
-            n = int(raw) if raw.isdigit() else -1
-            if n < 0:
-                raise _HttpProblem(f"malformed Content-Length {raw[:20]!r}")
-            if n > self.cap:
-                raise _HttpProblem(f"the answer announces {n:,} bytes, over kvgate's {self._cap()} (not read)")
-            self.length = n
-
-    def _cap(self) -> str:
-        return f"{cap_text(self.cap)} cap ({self.cap_name})" if self.cap_name != "cap" else f"{cap_text(self.cap)} cap"
-
-    def _over(self) -> _HttpProblem:
-        return _HttpProblem(f"the answer is larger than kvgate's {self._cap()} (stopped reading)")
-
-    def _chunks(self) -> Answer | None:
-        buf = self.buf
-        while True:
-            eol = buf.find(b"\r\n", self.chunk_at)
-            if eol < 0:
-                if len(buf) - self.chunk_at > MAX_CHUNK_LINE:
-                    raise _HttpProblem("malformed chunked encoding")
-                return None
-            try:
-                size = int(bytes(buf[self.chunk_at : eol]).split(b";")[0].strip() or b"x", 16)
-            except ValueError:
-                raise _HttpProblem("malformed chunked encoding") from None
-            if size < 0:
-                raise _HttpProblem("malformed chunked encoding")
-            if size == 0:
-                return Answer(self.status, bytes(self.body), self.location)
-            if len(self.body) + size > self.cap:
-                raise self._over()
-            start = eol + 2
-            if len(buf) < start + size + 2:
-                return None
-            if buf[start + size : start + size + 2] != b"\r\n":
-                raise _HttpProblem("malformed chunked encoding")
-            self.body += buf[start : start + size]
-            del buf[: start + size + 2]  # decoded chunks leave the buffer: no rescans, no double memory
-            self.chunk_at = 0
 
 
 _CONNECT, _HANDSHAKE, _SEND, _READ = range(4)
@@ -192,7 +60,7 @@ class _Request:
             f"Accept: application/json\r\nAccept-Encoding: identity\r\nConnection: close\r\n{headers}\r\n"
         ).encode("latin-1")
         self.sent = 0
-        self.response = _Response(body_cap, cap_name)
+        self.response = Response(body_cap, cap_name)
         self.end = end
         self.window = 0.0  # seconds this request was given: min(timeout, what the deadline left)
         self.state = _CONNECT
@@ -238,43 +106,6 @@ def _resolve(hosts: set[str], end: float) -> dict[str, list[Address] | str]:
         else:
             out[h] = [(family, sockaddr) for family, _, _, _, sockaddr in fut.result()]
     return out
-
-
-def get_many(
-    urls: Sequence[str],
-    path: str,
-    *,
-    headers: str = "",
-    timeout: float,
-    deadline: float,
-    width: int,
-    body_cap: int,
-    ssl_context: ssl_module.SSLContext | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    on_answer: Callable[[int, Answer], None] | None = None,
-    on_sent: Callable[[], None] | None = None,
-    deadline_name: str = "the pass's deadline",
-    cap_name: str = "cap",
-    keep_bodies: bool = True,
-    inflight_bytes: int = INFLIGHT_BYTES,
-) -> list[Answer | Failure]:
-    """GET `path` from every base URL (`get_each` with one path for all)."""
-    return get_each(
-        [(u, path) for u in urls],
-        headers=headers,
-        timeout=timeout,
-        deadline=deadline,
-        width=width,
-        body_cap=body_cap,
-        ssl_context=ssl_context,
-        clock=clock,
-        on_answer=on_answer,
-        on_sent=on_sent,
-        deadline_name=deadline_name,
-        cap_name=cap_name,
-        keep_bodies=keep_bodies,
-        inflight_bytes=inflight_bytes,
-    )
 
 
 def get_each(
@@ -515,7 +346,7 @@ def get_each(
         except BlockingIOError:
             want = selectors.EVENT_READ if r.state == _READ else selectors.EVENT_WRITE
             sel.modify(sock, want, r)
-        except _HttpProblem as exc:
+        except HttpProblem as exc:
             fail(r, str(exc))
         except ssl_module.SSLError as exc:
             fail(r, f"TLS: {exc.reason or type(exc).__name__}")

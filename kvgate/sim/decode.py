@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
@@ -15,46 +13,17 @@ import torch
 
 from kvgate.sim import faults, tokenizer, transfer
 from kvgate.sim.config import WorkerConfig
+from kvgate.sim.decoderoom import Transfer
 from kvgate.sim.engine import BaseEngine
 from kvgate.sim.kvpool import PoolExhausted
 from kvgate.sim.releases import SimRelease
-from kvgate.sim.request import Abort, RequestError, SimReq, TokenSink, meta_info
+from kvgate.sim.request import Abort, RequestError, SimReq, TokenSink, logprob_fields, meta_info
 from kvgate.sim.toymodel import Context
 
 log = logging.getLogger("kvgate.sim")
 
 #: `disaggregation/utils.py FAKE_BOOTSTRAP_HOST`: health probes on PD workers use it; no KV moves.
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
-#: The toy model's logprobs (it is certain of its token): the chosen token, then the runners-up.
-TOP_LOGPROB = math.log(0.97)
-RUNNER_UP_LOGPROBS = (math.log(0.02), math.log(0.01))
-
-
-@dataclass
-class _Transfer:
-    """The decode side of one room: reservation, bootstrap connection and what arrived."""
-
-    req: SimReq
-    pages: torch.Tensor
-    num_tokens: int
-    done: asyncio.Future[dict[str, Any]]
-    ack: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: asyncio.Event = field(default_factory=asyncio.Event)
-    aborted: asyncio.Event = field(default_factory=asyncio.Event)
-    writer: asyncio.StreamWriter | None = None
-    reader_task: asyncio.Task[None] | None = None
-    pages_received: int = 0
-    freed: bool = False
-    release_deferred: bool = False
-    #: metadata buffer slot (`req_to_metadata_buffer_idx_allocator`); `slot_shared`: another holds it too
-    slot: int = -1
-    slot_shared: bool = False
-    #: pages lent by an injected fault (another request's reservation): never freed by this request
-    borrowed: bool = False
-    #: set once this room's metadata write landed (or the request ended)
-    written: asyncio.Event = field(default_factory=asyncio.Event)
-    #: injected fault: the later request whose write must land before this one commits
-    wait_for: _Transfer | None = None
 
 
 #: The longest a late write (its room's pages already freed) waits for a request to take those pages.
@@ -66,7 +35,7 @@ class DecodeEngine(BaseEngine):
 
     def __init__(self, cfg: WorkerConfig, release: SimRelease) -> None:
         super().__init__(cfg, release)
-        self.transfers: dict[str, _Transfer] = {}
+        self.transfers: dict[str, Transfer] = {}
         self._held: set[asyncio.Task[None]] = set()  # strong refs until done (asyncio keeps weak ones)
         #: Receiving ends of rooms, held until the prefill closes them. In SGLang the decode's whole KV
         #: buffer is registered with the transfer engine once, when the KV manager starts
@@ -117,7 +86,7 @@ class DecodeEngine(BaseEngine):
             pages = lender.pages[: self.pool.pages_for(n + req.max_new_tokens)]
         else:
             pages = await self._reserve(req, n + req.max_new_tokens)
-        t = _Transfer(req, pages, n, asyncio.get_running_loop().create_future())
+        t = Transfer(req, pages, n, asyncio.get_running_loop().create_future())
         if lender is not None:
             t.borrowed = True
             lender.wait_for = t
@@ -179,7 +148,7 @@ class DecodeEngine(BaseEngine):
                     ) from None
                 await asyncio.sleep(0.01)  # the pool is full: wait in the prealloc queue
 
-    async def _bootstrap(self, t: _Transfer) -> None:
+    async def _bootstrap(self, t: Transfer) -> None:
         req = t.req
         host = req.bootstrap_host or "127.0.0.1"
         port = req.bootstrap_port or self.cfg.disaggregation_bootstrap_port
@@ -214,7 +183,7 @@ class DecodeEngine(BaseEngine):
         self._receivers.add(t.reader_task)
         t.reader_task.add_done_callback(self._receivers.discard)
 
-    async def _receive(self, t: _Transfer, reader: asyncio.StreamReader) -> None:
+    async def _receive(self, t: Transfer, reader: asyncio.StreamReader) -> None:
         """The receiving end of the room's writes. Like RDMA, a page write lands on the pages it names,
         whether or not this request still owns them."""
         while True:
@@ -241,7 +210,7 @@ class DecodeEngine(BaseEngine):
             elif msg.type == "abort_ack":
                 t.ack.set()
 
-    async def _land_late(self, t: _Transfer, dst: torch.Tensor, content: torch.Tensor, count: int) -> None:
+    async def _land_late(self, t: Transfer, dst: torch.Tensor, content: torch.Tensor, count: int) -> None:
         """A write for a room whose pages were already freed lands in the race's worst order: once a
         request that took some of those pages has its own KV (it reads them next), so what it generates
         shows the write. On real servers that order is one of many the hosts' scheduling allows; staged
@@ -259,7 +228,7 @@ class DecodeEngine(BaseEngine):
         self.stats["kv_pages_received"] += count
         self.stats["late_pages_received"] += count
 
-    async def _wait_transfer(self, t: _Transfer) -> dict[str, Any]:
+    async def _wait_transfer(self, t: Transfer) -> dict[str, Any]:
         """`DecodeTransferQueue.pop_transferred`: wait for transfer-complete, an abort, or
         `CommonKVReceiver._check_waiting_timeout`. No prefill-side rejection is ever signalled here:
         a request the prefill retired (after its forward on 0.5.20, at its door on 0.5.21+) ends by the
@@ -291,7 +260,7 @@ class DecodeEngine(BaseEngine):
             )
         )
 
-    async def _notify_abort(self, t: _Transfer) -> None:
+    async def _notify_abort(self, t: Transfer) -> None:
         """Decode-initiated abort: tell prefill, then free now or defer until the drain ACK.
 
         `decode.py DecodeTransferQueue.pop_transferred` / `_defer_release`: with deferred release the
@@ -312,7 +281,7 @@ class DecodeEngine(BaseEngine):
         else:
             self._free(t)
 
-    async def _release_after_ack(self, t: _Transfer) -> None:
+    async def _release_after_ack(self, t: Transfer) -> None:
         waits = {asyncio.ensure_future(t.ack.wait())}
         if self.release.acks_abort_after_drain():
             # 0.5.21+ keeps the ACK target until writes drain; a closed room has drained too.
@@ -330,7 +299,7 @@ class DecodeEngine(BaseEngine):
             )
         self._free(t)
 
-    def _free(self, t: _Transfer) -> None:
+    def _free(self, t: Transfer) -> None:
         if not t.freed:
             t.freed = True
             if not t.borrowed:
@@ -338,7 +307,7 @@ class DecodeEngine(BaseEngine):
 
     # -- the metadata buffer, and the injected faults that break it (faults.py) ---------------------
 
-    def _fault_partner(self, tokens: int) -> _Transfer | None:
+    def _fault_partner(self, tokens: int) -> Transfer | None:
         """Under load, an earlier request still waiting for its transfer (the other half of a collision)."""
         if len(self.transfers) < faults.LOAD_MIN:
             return None
@@ -355,7 +324,7 @@ class DecodeEngine(BaseEngine):
                 return t
         return None
 
-    def _meta_alloc(self, t: _Transfer) -> None:
+    def _meta_alloc(self, t: Transfer) -> None:
         """`ReqToMetadataIdxAllocator.alloc()`; with a slot fault, under load, an index another holds."""
         other = (
             self._fault_partner(0)
@@ -371,14 +340,14 @@ class DecodeEngine(BaseEngine):
         else:
             t.slot, self._meta_next = self._meta_next, self._meta_next + 1
 
-    def _meta_release(self, t: _Transfer) -> None:
+    def _meta_release(self, t: Transfer) -> None:
         """Free the slot, its room zeroed first (#27374); a shared holder leaves it to its owner."""
         if t.slot >= 0 and not t.slot_shared:
             self._meta_buf.pop(t.slot, None)
             self._meta_free.append(t.slot)
         t.slot = -1
 
-    async def _commit_metadata(self, t: _Transfer) -> int | None:
+    async def _commit_metadata(self, t: Transfer) -> int | None:
         """`_commit_transfer_to_req`: prefill's metadata write (room, first output token) lands in the
         slot, then the decode reads the slot back and checks the room (#17430, in 0.5.19-0.5.23).
         Returns the first output token the slot holds (None when the toy model reads nothing)."""
@@ -403,7 +372,7 @@ class DecodeEngine(BaseEngine):
             raise RequestError(Abort(faults.ABORT_MESSAGE, HTTPStatus.INTERNAL_SERVER_ERROR, "InternalServerError"))
         return first
 
-    async def _run_decode(self, t: _Transfer, sink: TokenSink | None, first: int | None = None) -> dict[str, Any]:
+    async def _run_decode(self, t: Transfer, sink: TokenSink | None, first: int | None = None) -> dict[str, Any]:
         """Commit the transfer and generate. No transferred-length validation exists in 0.5.19-0.5.23
         (#38704 never merged), so a one-page handoff into an eight-page reservation is committed."""
         req = t.req
@@ -472,7 +441,7 @@ class DecodeEngine(BaseEngine):
             e2e=time.time() - req.created,
         )
         if req.return_logprob:
-            meta.update(_logprobs(out, req.top_logprobs_num))
+            meta.update(logprob_fields(out, req.top_logprobs_num))
         return {"text": tokenizer.decode(out), "output_ids": out, "meta_info": meta}
 
     def _drifts(self) -> bool:
@@ -487,7 +456,7 @@ class DecodeEngine(BaseEngine):
         self.stats["drifted"] += 1
         return True
 
-    def _context(self, t: _Transfer, out: list[int]) -> Context:
+    def _context(self, t: Transfer, out: list[int]) -> Context:
         """The toy model's state over the received prompt pages plus the tokens generated so far. With
         the handoff fault on, the received pages are read in the wrong layout (each page's slots in
         reverse order): what a page-format mismatch between prefill and decode does, the same every time."""
@@ -515,15 +484,3 @@ class DecodeEngine(BaseEngine):
             for rid, t in self.transfers.items()
         }
         return base
-
-
-def _logprobs(out: list[int], top: int) -> dict[str, Any]:
-    """SGLang's output logprob fields (`TokenizerManager` meta_info; `(logprob, token_id, text)` with
-    text None unless return_text_in_logprobs): the toy model's token, then runners-up (next byte ids)."""
-    ranked = [TOP_LOGPROB, *RUNNER_UP_LOGPROBS]
-    fields: dict[str, Any] = {"output_token_logprobs": [[TOP_LOGPROB, tok, None] for tok in out]}
-    if top > 0:
-        fields["output_top_logprobs"] = [
-            [[ranked[r], (tok + r) % tokenizer.VOCAB_SIZE, None] for r in range(min(top, len(ranked)))] for tok in out
-        ]
-    return fields

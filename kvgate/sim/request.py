@@ -1,9 +1,10 @@
 """One request as a worker sees it, and how it ends: the `Req` fields that matter for isolation,
-the abort it may carry, the error response it may become, and its `meta_info`.
+the abort it may carry, the error response it may become, and its `meta_info` (the output logprobs too).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from http import HTTPStatus
 from typing import Any
 
 import torch
+
+from kvgate.sim import tokenizer
 
 
 @dataclass
@@ -85,3 +88,20 @@ def meta_info(req: SimReq, *, prompt_tokens: int, completion_tokens: int, e2e: f
         "num_retractions": 0,
         "e2e_latency": round(e2e, 6),
     }
+
+
+#: The toy model's logprobs (it is certain of its token): the chosen token, then the runners-up.
+TOP_LOGPROB = math.log(0.97)
+RUNNER_UP_LOGPROBS = (math.log(0.02), math.log(0.01))
+
+
+def logprob_fields(out: list[int], top: int) -> dict[str, Any]:
+    """SGLang's output logprob fields (`TokenizerManager` meta_info; `(logprob, token_id, text)` with
+    text None unless return_text_in_logprobs): the toy model's token, then runners-up (next byte ids)."""
+    ranked = [TOP_LOGPROB, *RUNNER_UP_LOGPROBS]
+    fields: dict[str, Any] = {"output_token_logprobs": [[TOP_LOGPROB, tok, None] for tok in out]}
+    if top > 0:
+        fields["output_top_logprobs"] = [
+            [[ranked[r], (tok + r) % tokenizer.VOCAB_SIZE, None] for r in range(min(top, len(ranked)))] for tok in out
+        ]
+    return fields

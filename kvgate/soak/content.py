@@ -10,20 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import httpx
-
-from kvgate.gates.probes.canary import Sender
-from kvgate.gates.probes.client import GenerateClient
-from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.handoff import run_handoff
-from kvgate.gates.probes.plan import ProbeLimits
-from kvgate.gates.probes.sentinels import TokenCodec
-from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.output.progress import NullObserver
 from kvgate.results.findings import Finding, Outcome
 from kvgate.soak.settings import HANDOFF, ISOLATION
 from kvgate.watch import isolation
 from kvgate.watch.budget import TrafficBudget
+from kvgate.watch.route import ProbeRoute
 
 #: the golden set's own budget: the soak is load by design, the watch's traffic limit does not apply
 _UNLIMITED = TrafficBudget(requests_per_min=1_000_000, prefill_tokens_per_min=1 << 40)
@@ -53,18 +45,8 @@ class ContentResult:
 class ContentChecks:
     """The handoff check and the golden-set burst, run once per slice (one caller: the soak loop)."""
 
-    def __init__(
-        self,
-        http: httpx.Client,
-        router: str,
-        limits: ProbeLimits,
-        codec: TokenCodec,
-        settings: ProbeSettings,
-        checks: tuple[str, ...],
-        t0: float,
-    ) -> None:
-        self.http, self.router, self.limits, self.codec = http, router.rstrip("/"), limits, codec
-        self.settings = settings
+    def __init__(self, route: ProbeRoute, checks: tuple[str, ...], t0: float) -> None:
+        self.route = route
         self.checks = checks
         self.t0 = t0
         self.iso: isolation.IsolationWatch | None = None
@@ -74,7 +56,7 @@ class ContentChecks:
         """Record the golden set alone, before any load (None when recorded or not asked, else why not)."""
         if ISOLATION not in self.checks:
             return None
-        iso = isolation.IsolationWatch(self.http, self.router, self.limits, self.codec, self.settings, _UNLIMITED)
+        iso = isolation.IsolationWatch(self.route, _UNLIMITED)
         why = iso.record()
         if why is None:
             self.iso = iso
@@ -121,11 +103,7 @@ class ContentChecks:
 
     def _handoff(self, slice_index: int) -> ContentResult:
         t = time.monotonic()
-        sender = Sender(
-            GenerateClient(self.http, self.router, self.settings.deadline_s),
-            self.codec,
-            CostMeter(context=self.limits.context),
-            NullObserver(),
+        f, _samples = run_handoff(
+            self.route.sender(), self.route.limits, self.route.settings, f"soak slice {slice_index + 1}"
         )
-        f, _samples = run_handoff(sender, self.limits, self.settings, f"soak slice {slice_index + 1}")
         return ContentResult(HANDOFF, f.outcome, f.summary, t - self.t0, time.monotonic() - t, f)

@@ -36,6 +36,7 @@ from kvgate.soak.pool import PoolSampler
 from kvgate.soak.settings import CANARY, CHECKS, SoakSettings
 from kvgate.soak.slo import Allowance, Level, judge, measure, prefill_share
 from kvgate.watch.fleetpass import read_fleet
+from kvgate.watch.route import ProbeRoute
 
 GATE = "soak"
 CONTENT, SLO, PLAN = "content", "slo", "plan"
@@ -136,7 +137,7 @@ class Soak:
             return [self._plan_doubt(f"sentinels cannot be encoded ({how})")], data
         data["lengths"] = bucket_lengths(limits)
         t0 = time.monotonic()
-        content = ContentChecks(http, self.router, limits, codec, self.probe_settings, s.checks, t0)
+        content = ContentChecks(ProbeRoute(http, self.router, limits, codec, self.probe_settings), s.checks, t0)
         why_not = content.prepare()
         if why_not:
             self.log(f"isolation golden set not recorded: {why_not}")
@@ -245,28 +246,12 @@ class Soak:
             return ContentResult(CANARY, Outcome.PASSED, "not asked (soak.checks)", st.end_s, 0.0)
         corrupt = [r for r in recs if r.corruption]
         if corrupt:
-            r = corrupt[0]
-            return ContentResult(
-                CANARY,
-                Outcome.FAILED,
-                f"request #{r.index} ({r.bucket}, {r.length:,} tokens, sentinel {r.sentinel}, sent at "
-                f"{r.start_s:.1f} s) was aborted as metadata/context corruption: {r.corruption}"
-                + (f" (+{len(corrupt) - 1} more request(s))" if len(corrupt) > 1 else ""),
-                st.end_s,
-                0.0,
-            )
+            why = f"was aborted as metadata/context corruption: {corrupt[0].corruption}"
+            return ContentResult(CANARY, Outcome.FAILED, _first_of(corrupt, why), st.end_s, 0.0)
         leaky = [r for r in recs if r.leaks]
         if leaky:
-            r = leaky[0]
-            return ContentResult(
-                CANARY,
-                Outcome.FAILED,
-                f"request #{r.index} ({r.bucket}, {r.length:,} tokens, sentinel {r.sentinel}, sent at "
-                f"{r.start_s:.1f} s) got another request's content in its answer: {', '.join(r.leaks[:3])}"
-                + (f" (+{len(leaky) - 1} more request(s))" if len(leaky) > 1 else ""),
-                st.end_s,
-                0.0,
-            )
+            why = f"got another request's content in its answer: {', '.join(leaky[0].leaks[:3])}"
+            return ContentResult(CANARY, Outcome.FAILED, _first_of(leaky, why), st.end_s, 0.0)
         answered = sum(1 for r in recs if r.served)
         if not answered:
             return ContentResult(
@@ -324,6 +309,15 @@ class Soak:
             first = next(iter(pool.problems.values()))
             data["pool"]["note"] = f"{len(pool.problems)} worker(s) report no pool use: {first}"
         return findings, data
+
+
+def _first_of(bad: list[RequestRecord], why: str) -> str:
+    """The first of the slice's failing load requests, what happened to it, and how many more did."""
+    r = bad[0]
+    return (
+        f"request #{r.index} ({r.bucket}, {r.length:,} tokens, sentinel {r.sentinel}, sent at {r.start_s:.1f} s) "
+        f"{why}" + (f" (+{len(bad) - 1} more request(s))" if len(bad) > 1 else "")
+    )
 
 
 def _worst(outcomes: list[Outcome]) -> Outcome:

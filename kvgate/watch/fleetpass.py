@@ -8,7 +8,8 @@ it). Every fact the gate judged (`fleetread.judged_facts`, the router's entries 
 listing itself) is compared with the value the gate judged; any difference is a change, logged old ->
 new, and re-runs the gate. A worker whose process changed (its startup times: `fleetread.process_identity`)
 is a new worker, whatever its flags and version label say: the gate runs again, its code scan included.
-Load, clocks and live counters are not facts, so a busy fleet re-gates only on schedule.
+Load, clocks and live counters are not facts, so a busy fleet re-gates only on schedule. What the
+last full gate judged is kept by a tap among its gates (`ReadingsTap`).
 """
 
 from __future__ import annotations
@@ -19,14 +20,16 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvgate.errors import TransportError
+from kvgate.gates.base import GateContext
 from kvgate.pipeline.check import discovered_specs
 from kvgate.reading.discovery import RouterListing, list_router_workers
 from kvgate.reading.fleetread import JUDGED_KEYS, judged_facts, read_workers
 from kvgate.reading.node import NodeReading, NodeSpec
 from kvgate.reading.target import TargetClient
+from kvgate.results.findings import Finding
 
 #: flag changes logged per worker (a restart with other flags can move dozens; the first few say enough)
 MAX_FLAG_LINES = 8
@@ -230,11 +233,45 @@ def read_fleet(
     return FleetSnapshot(view, readings, tuple(specs), listing_error, round(time.monotonic() - t0, 4))
 
 
+class ReadingsTap:
+    """A gate that only keeps the run's snapshot: what the gates judged (the passes compare with it)
+    and the readings (the probes plan their lengths from them)."""
+
+    name = "watch-snapshot"
+
+    def __init__(self) -> None:
+        self.readings: list[NodeReading] = []
+        self.listing: RouterListing | None = None
+        self.attempted: tuple[str, ...] = ()
+
+    def run(self, ctx: GateContext) -> list[Finding]:
+        self.readings = list(ctx.readings)
+        self.listing = ctx.listing
+        self.attempted = tuple(s.url for s in ctx.attempted)
+        return []
+
+    def view(self, before: FleetView | None) -> FleetView:
+        """The fleet as the gate judged it. A worker it could not read keeps the facts an earlier gate
+        judged for it, so the pass that reads it again logs what a restart changed (pool 8192 -> 2048)."""
+        got: dict[str, NodeReading | str] = dict.fromkeys(self.attempted, "not read by the full gate")
+        got.update({r.spec.url: r for r in self.readings})
+        view = view_of(self.listing, got)
+        if before is None:
+            return view
+        workers = dict(view.workers)
+        for url, w in workers.items():
+            old = before.workers.get(url)
+            if w.facts is None and old is not None and old.facts is not None:
+                workers[url] = replace(w, facts=old.facts)
+        return replace(view, workers=workers)
+
+
 __all__ = [
     "CHANGE_KINDS",
     "Change",
     "FleetSnapshot",
     "FleetView",
+    "ReadingsTap",
     "WorkerView",
     "changes",
     "listing_state",

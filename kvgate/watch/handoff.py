@@ -18,18 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import httpx
-
-from kvgate.gates.probes.canary import Sender
-from kvgate.gates.probes.client import GenerateClient
-from kvgate.gates.probes.cost import CostMeter
 from kvgate.gates.probes.handoff import CHECK, GATE, REMEDY_FAIL, HandoffPrompt, Tally, judge_prompt, plan_handoff
-from kvgate.gates.probes.plan import ProbeLimits
-from kvgate.gates.probes.sentinels import TokenCodec
-from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.output.progress import NullObserver
 from kvgate.results.findings import Evidence, Finding, failed
 from kvgate.watch.budget import TrafficBudget, every_for_share
+from kvgate.watch.route import ProbeRoute
 
 #: replays per round: decode's first and last confident positions (early and late in the answer)
 WATCH_REPLAYS = 2
@@ -67,26 +59,12 @@ class RoundResult:
 class HandoffWatch:
     """The rounds of one planned watch (one caller: the watch loop)."""
 
-    def __init__(
-        self,
-        http: httpx.Client,
-        router: str,
-        limits: ProbeLimits,
-        codec: TokenCodec,
-        settings: ProbeSettings,
-        budget: TrafficBudget,
-        exact: bool = False,
-    ) -> None:
-        self.limits = limits
-        self.settings = settings
+    def __init__(self, route: ProbeRoute, budget: TrafficBudget, exact: bool = False) -> None:
+        self.limits = limits = route.limits
+        self.settings = settings = route.settings
         self.budget = budget
         self.exact = exact
-        self.sender = Sender(
-            GenerateClient(http, router.rstrip("/"), settings.deadline_s),
-            codec,
-            CostMeter(context=limits.context),
-            NullObserver(),
-        )
+        self.sender = route.sender()
         planned, _ = plan_handoff(limits, settings)
         affordable = budget.prefill_tokens_per_min // 2
         rounds = [HandoffPrompt(p.label, p.length, min(p.replays, WATCH_REPLAYS)) for p in planned]

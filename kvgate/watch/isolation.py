@@ -15,15 +15,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import httpx
-
-from kvgate.gates.probes.canary import Sender
-from kvgate.gates.probes.client import GenerateClient, ProbeResult
-from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.margin import TOP_N, Scored, score
-from kvgate.gates.probes.plan import ProbeLimits
-from kvgate.gates.probes.sentinels import TokenCodec
-from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.gates.probes.under_load import (
     CHECK,
     FIRST_CHARS,
@@ -35,9 +28,9 @@ from kvgate.gates.probes.under_load import (
     corruption_message,
     load_prompt,
 )
-from kvgate.output.progress import NullObserver
 from kvgate.results.findings import Evidence, Finding, failed
 from kvgate.watch.budget import TrafficBudget, every_for_share
+from kvgate.watch.route import ProbeRoute
 
 #: prompts of the golden set, all sent at once: each request shares the decode with 5 others (the
 #: simulated faults, like the upstream races, need 3 or more in the decode)
@@ -83,25 +76,12 @@ class BurstResult:
 class IsolationWatch:
     """The golden set of one passed gate and its bursts (one caller: the watch loop)."""
 
-    def __init__(
-        self,
-        http: httpx.Client,
-        router: str,
-        limits: ProbeLimits,
-        codec: TokenCodec,
-        settings: ProbeSettings,
-        budget: TrafficBudget,
-    ) -> None:
-        self.settings = settings
+    def __init__(self, route: ProbeRoute, budget: TrafficBudget) -> None:
+        self.settings = route.settings
         self.budget = budget
-        self.limits = limits
-        self.sender = Sender(
-            GenerateClient(http, router.rstrip("/"), settings.deadline_s),
-            codec,
-            CostMeter(context=limits.context),
-            NullObserver(),
-        )
-        self.length = min(SHORT_TOKENS, limits.longest_accepted)
+        self.limits = route.limits
+        self.sender = route.sender()
+        self.length = min(SHORT_TOKENS, route.limits.longest_accepted)
         self.golden: list[Golden] = []
 
     def _send(self, p: Prompt, phase: str) -> ProbeResult:

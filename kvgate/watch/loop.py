@@ -9,9 +9,7 @@ when the gate runs and feed the metrics.
 
 from __future__ import annotations
 
-import ctypes
 import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,60 +20,27 @@ import httpx
 from kvgate.defaults import PROBE_BODY_CAP
 from kvgate.exitcodes import ExitStatus
 from kvgate.formats.json_report import JsonFormatter
-from kvgate.gates.base import CheckOptions, GateContext
+from kvgate.gates.base import CheckOptions
 from kvgate.gates.probes.codec_select import select_codec
 from kvgate.gates.probes.margin import deterministic
-from kvgate.gates.probes.plan import ProbeLimits, limits_from_readings
-from kvgate.gates.probes.sentinels import TokenCodec
+from kvgate.gates.probes.plan import limits_from_readings
 from kvgate.gates.probes.settings import ProbeSettings
 from kvgate.pipeline.check import default_gates, run_check
-from kvgate.reading.discovery import RouterListing
 from kvgate.reading.httpbounds import bounded_client
 from kvgate.reading.node import DECODE, PREFILL, NodeReading
 from kvgate.results.findings import INTERNAL_CHECK, Finding, Outcome, Report
 from kvgate.watch import handoff, isolation
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.endpoint import Answer, Endpoint, json_answer
-from kvgate.watch.fleetpass import Change, FleetSnapshot, FleetView, changes, read_fleet, view_of
+from kvgate.watch.fleetpass import Change, FleetSnapshot, FleetView, ReadingsTap, changes, read_fleet
+from kvgate.watch.heap import limit_arenas, release_heap
 from kvgate.watch.latency import ALERT, UNKNOWN, LatencySignal
 from kvgate.watch.metrics import BURST_SKIP_PREFIX, ROUND_SKIP_PREFIX, WatchMetrics
 from kvgate.watch.probes import ScheduledProbes
+from kvgate.watch.route import ProbeRoute
 from kvgate.watch.settings import WatchSettings
 
 Log = Callable[[str], None]
-
-
-class _ReadingsTap:
-    """A gate that only keeps the run's snapshot: what the gates judged (the passes compare with it)
-    and the readings (the probes plan their lengths from them)."""
-
-    name = "watch-snapshot"
-
-    def __init__(self) -> None:
-        self.readings: list[NodeReading] = []
-        self.listing: RouterListing | None = None
-        self.attempted: tuple[str, ...] = ()
-
-    def run(self, ctx: GateContext) -> list[Finding]:
-        self.readings = list(ctx.readings)
-        self.listing = ctx.listing
-        self.attempted = tuple(s.url for s in ctx.attempted)
-        return []
-
-    def view(self, before: FleetView | None) -> FleetView:
-        """The fleet as the gate judged it. A worker it could not read keeps the facts an earlier gate
-        judged for it, so the pass that reads it again logs what a restart changed (pool 8192 -> 2048)."""
-        got: dict[str, NodeReading | str] = dict.fromkeys(self.attempted, "not read by the full gate")
-        got.update({r.spec.url: r for r in self.readings})
-        view = view_of(self.listing, got)
-        if before is None:
-            return view
-        workers = dict(view.workers)
-        for url, w in workers.items():
-            old = before.workers.get(url)
-            if w.facts is None and old is not None and old.facts is not None:
-                workers[url] = replace(w, facts=old.facts)
-        return replace(view, workers=workers)
 
 
 class Watcher:
@@ -284,7 +249,7 @@ class Watcher:
     def full_gate(self, reason: str) -> None:
         self.pending = None
         self.in_gate = True
-        tap = _ReadingsTap()
+        tap = ReadingsTap()
         try:
             report = run_check(
                 self.options,
@@ -345,9 +310,10 @@ class Watcher:
             self.probes_note = f"sentinels cannot be encoded ({how})"
             self.log(f"scheduled probes paused: {self.probes_note}")
             return
-        self._record_golden(limits, codec)
-        self._plan_handoff(limits, codec, deterministic(readings))
-        probes = ScheduledProbes(self.http, self.router, limits, codec, self.probe_settings, self.budget)
+        route = ProbeRoute(self.http, self.router, limits, codec, self.probe_settings)
+        self._record_golden(route)
+        self._plan_handoff(route, deterministic(readings))
+        probes = ScheduledProbes(route, self.budget)
         if not probes.enabled:
             self.probes_note = probes.why_disabled
             self.log(f"scheduled probes paused: {self.probes_note}")
@@ -355,7 +321,7 @@ class Watcher:
         self.probes = probes
         self.probes_note = f"one-page {probes.one_page} and long {probes.long:,} tokens"
 
-    def _record_golden(self, limits: ProbeLimits, codec: TokenCodec) -> None:
+    def _record_golden(self, route: ProbeRoute) -> None:
         """After a passed gate (with the load probe on and no violation standing): a new golden set."""
         if not self.probe_settings.load_probe:
             self.isolation_note = "probes.load_probe is off"
@@ -372,7 +338,7 @@ class Watcher:
         if self.report.exit_status is not ExitStatus.PASSED:
             self.isolation_note = "the last full gate did not pass: no golden set"
             return
-        iso = isolation.IsolationWatch(self.http, self.router, limits, codec, self.probe_settings, self.budget)
+        iso = isolation.IsolationWatch(route, self.budget)
         why = iso.record()
         if why is not None:
             self.isolation_note = why
@@ -383,7 +349,7 @@ class Watcher:
         self.isolation_note = f"{len(iso.golden)} golden prompts, {iso.confident} confident positions"
         self.log(f"isolation golden set recorded: {self.isolation_note}")
 
-    def _plan_handoff(self, limits: ProbeLimits, codec: TokenCodec, exact: bool) -> None:
+    def _plan_handoff(self, route: ProbeRoute, exact: bool) -> None:
         """The handoff rounds: every `handoff_every` intervals, from this interval on."""
         if not self.probe_settings.handoff_probe:
             self.handoff_note = "probes.handoff_probe is off"
@@ -397,7 +363,7 @@ class Watcher:
             return
         if self.handoff_finding is not None:
             return
-        hw = handoff.HandoffWatch(self.http, self.router, limits, codec, self.probe_settings, self.budget, exact)
+        hw = handoff.HandoffWatch(route, self.budget, exact)
         why = hw.why_disabled
         if why is not None:
             self.handoff_note = why
@@ -518,42 +484,6 @@ class Watcher:
 
 
 _BLOCKING = (Outcome.FAILED, Outcome.ERROR, Outcome.INCONCLUSIVE)
-
-
-#: glibc's mallopt parameter M_ARENA_MAX, and the arenas a watch keeps
-_M_ARENA_MAX = -8
-ARENAS = 2
-
-
-def _glibc() -> ctypes.CDLL | None:
-    if sys.platform != "linux":
-        return None
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt  # noqa: B018 - glibc has it, musl does not
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-def limit_arenas() -> None:
-    """Keep the process to ARENAS malloc arenas (glibc; a no-op elsewhere), as MALLOC_ARENA_MAX=2 would.
-
-    A full gate's thread pools (64 canary tenants) each get a glibc arena; the memory freed in them
-    stays mapped, so the watch's RSS climbed about 8% over its first simulated hour of gates every
-    15 minutes before it levelled off (bench/watch_soak.py), with no Python object retained. With two
-    arenas it stayed flat. Process-wide: for a process that runs a watch.
-    """
-    libc = _glibc()
-    if libc is not None:
-        libc.mallopt(_M_ARENA_MAX, ARENAS)
-
-
-def release_heap() -> None:
-    """Give the heap a full gate freed back to the OS (glibc's malloc_trim; a no-op elsewhere)."""
-    libc = _glibc()
-    if libc is not None:
-        libc.malloc_trim(0)
 
 
 __all__ = ["Watcher"]

@@ -13,17 +13,13 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-import httpx
-
-from kvgate.gates.probes.canary import Sender, Sent
-from kvgate.gates.probes.client import GenerateClient
-from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.canary import Sent
 from kvgate.gates.probes.plan import ACCEPT, LengthProbe, ProbeLimits, max_new_tokens_for
-from kvgate.gates.probes.sentinels import Sentinel, TokenCodec, owners
+from kvgate.gates.probes.sentinels import Sentinel, owners
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.output.progress import NullObserver
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.latency import LONG, ONE_PAGE
+from kvgate.watch.route import ProbeRoute
 
 #: why a scheduled probe was not sent (`kvgate_probe_skipped_total`'s reasons)
 OVER_BUDGET = "over budget"
@@ -64,20 +60,10 @@ class ProbeOutcome:
 class ScheduledProbes:
     """Plans and sends one probe at a time; thread-safe enough for one caller (the watch loop)."""
 
-    def __init__(
-        self,
-        http: httpx.Client,
-        router: str,
-        limits: ProbeLimits,
-        codec: TokenCodec,
-        settings: ProbeSettings,
-        budget: TrafficBudget,
-    ) -> None:
-        self.http = http
-        self.router = router.rstrip("/")
-        self.limits = limits
-        self.codec = codec
-        self.settings = settings
+    def __init__(self, route: ProbeRoute, budget: TrafficBudget) -> None:
+        self.route = route
+        self.limits = limits = route.limits
+        self.settings = settings = route.settings
         self.budget = budget
         self.one_page = limits.one_page
         # The runbook's long bucket: at least 8 pages; at most what half a minute's token budget allows.
@@ -113,13 +99,7 @@ class ScheduledProbes:
             f"scheduled {bucket} probe",
             max_new_tokens_for(self.limits, length, ANSWER_TOKENS),
         )
-        sender = Sender(
-            GenerateClient(self.http, self.router, self.settings.deadline_s),
-            self.codec,
-            CostMeter(context=self.limits.context),
-            NullObserver(),
-            book=list(self._book),
-        )
+        sender = self.route.sender(book=self._book)
         rec: Sent = sender.one(probe, "watch")
         self._book.append(rec.sentinel)
         res = rec.result

@@ -18,8 +18,9 @@ import pytest
 
 from kvgate.errors import TransportError
 from kvgate.reading.fleetread import judged_facts, read_workers
+from kvgate.reading.http11 import MAX_HEAD, Answer, Failure
 from kvgate.reading.node import NodeReading, NodeSpec
-from kvgate.reading.wideread import MAX_HEAD, Answer, Failure, get_many
+from kvgate.reading.wideread import get_each
 from kvgate.watch import fleetpass
 from tests.hostile.net_servers import Request, ScriptedServer, drip, head
 
@@ -47,8 +48,13 @@ def _raw(data: bytes) -> object:
     return script
 
 
+def _each(urls: list[str], path: str) -> list[tuple[str, str]]:
+    """One (base URL, path) pair per URL: the same path from each."""
+    return [(u, path) for u in urls]
+
+
 def _read(urls: list[str], path: str = "/server_info", timeout: float = 5.0, **kw: object) -> list[Answer | Failure]:
-    return get_many(urls, path, timeout=timeout, deadline=time.monotonic() + 30, width=64, body_cap=CAP, **kw)  # type: ignore[arg-type]
+    return get_each(_each(urls, path), timeout=timeout, deadline=time.monotonic() + 30, width=64, body_cap=CAP, **kw)  # type: ignore[arg-type]
 
 
 def test_every_framing_is_read_whole_and_in_order(serve: list[ScriptedServer]) -> None:
@@ -78,7 +84,7 @@ def test_a_dripping_peer_ends_at_its_timeout(serve: list[ScriptedServer]) -> Non
 
 def test_no_request_starts_after_the_pass_deadline(serve: list[ScriptedServer]) -> None:
     s = _start(serve, _raw(head(length=2) + b"{}"))
-    (got,) = get_many([s.url], "/x", timeout=5, deadline=time.monotonic() - 1, width=4, body_cap=CAP)
+    (got,) = get_each(_each([s.url], "/x"), timeout=5, deadline=time.monotonic() - 1, width=4, body_cap=CAP)
     assert isinstance(got, Failure) and "deadline passed" in got.reason
     assert not s.requests
 
@@ -129,9 +135,8 @@ def test_width_bounds_the_requests_in_flight_and_hooks_run(serve: list[ScriptedS
     s = _start(serve, script)
     seen: list[int] = []
     sent: list[bool] = []
-    got = get_many(
-        [s.url] * 6,
-        "/p",
+    got = get_each(
+        _each([s.url] * 6, "/p"),
         headers="Authorization: Bearer t0ken-for-the-test\r\n",
         timeout=5,
         deadline=time.monotonic() + 30,
@@ -255,8 +260,8 @@ def test_a_name_is_resolved_and_each_of_its_addresses_tried(serve: list[Scripted
     s = _start(serve, _raw(head(length=2) + b"{}"))  # listens on 127.0.0.1 only; localhost may say ::1 first
     port = s.url.rsplit(":", 1)[1]
     assert _read([f"http://localhost:{port}"]) == [Answer(200, b"{}")]
-    (got,) = get_many(
-        ["http://no-such-host.invalid:1"], "/x", timeout=2, deadline=time.monotonic() + 2, width=1, body_cap=CAP
+    (got,) = get_each(
+        _each(["http://no-such-host.invalid:1"], "/x"), timeout=2, deadline=time.monotonic() + 2, width=1, body_cap=CAP
     )
     assert isinstance(got, Failure) and "unreachable: cannot resolve 'no-such-host.invalid'" in got.reason
 
@@ -357,9 +362,8 @@ def test_the_bytes_in_flight_are_bounded_and_every_answer_still_arrives(serve: l
         conn.sendall(head(length=len(body)) + body)
 
     s = _start(serve, script)
-    got = get_many(
-        [s.url] * 8,
-        "/big",
+    got = get_each(
+        _each([s.url] * 8, "/big"),
         timeout=20,
         deadline=time.monotonic() + 60,
         width=8,

@@ -17,6 +17,7 @@ from kvgate.sim import faults
 from kvgate.sim.deploy import SimDeployment
 from kvgate.watch.budget import TrafficBudget
 from kvgate.watch.handoff import ROUND_REQUESTS, ROUND_SHARE, HandoffWatch, RoundResult, finding, round_every
+from kvgate.watch.route import ProbeRoute
 from tests.watch.helpers import WatchProcess
 
 
@@ -32,7 +33,8 @@ def test_rounds_take_at_most_a_quarter_of_the_request_budget() -> None:
 def _watch(context: int, tokens_per_min: int) -> HandoffWatch:
     limits = ProbeLimits(context=context, max_req_input_len=context - 6, page_size=64, pool=2 * context)
     budget = TrafficBudget(requests_per_min=60, prefill_tokens_per_min=tokens_per_min, clock=lambda: 0.0)
-    return HandoffWatch(httpx.Client(), "http://127.0.0.1:9", limits, object(), ProbeSettings(), budget)  # type: ignore[arg-type]
+    route = ProbeRoute(httpx.Client(), "http://127.0.0.1:9", limits, object(), ProbeSettings())  # type: ignore[arg-type]
+    return HandoffWatch(route, budget)
 
 
 def test_a_round_is_charged_whole_and_the_rotation_keeps_what_half_a_minute_affords() -> None:

@@ -30,6 +30,7 @@ from kvgate.watch.isolation import (
     finding,
     judge,
 )
+from kvgate.watch.route import ProbeRoute
 from tests.gates.probes.test_under_load import answer
 from tests.watch.helpers import WatchProcess
 
@@ -74,7 +75,7 @@ def _recorder(margins: list[list[float]], budget: TrafficBudget | None = None) -
     """An IsolationWatch whose answers alone come, in turn, with these per-token margins (no server)."""
     limits = ProbeLimits(context=4096, max_req_input_len=4090, page_size=16, pool=8192)
     b = budget or TrafficBudget(requests_per_min=10_000, prefill_tokens_per_min=10**9, clock=lambda: 0.0)
-    iso = IsolationWatch(httpx.Client(), "http://127.0.0.1:9", limits, ByteCodec(), ProbeSettings(), b)
+    iso = IsolationWatch(ProbeRoute(httpx.Client(), "http://127.0.0.1:9", limits, ByteCodec(), ProbeSettings()), b)
     sent: list[str] = []
 
     def send(p: Prompt, phase: str) -> object:

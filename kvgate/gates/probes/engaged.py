@@ -169,7 +169,7 @@ def _sane(v: object) -> TypeGuard[float]:
 
 def read_counts(ctx: GateContext, workers: Sequence[NodeReading]) -> list[Count]:
     """One bounded read of every worker: /metrics, then /v1/loads where /metrics has no request counter."""
-    from kvgate.reading.wideread import Answer
+    from kvgate.reading.http11 import Answer
 
     answers = ctx.client.get_raw([(w.spec.url, METRICS_PATH) for w in workers])
     counts: list[Count] = []
