@@ -9,14 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvgate.commands import options as opt
-from kvgate.commands._common import (
-    deprecated_alias,
-    fatal_report,
-    finish,
-    handle_errors,
-    resolve_strict,
-    with_anchors,
-)
+from kvgate.commands._common import deprecated_alias, fatal_report, finish, handle_errors, resolve_strict, with_anchors
 from kvgate.defaults import (
     DEFAULT_CONCURRENCY,
     DEFAULT_READ_DEADLINE,

@@ -10,14 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from kvgate.commands import options as opt
-from kvgate.commands._common import (
-    deprecated_alias,
-    fatal_report,
-    finish,
-    handle_errors,
-    resolve_strict,
-    with_anchors,
-)
+from kvgate.commands._common import deprecated_alias, fatal_report, finish, handle_errors, resolve_strict, with_anchors
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
