@@ -27,10 +27,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # click's UsageError (typer vendors click from 0.27 on): the base of typer.BadParameter, found by name.
 _CLICK_USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "UsageError")
 
-STRICT_HELP = (
-    "Inconclusive checks block (exit 3): the default. --no-strict lets them pass; the report then says "
-    "so and lists what was not observed."
-)
 # The report options every reporting command names one of these ways.
 _FORMAT_KWARGS = ("fmt", "formats")
 _OUTPUT_KWARGS = ("output", "outputs")
@@ -131,10 +127,6 @@ def logs_left(what: str, log_dir: Path | None) -> tuple[str, ...]:
 
 def with_notes(report: Report, notes: tuple[str, ...]) -> Report:
     return replace(report, notes=report.notes + notes) if notes else report
-
-
-VERBOSE_HELP = "Show every finding's detail in the table, passed ones too."
-QUIET_HELP = "No progress lines on stderr (the report and errors still print)."
 
 
 def _same_place() -> bool:
@@ -297,16 +289,6 @@ class ReportingCommand(TyperCommand):
                 raise typer.Exit(done.exit_code) from None
 
 
-SARIF_ANCHOR_HELP = (
-    "A file in the repository (e.g. the deployment's manifest) where SARIF anchors its results when no "
-    "profile or baseline file there can be (else .kvgate/deployment)."
-)
-
-
-# `--sarif-anchor PATH`, the same on every command that writes SARIF.
-SARIF_ANCHOR_OPTION: Any = typer.Option(None, "--sarif-anchor", metavar="PATH", help=SARIF_ANCHOR_HELP)
-
-
 def with_anchors(report: Report, **files: str | Path | None) -> Report:
     """The report with the files a SARIF reader may anchor results at (profile_file, baseline_file,
     sarif_anchor): only those that exist as files; the formatter picks the first inside the repository.
@@ -322,11 +304,6 @@ def with_anchors(report: Report, **files: str | Path | None) -> Report:
     if not named or not isinstance(report.target, dict):
         return report
     return replace(report, target={**report.target, **named})
-
-
-CONTEXT_LENGTH_HELP = "Advertised context length the pool must hold (default: the engine's)."
-# A SGLang release is `--release R` on every command (`--emulate`, `--to`, `--version`: hidden old spellings).
-RELEASE_METAVAR = "R"
 
 
 def deprecated_alias(new: str, old: str, value: Any, old_value: Any) -> Any:

@@ -8,10 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvgate.commands import options as opt
 from kvgate.commands._common import (
-    QUIET_HELP,
-    RELEASE_METAVAR,
-    VERBOSE_HELP,
     deprecated_alias,
     fatal_report,
     finish,
@@ -32,18 +30,12 @@ GATE = "backport"
 
 @handle_errors
 def backport(
-    release: str | None = typer.Option(
-        None, "--release", metavar=RELEASE_METAVAR, help="Release whose series to use, e.g. v0.5.20 (required)."
-    ),
+    release: str | None = opt.release("Release whose series to use, e.g. v0.5.20 (required)."),
     to_old: str | None = typer.Option(None, "--to", hidden=True),
-    repo: Path | None = typer.Option(None, "--repo", help="A git checkout of sglang (python/sglang layout)."),
-    site_packages: Path | None = typer.Option(
-        None, "--site-packages", help="A site-packages directory holding the installed sglang/."
-    ),
-    python: str | None = typer.Option(
-        None,
-        "--python",
-        help="An interpreter whose installed sglang to patch (or, with --site-packages, to run --verify's probe in).",
+    repo: Path | None = opt.repo("A git checkout of sglang (python/sglang layout)."),
+    site_packages: Path | None = opt.site_packages("A site-packages directory holding the installed sglang/."),
+    python: str | None = opt.python(
+        "An interpreter whose installed sglang to patch (or, with --site-packages, to run --verify's probe in)."
     ),
     with_hardening: bool = typer.Option(
         False, "--with-hardening", help="Also apply the opt-in decode-side handoff coverage check."
@@ -53,11 +45,11 @@ def backport(
         False, "--verify", help="Check the series is applied and run sglang's real admission code against it."
     ),
     revert: bool = typer.Option(False, "--revert", help="Undo the series (byte-for-byte restore)."),
-    probe_timeout: float = typer.Option(300.0, "--probe-timeout", min=1.0, help="Seconds per probe."),
-    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
-    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    probe_timeout: float = opt.probe_timeout("Seconds per probe."),
+    fmt: list[ReportFormat] = opt.format("Report format (repeatable)."),
+    output: list[Path] = opt.output(),
+    verbose: bool = opt.verbose(),
+    quiet: bool = opt.quiet(opt.QUIET_HELP),
 ) -> None:
     """Apply kvgate's backport series to an sglang checkout or installation, atomically.
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from kvgate.commands import options as opt
 from kvgate.commands._common import fail
 from kvgate.exitcodes import ExitStatus
 from kvgate.output import sinks
@@ -40,7 +41,7 @@ def _remove(entry: Path, root: Path) -> None:
 def cache(
     clear: bool = typer.Option(False, "--clear", help="Delete the cache's contents (every entry, or each --entry)."),
     names: list[str] = typer.Option([], "--entry", metavar="NAME", help="One entry to list or clear (repeatable)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the total (errors still print)."),
+    quiet: bool = opt.quiet("Print only the total (errors still print)."),
 ) -> None:
     """List kvgate's cache (real sglang wheels, CPU environments, tiny models) with sizes, or clear it."""
     from kvgate.paths import cache_dir, human_size

@@ -8,18 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import (
-    CONTEXT_LENGTH_HELP,
-    SARIF_ANCHOR_OPTION,
-    STRICT_HELP,
-    VERBOSE_HELP,
-    deprecated_alias,
-    fatal_report,
-    finish,
-    handle_errors,
-    resolve_strict,
-    with_anchors,
-)
+from kvgate.commands import options as opt
+from kvgate.commands._common import deprecated_alias, fatal_report, finish, handle_errors, resolve_strict, with_anchors
 from kvgate.defaults import (
     DEFAULT_CONCURRENCY,
     DEFAULT_READ_DEADLINE,
@@ -41,105 +31,69 @@ DEFAULT_HEADROOM = 1.25
 def check(
     prefill_url: list[str] = typer.Option([], "--prefill-url", help="Prefill worker URL (repeatable)."),
     decode_url: list[str] = typer.Option([], "--decode-url", help="Decode worker URL (repeatable)."),
-    router_url: str | None = typer.Option(
-        None,
-        "--router-url",
-        help="Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates.",
+    router_url: str | None = opt.router_url(
+        "Router URL: its worker list is gated (or cross-checked with the given URLs); enables the probe gates."
     ),
-    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
-    context_len: int | None = typer.Option(None, "--context-length", min=1, metavar="N", help=CONTEXT_LENGTH_HELP),
-    context_len_old: int | None = typer.Option(None, "--context-len", min=1, hidden=True),
-    headroom: float | None = typer.Option(
-        None,
-        "--headroom",
-        min=1.0,
-        help=f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value).",
+    profile: str | None = opt.profile(),
+    context_len: int | None = opt.context_length(),
+    context_len_old: int | None = opt.context_len_old(),
+    headroom: float | None = opt.headroom(
+        f"Required pool / context ratio (default {DEFAULT_HEADROOM}, the runbook's value)."
     ),
-    timeout: float | None = typer.Option(
-        None,
-        "--timeout",
-        min=0.1,
-        help=f"Seconds one whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g}).",
+    timeout: float | None = opt.timeout(
+        f"Seconds one whole metadata answer may take, body included (default {DEFAULT_TIMEOUT:g})."
     ),
-    fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif, html."
-    ),
-    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    token_env: str | None = typer.Option(
-        None, "--token-env", help="Name of the environment variable holding the bearer token."
-    ),
-    router_token_env: str | None = typer.Option(
-        None,
-        "--router-token-env",
-        help="Name of the environment variable holding the router's control-plane key (smg "
-        "--control-plane-api-keys), sent only to its /workers and /get_loads.",
+    fmt: list[ReportFormat] = opt.format(),
+    output: list[Path] = opt.output(),
+    strict: bool | None = opt.strict(),
+    token_env: str | None = opt.token_env(),
+    router_token_env: str | None = opt.router_token_env(
+        "Name of the environment variable holding the router's control-plane key (smg "
+        "--control-plane-api-keys), sent only to its /workers and /get_loads."
     ),
     router_health_url: str | None = typer.Option(
         None,
         "--router-health-url",
         help="Where the router serves its probes (smg --health-check-port): /readiness is read there.",
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    probe_deadline: float | None = typer.Option(
-        None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang (default 30)."
+    quiet: bool = opt.quiet(),
+    verbose: bool = opt.verbose(),
+    probe_deadline: float | None = opt.probe_deadline(
+        "Seconds one probe may take before it counts as a hang (default 30)."
     ),
-    tenants: int | None = typer.Option(
-        None, "--tenants", min=1, help="Concurrent canary tenants per round (default 32)."
+    tenants: int | None = opt.tenants("Concurrent canary tenants per round (default 32)."),
+    keep_going: bool = opt.keep_going(),
+    deferred_release_env: bool | None = opt.deferred_release(
+        "What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not expose it."
     ),
-    keep_going: bool = typer.Option(
-        False,
-        "--keep-going",
-        help="Run every probe even after a confirmed leak or once the deployment stopped answering.",
-    ),
-    deferred_release_env: bool | None = typer.Option(
-        None,
-        "--deferred-release/--no-deferred-release",
-        help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to on the workers, when they do not "
-        "expose it.",
-    ),
-    deferred_release_old: bool | None = typer.Option(
-        None, "--deferred-release-env/--no-deferred-release-env", hidden=True
-    ),
-    model_arch: str | None = typer.Option(
-        None, "--model-arch", help="Model architecture (e.g. GlmMoeDsaForCausalLM) when workers do not report it."
+    deferred_release_old: bool | None = opt.deferred_release_old(),
+    model_arch: str | None = opt.model_arch(
+        "Model architecture (e.g. GlmMoeDsaForCausalLM) when workers do not report it."
     ),
     self_test: bool = typer.Option(
         False,
         "--self-test",
         help="First prove the probes see a known leak (simulated 0.5.19); needs kvgate[sim,router].",
     ),
-    site_packages: str | None = typer.Option(
-        None, "--site-packages", help="Folder holding the sglang/ package every worker runs (read for the fixes)."
+    site_packages: str | None = opt.site_packages(
+        "Folder holding the sglang/ package every worker runs (read for the fixes)."
     ),
-    python: str | None = typer.Option(
-        None,
-        "--python",
-        help="Command running the workers' Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
-        "kvgate's scan program goes to its stdin.",
+    python: str | None = opt.python(
+        "Command running the workers' Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
+        "kvgate's scan program goes to its stdin."
     ),
-    scan_timeout: float | None = typer.Option(
-        None, "--scan-timeout", min=1.0, help=f"Seconds the --python command may take (default {SCAN_TIMEOUT_S:g})."
+    scan_timeout: float | None = opt.scan_timeout(
+        f"Seconds the --python command may take (default {SCAN_TIMEOUT_S:g})."
     ),
-    trust_version: bool = typer.Option(
-        False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."
+    trust_version: bool = opt.trust_version(),
+    probes: bool = opt.probes(
+        "Send the probe requests through the router (--no-probes: metadata only, said in the report and "
+        "the verdict line; without --router-url and without --no-probes the probes are inconclusive)."
     ),
-    probes: bool = typer.Option(
-        True,
-        "--probes/--no-probes",
-        help="Send the probe requests through the router (--no-probes: metadata only, said in the report and "
-        "the verdict line; without --router-url and without --no-probes the probes are inconclusive).",
-    ),
-    concurrency: int = typer.Option(
-        DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers whose metadata is read at once."
-    ),
-    read_deadline: float | None = typer.Option(
-        None,
-        "--read-deadline",
-        min=0.1,
-        help=f"Seconds the whole metadata read may take (default {DEFAULT_READ_DEADLINE:g}); each worker's read "
-        f"also ends within {NODE_DEADLINE_REQUESTS}x --timeout.",
+    concurrency: int = opt.concurrency("Workers whose metadata is read at once."),
+    read_deadline: float | None = opt.read_deadline(
+        f"Seconds the whole metadata read may take (default {DEFAULT_READ_DEADLINE:g}); each worker's read "
+        f"also ends within {NODE_DEADLINE_REQUESTS}x --timeout."
     ),
     baseline: Path | None = typer.Option(
         None, "--baseline", help="Fail on any change since this baseline file (capacity drift, workers added/removed)."
@@ -149,10 +103,10 @@ def check(
         "--write-baseline",
         help="Record this run's fleet as the baseline file, only if the run passes (compared with --baseline first).",
     ),
-    model_config: Path | None = typer.Option(
-        None, "--model-config", help="The model's config.json: explain a pool/context failure with kvgate plan's knobs."
+    model_config: Path | None = opt.model_config(
+        "The model's config.json: explain a pool/context failure with kvgate plan's knobs."
     ),
-    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
+    sarif_anchor: Path | None = opt.sarif_anchor(),
 ) -> None:
     """Gate a live PD deployment: pool vs context, defenses, fleet consistency, and (with --router-url)
     the router's whole worker list and behavioural probes."""

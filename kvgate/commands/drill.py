@@ -14,13 +14,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import typer
-
+from kvgate.commands import options as opt
 from kvgate.commands._common import (
-    RELEASE_METAVAR,
-    SARIF_ANCHOR_OPTION,
-    STRICT_HELP,
-    VERBOSE_HELP,
     deprecated_alias,
     fatal_report,
     finish,
@@ -101,43 +96,33 @@ def _logs(engine: str, dep: Any) -> tuple[str, ...]:
 
 @handle_errors
 def drill(
-    release: str | None = typer.Option(
-        None, "--release", metavar=RELEASE_METAVAR, help="SGLang release to reproduce, 0.5.19-0.5.23 (default 0.5.19)."
+    release: str | None = opt.release("SGLang release to reproduce, 0.5.19-0.5.23 (default 0.5.19)."),
+    emulate_old: str | None = opt.emulate_old(),
+    engine: str = opt.engine("sim (the simulator) or sglang (the real server on CPU).", default="sim"),
+    context_length: int | None = opt.context_length(
+        "Context of every worker (default: sim 1,048,576, sglang 8,192).", min=16
     ),
-    emulate_old: str | None = typer.Option(None, "--emulate", hidden=True),
-    engine: str = typer.Option("sim", "--engine", help="sim (the simulator) or sglang (the real server on CPU)."),
-    context_length: int | None = typer.Option(
-        None, "--context-length", min=16, help="Context of every worker (default: sim 1,048,576, sglang 8,192)."
+    prefill_pool: int | None = opt.prefill_pool(
+        "Prefill KV pool in tokens (default: sim 681,280, sglang 4,096).", min=16
     ),
-    prefill_pool: int | None = typer.Option(
-        None, "--prefill-pool", min=16, help="Prefill KV pool in tokens (default: sim 681,280, sglang 4,096)."
+    decode_pool: int | None = opt.decode_pool(
+        "Decode KV pool in tokens (default: sim 2,097,152, sglang 10,240).", min=16
     ),
-    decode_pool: int | None = typer.Option(
-        None, "--decode-pool", min=16, help="Decode KV pool in tokens (default: sim 2,097,152, sglang 10,240)."
+    prefill: int = opt.prefill(),
+    decode: int = opt.decode(),
+    page_size: int | None = opt.page_size("KV page size (default: sim 16, sglang 1)."),
+    skip_tokenizer_init: bool = opt.skip_tokenizer_init("sglang engine: workers answer output_ids only."),
+    deferred_release: bool | None = opt.deferred_release(
+        "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's)."
     ),
-    prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
-    decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
-    page_size: int | None = typer.Option(None, "--page-size", min=1, help="KV page size (default: sim 16, sglang 1)."),
-    skip_tokenizer_init: bool = typer.Option(
-        False, "--skip-tokenizer-init", help="sglang engine: workers answer output_ids only."
-    ),
-    deferred_release: bool | None = typer.Option(
-        None,
-        "--deferred-release/--no-deferred-release",
-        help="SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE of the workers (default: the release's).",
-    ),
-    tenants: int | None = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per round."),
-    keep_going: bool = typer.Option(
-        False,
-        "--keep-going",
-        help="Run every probe even after a confirmed leak or once the deployment stopped answering.",
-    ),
-    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format (repeatable)."),
-    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
+    tenants: int | None = opt.tenants("Concurrent canary tenants per round."),
+    keep_going: bool = opt.keep_going(),
+    fmt: list[ReportFormat] = opt.format("Report format (repeatable)."),
+    output: list[Path] = opt.output(),
+    strict: bool | None = opt.strict(),
+    quiet: bool = opt.quiet(),
+    verbose: bool = opt.verbose(),
+    sarif_anchor: Path | None = opt.sarif_anchor(),
 ) -> None:
     """Run the full gate against a PD deployment it starts: the simulator, or the real server on CPU."""
     from kvgate.formats.reporting import pair_outputs

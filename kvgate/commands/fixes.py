@@ -9,18 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvgate.commands._common import (
-    QUIET_HELP,
-    RELEASE_METAVAR,
-    SARIF_ANCHOR_OPTION,
-    VERBOSE_HELP,
-    deprecated_alias,
-    fatal_report,
-    finish,
-    handle_errors,
-    resolve_strict,
-    with_anchors,
-)
+from kvgate.commands import options as opt
+from kvgate.commands._common import deprecated_alias, fatal_report, finish, handle_errors, resolve_strict, with_anchors
 from kvgate.defaults import SCAN_TIMEOUT_S
 from kvgate.errors import KvgateError, UsageError
 from kvgate.formats import ReportFormat
@@ -89,44 +79,34 @@ def _with_missing_files(findings: list[Finding], a: Assessment, scan: CodeScan |
 
 @handle_errors
 def fixes(
-    version: str | None = typer.Option(
-        None, "--release", metavar=RELEASE_METAVAR, help="Judge a release string (PEP 440), e.g. 0.5.20."
-    ),
+    version: str | None = opt.release("Judge a release string (PEP 440), e.g. 0.5.20."),
     version_old: str | None = typer.Option(None, "--version", hidden=True),
-    repo: Path | None = typer.Option(None, "--repo", help="An sglang git checkout (python/sglang layout)."),
+    repo: Path | None = opt.repo("An sglang git checkout (python/sglang layout)."),
     rev: str | None = typer.Option(None, "--rev", help="Commit to judge in --repo (default HEAD)."),
-    site_packages: str | None = typer.Option(
-        None, "--site-packages", help="Folder holding the installed sglang/ package, or 'auto' (this interpreter)."
+    site_packages: str | None = opt.site_packages(
+        "Folder holding the installed sglang/ package, or 'auto' (this interpreter)."
     ),
-    python: str | None = typer.Option(
-        None,
-        "--python",
-        help="Command running the server's Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
-        "kvgate's scan program goes to its stdin.",
+    python: str | None = opt.python(
+        "Command running the server's Python, e.g. 'kubectl exec -i -n NS POD -- python3'; "
+        "kvgate's scan program goes to its stdin."
     ),
     url: str | None = typer.Option(None, "--url", help="A running SGLang worker: reads `version` from /server_info."),
     backend: str | None = typer.Option(
         None, "--backend", help="Transfer backend (mooncake, nixl, ascend, mori) for backend-specific fixes."
     ),
-    formats: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="table (default), json, junit, markdown, sarif."
-    ),
-    outputs: list[Path] = typer.Option([], "--output", "-o", help="Write the i-th --format to this file."),
-    token_env: str | None = typer.Option(None, "--token-env", help="Env var holding a bearer token for --url."),
-    timeout: float = typer.Option(10.0, "--timeout", min=0.1, help="Seconds per HTTP request (--url)."),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=FIXES_STRICT_HELP),
-    scan_timeout: float = typer.Option(
-        SCAN_TIMEOUT_S, "--scan-timeout", min=1.0, help="Seconds the --python scan may take."
-    ),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP),
+    formats: list[ReportFormat] = opt.format("table (default), json, junit, markdown, sarif."),
+    outputs: list[Path] = opt.output("Write the i-th --format to this file."),
+    token_env: str | None = opt.token_env("Env var holding a bearer token for --url."),
+    timeout: float = opt.timeout("Seconds per HTTP request (--url).", default=10.0),
+    strict: bool | None = opt.strict(FIXES_STRICT_HELP),
+    scan_timeout: float = opt.scan_timeout("Seconds the --python scan may take.", default=SCAN_TIMEOUT_S),
+    verbose: bool = opt.verbose(),
+    quiet: bool = opt.quiet(opt.QUIET_HELP),
     probe: bool = typer.Option(
         False, "--probe", help="Also run the installed admission code on CPU (needs --python; slow: seconds)."
     ),
-    probe_timeout: float = typer.Option(
-        300.0, "--probe-timeout", min=1.0, help="Seconds for the behaviour probes (one interpreter runs them all)."
-    ),
-    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
+    probe_timeout: float = opt.probe_timeout("Seconds for the behaviour probes (one interpreter runs them all)."),
+    sarif_anchor: Path | None = opt.sarif_anchor(),
 ) -> None:
     """Which of the incident's upstream fixes (and kvgate backports) the code carries.
 

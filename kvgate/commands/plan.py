@@ -8,10 +8,8 @@ from typing import Any
 
 import typer
 
+from kvgate.commands import options as opt
 from kvgate.commands._common import (
-    QUIET_HELP,
-    SARIF_ANCHOR_OPTION,
-    VERBOSE_HELP,
     fatal_report,
     finish,
     handle_errors,
@@ -26,7 +24,7 @@ ROLES = ("prefill", "decode")
 
 @handle_errors
 def plan(
-    model_config: Path | None = typer.Option(None, "--model-config", help="The model's config.json (or its folder)."),
+    model_config: Path | None = opt.model_config("The model's config.json (or its folder)."),
     gpu_memory_gib: float | None = typer.Option(
         None, "--gpu-memory-gib", help="Free GiB per GPU before the weights load (e.g. 139.5 on an H200)."
     ),
@@ -38,37 +36,27 @@ def plan(
     dp: int | None = typer.Option(None, "--dp", min=1, help="--dp-size of the workers (default 1)."),
     attention_dp: bool = typer.Option(False, "--attention-dp", help="--enable-dp-attention: one pool per DP rank."),
     pp: int | None = typer.Option(None, "--pp", min=1, help="--pp-size of the workers (default 1)."),
-    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="As given to the workers."),
+    mem_fraction_static: float | None = opt.mem_fraction_static("As given to the workers."),
     kv_cache_dtype: str | None = typer.Option(None, "--kv-cache-dtype", help="auto (default), bfloat16 or fp8_e4m3."),
-    page_size: int | None = typer.Option(
-        None, "--page-size", min=1, help="The page size server_info reports (default 1)."
-    ),
-    context_length: int | None = typer.Option(
-        None, "--context-length", min=1, help="Advertised context the pool must hold."
-    ),
-    headroom: float | None = typer.Option(
-        None, "--headroom", min=1.0, help="Required pool / context ratio (default 1.25)."
-    ),
+    page_size: int | None = opt.page_size("The page size server_info reports (default 1)."),
+    context_length: int | None = opt.context_length("Advertised context the pool must hold."),
+    headroom: float | None = opt.headroom("Required pool / context ratio (default 1.25)."),
     weights_gib: float | None = typer.Option(
         None, "--weights-gib", min=0.0, help="Measured weight GiB per GPU (default: estimated from the config)."
     ),
     max_total_tokens: int | None = typer.Option(
         None, "--max-total-tokens", min=1, help="The workers' pool cap, if any."
     ),
-    release: str | None = typer.Option(
-        None, "--release", metavar="R", help="SGLang release whose sizing code to follow (default 0.5.23)."
-    ),
+    release: str | None = opt.release("SGLang release whose sizing code to follow (default 0.5.23)."),
     gpu_sm: int | None = typer.Option(
         None, "--gpu-sm", help="GPU compute capability x10 (90 Hopper, 100 Blackwell); decides DSA's auto KV dtype."
     ),
-    profile: str | None = typer.Option(None, "--profile", help="Gate profile whose deployment: section to plan."),
-    fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif, html."
-    ),
-    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " plan prints none; accepted everywhere."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
-    sarif_anchor: Path | None = SARIF_ANCHOR_OPTION,
+    profile: str | None = opt.profile("Gate profile whose deployment: section to plan."),
+    fmt: list[ReportFormat] = opt.format(),
+    output: list[Path] = opt.output(),
+    quiet: bool = opt.quiet(opt.QUIET_HELP + " plan prints none; accepted everywhere."),
+    verbose: bool = opt.verbose(),
+    sarif_anchor: Path | None = opt.sarif_anchor(),
 ) -> None:
     """Predict the KV pool SGLang sizes for a deployment; exit 1 when it cannot hold context x headroom."""
     pairs = pair_outputs(list(fmt), list(output))

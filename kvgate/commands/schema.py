@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import typer
-
-from kvgate.commands._common import QUIET_HELP
+from kvgate.commands import options as opt
 
 
 def schema(
-    quiet: bool = typer.Option(False, "--quiet", "-q", help=QUIET_HELP + " schema prints none; accepted everywhere."),
+    quiet: bool = opt.quiet(opt.QUIET_HELP + " schema prints none; accepted everywhere."),
 ) -> None:
     """Print the JSON Schema that every `--format json` report validates against."""
     import sys

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import typer
 
-from kvgate.commands._common import STRICT_HELP, VERBOSE_HELP, fatal_report, finish, handle_errors
+from kvgate.commands import options as opt
+from kvgate.commands._common import fatal_report, finish, handle_errors
 from kvgate.errors import KvgateError
 from kvgate.formats import ReportFormat
 
@@ -19,16 +20,16 @@ CI_ENV = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE", "JENKINS_URL", "TF_B
 
 @handle_errors
 def soak(
-    router_url: str = typer.Option(..., "--router-url", help="Router URL: the load and the checks go through it."),
-    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
+    router_url: str = opt.router_url("Router URL: the load and the checks go through it.", default=...),
+    profile: str | None = opt.profile(),
     duration: float | None = typer.Option(
         None, "--duration", min=1.0, help="Seconds of load (default 300; profile soak.duration_s)."
     ),
     slice_s: float | None = typer.Option(
         None, "--slice", min=0.5, help="Seconds per judged timeslice (default 30; profile soak.slice_s)."
     ),
-    concurrency: int | None = typer.Option(
-        None, "--concurrency", min=1, max=4096, help="Requests in flight at most (default 8; soak.concurrency)."
+    concurrency: int | None = opt.concurrency(
+        "Requests in flight at most (default 8; soak.concurrency).", default=None
     ),
     rate: float | None = typer.Option(
         None, "--rate", min=0.01, help="Requests started per second (open loop; default: closed loop)."
@@ -39,28 +40,17 @@ def soak(
     cancel_share: float | None = typer.Option(
         None, "--cancel-share", min=0.0, max=0.9, help="Share of requests the client drops mid-flight (default 0.05)."
     ),
-    fmt: list[ReportFormat] = typer.Option(
-        [], "--format", "-f", help="Report format (repeatable): table, json, junit, markdown, sarif, html."
+    fmt: list[ReportFormat] = opt.format(),
+    output: list[Path] = opt.output(),
+    timeout: float | None = opt.timeout("Seconds one whole metadata answer may take (default 10)."),
+    probe_deadline: float | None = opt.probe_deadline(
+        "Seconds one request may take before it counts as a hang (default 30)."
     ),
-    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    timeout: float | None = typer.Option(
-        None, "--timeout", min=0.1, help="Seconds one whole metadata answer may take (default 10)."
-    ),
-    probe_deadline: float | None = typer.Option(
-        None, "--probe-deadline", min=0.1, help="Seconds one request may take before it counts as a hang (default 30)."
-    ),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    token_env: str | None = typer.Option(
-        None, "--token-env", help="Name of the environment variable holding the bearer token."
-    ),
-    router_token_env: str | None = typer.Option(
-        None,
-        "--router-token-env",
-        help="Name of the environment variable holding the router's control-plane key, sent only to "
-        "its /workers and /get_loads.",
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no log lines on stderr."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    strict: bool | None = opt.strict(),
+    token_env: str | None = opt.token_env(),
+    router_token_env: str | None = opt.router_token_env(),
+    quiet: bool = opt.quiet("No progress bar and no log lines on stderr."),
+    verbose: bool = opt.verbose(),
 ) -> None:
     """Drive sustained load through the router for --duration, with the handoff, isolation and canary
     checks interleaved; every timeslice gets a content verdict and is judged against the profile's SLOs."""

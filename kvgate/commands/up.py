@@ -8,10 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvgate.commands import options as opt
 from kvgate.commands._common import (
-    RELEASE_METAVAR,
-    STRICT_HELP,
-    VERBOSE_HELP,
     deprecated_alias,
     fatal_report,
     finish,
@@ -34,8 +32,8 @@ def up(
     model_path: str | None = typer.Option(
         None, "--model-path", help="Model for every worker (SGLang --model-path; --device cpu: kvgate's tiny model)."
     ),
-    prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill workers."),
-    decode: int = typer.Option(1, "--decode", min=1, help="Decode workers."),
+    prefill: int = opt.prefill(),
+    decode: int = opt.decode(),
     tp_size: int = typer.Option(1, "--tp-size", min=1, help="GPUs per worker; workers get consecutive GPUs."),
     tp_old: int | None = typer.Option(None, "--tp", min=1, hidden=True),  # `plan`'s spelling
     dp_size: int = typer.Option(
@@ -44,39 +42,32 @@ def up(
         min=1,
         help="DP ranks per worker (SGLang --dp-size; the router routes to ranks). --engine sglang.",
     ),
-    context_length: int | None = typer.Option(None, "--context-length", min=1, help="SGLang --context-length."),
-    prefill_pool: int | None = typer.Option(None, "--prefill-pool", min=1, help="Prefill --max-total-tokens."),
-    decode_pool: int | None = typer.Option(None, "--decode-pool", min=1, help="Decode --max-total-tokens."),
-    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static", help="SGLang's flag."),
-    page_size: int | None = typer.Option(None, "--page-size", min=1, help="SGLang --page-size."),
+    context_length: int | None = opt.context_length("SGLang --context-length."),
+    prefill_pool: int | None = opt.prefill_pool("Prefill --max-total-tokens."),
+    decode_pool: int | None = opt.decode_pool("Decode --max-total-tokens."),
+    mem_fraction_static: float | None = opt.mem_fraction_static("SGLang's flag."),
+    page_size: int | None = opt.page_size("SGLang --page-size."),
     transfer_backend: str = typer.Option(
         "mooncake", "--transfer-backend", help="mooncake, nixl, ascend, mori, mooncake_tcp."
     ),
     ib_device: str | None = typer.Option(None, "--ib-device", help="SGLang --disaggregation-ib-device."),
-    python: str | None = typer.Option(None, "--python", help="Interpreter that has sglang (default: this one)."),
-    engine: str = typer.Option("sglang", "--engine", help="sglang (real workers) or sim (the simulator)."),
+    python: str | None = opt.python("Interpreter that has sglang (default: this one)."),
+    engine: str = opt.engine("sglang (real workers) or sim (the simulator).", default="sglang"),
     device: str = typer.Option("gpu", "--device", help="gpu, or cpu: the real server on this CPU (needs --release)."),
-    release: str | None = typer.Option(
-        None,
-        "--release",
-        metavar=RELEASE_METAVAR,
-        help="SGLang release, 0.5.19-0.5.23: to reproduce (--engine sim) or to run (--device cpu).",
+    release: str | None = opt.release(
+        "SGLang release, 0.5.19-0.5.23: to reproduce (--engine sim) or to run (--device cpu)."
     ),
-    skip_tokenizer_init: bool = typer.Option(
-        False, "--skip-tokenizer-init", help="Workers take input_ids and answer output_ids only."
-    ),
-    emulate_old: str | None = typer.Option(None, "--emulate", hidden=True),
+    skip_tokenizer_init: bool = opt.skip_tokenizer_init("Workers take input_ids and answer output_ids only."),
+    emulate_old: str | None = opt.emulate_old(),
     ready_deadline: float = typer.Option(1800.0, "--ready-deadline", min=1.0, help="Seconds to wait for readiness."),
     log_dir: Path | None = typer.Option(None, "--log-dir", help="Per-process logs (default: a temp folder)."),
     gate: bool = typer.Option(False, "--gate", help="Run kvgate check once ready, tear down, exit with its status."),
-    fmt: list[ReportFormat] = typer.Option([], "--format", "-f", help="Report format with --gate (repeatable)."),
-    output: list[Path] = typer.Option([], "--output", "-o", help="File for the matching --format (repeatable)."),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help="With --gate: " + STRICT_HELP),
-    profile: str | None = typer.Option(
-        None, "--profile", help="With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines on stderr."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
+    fmt: list[ReportFormat] = opt.format("Report format with --gate (repeatable)."),
+    output: list[Path] = opt.output(),
+    strict: bool | None = opt.strict("With --gate: " + opt.STRICT_HELP),
+    profile: str | None = opt.profile("With --gate: gate profile (file or bundled name, e.g. cpu-tiny)."),
+    quiet: bool = opt.quiet(),
+    verbose: bool = opt.verbose(),
     worker_arg: list[str] = typer.Option([], "--worker-arg", help="Extra argument for every worker (repeatable)."),
 ) -> None:
     """Start prefill and decode workers and the real router; print the URLs, or gate them with --gate."""

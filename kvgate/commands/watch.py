@@ -7,8 +7,8 @@ from typing import Any
 
 import typer
 
-from kvgate.commands._common import CONTEXT_LENGTH_HELP, STRICT_HELP, deprecated_alias, handle_errors
-from kvgate.defaults import DEFAULT_CONCURRENCY
+from kvgate.commands import options as opt
+from kvgate.commands._common import deprecated_alias, handle_errors
 from kvgate.errors import UsageError
 
 DEFAULT_LISTEN = "127.0.0.1:9464"
@@ -24,7 +24,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 
 @handle_errors
 def watch(
-    router_url: str = typer.Option(..., "--router-url", help="Router URL: its workers are listed every interval."),
+    router_url: str = opt.router_url("Router URL: its workers are listed every interval.", default=...),
     listen: str = typer.Option(
         DEFAULT_LISTEN, "--listen", help="HOST:PORT serving /metrics, /healthz and /verdict (0.0.0.0 in a pod)."
     ),
@@ -47,52 +47,31 @@ def watch(
         None, "--stop-after", min=1, metavar="N", help="Stop after N intervals (default: run until stopped)."
     ),
     intervals_old: int | None = typer.Option(None, "--intervals", min=1, hidden=True),
-    profile: str | None = typer.Option(None, "--profile", help="Gate profile: a YAML file or a bundled name."),
-    context_len: int | None = typer.Option(None, "--context-length", min=1, metavar="N", help=CONTEXT_LENGTH_HELP),
-    context_len_old: int | None = typer.Option(None, "--context-len", min=1, hidden=True),
-    headroom: float | None = typer.Option(None, "--headroom", min=1.0, help="Required pool / context ratio."),
-    timeout: float | None = typer.Option(None, "--timeout", min=0.1, help="Seconds per metadata request."),
-    strict: bool | None = typer.Option(None, "--strict/--no-strict", help=STRICT_HELP),
-    token_env: str | None = typer.Option(
-        None, "--token-env", help="Name of the environment variable holding the bearer token."
+    profile: str | None = opt.profile(),
+    context_len: int | None = opt.context_length(),
+    context_len_old: int | None = opt.context_len_old(),
+    headroom: float | None = opt.headroom("Required pool / context ratio."),
+    timeout: float | None = opt.timeout("Seconds per metadata request."),
+    strict: bool | None = opt.strict(),
+    token_env: str | None = opt.token_env(),
+    router_token_env: str | None = opt.router_token_env(),
+    quiet: bool = opt.quiet("No log lines on stderr."),
+    probe_deadline: float | None = opt.probe_deadline("Seconds one probe may take before it counts as a hang."),
+    tenants: int | None = opt.tenants("Concurrent canary tenants per gate round."),
+    keep_going: bool = opt.keep_going("Full gates run every probe, even after a leak."),
+    deferred_release_env: bool | None = opt.deferred_release(
+        "What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to, when workers do not expose it."
     ),
-    router_token_env: str | None = typer.Option(
-        None,
-        "--router-token-env",
-        help="Name of the environment variable holding the router's control-plane key, sent only to "
-        "its /workers and /get_loads.",
-    ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No log lines on stderr."),
-    probe_deadline: float | None = typer.Option(
-        None, "--probe-deadline", min=0.1, help="Seconds one probe may take before it counts as a hang."
-    ),
-    tenants: int | None = typer.Option(None, "--tenants", min=1, help="Concurrent canary tenants per gate round."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Full gates run every probe, even after a leak."),
-    deferred_release_env: bool | None = typer.Option(
-        None,
-        "--deferred-release/--no-deferred-release",
-        help="What SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE is set to, when workers do not expose it.",
-    ),
-    deferred_release_old: bool | None = typer.Option(
-        None, "--deferred-release-env/--no-deferred-release-env", hidden=True
-    ),
-    model_arch: str | None = typer.Option(None, "--model-arch", help="Model architecture, when workers do not say."),
-    site_packages: str | None = typer.Option(
-        None, "--site-packages", help="Folder holding the sglang/ package every worker runs."
-    ),
-    python: str | None = typer.Option(None, "--python", help="Command running the workers' Python."),
-    scan_timeout: float | None = typer.Option(None, "--scan-timeout", min=1.0, help="Seconds --python may take."),
-    trust_version: bool = typer.Option(
-        False, "--trust-version", help="Let a worker's version string alone decide its fixes (no code read)."
-    ),
-    probes: bool = typer.Option(True, "--probes/--no-probes", help="Probe through the router (gates and schedule)."),
-    concurrency: int = typer.Option(
-        DEFAULT_CONCURRENCY, "--concurrency", min=1, max=4096, help="Workers a full gate reads at once."
-    ),
-    read_deadline: float | None = typer.Option(
-        None, "--read-deadline", min=0.1, help="Seconds a full gate's metadata read may take."
-    ),
-    model_config: Path | None = typer.Option(None, "--model-config", help="The model's config.json."),
+    deferred_release_old: bool | None = opt.deferred_release_old(),
+    model_arch: str | None = opt.model_arch("Model architecture, when workers do not say."),
+    site_packages: str | None = opt.site_packages("Folder holding the sglang/ package every worker runs."),
+    python: str | None = opt.python("Command running the workers' Python."),
+    scan_timeout: float | None = opt.scan_timeout("Seconds --python may take."),
+    trust_version: bool = opt.trust_version(),
+    probes: bool = opt.probes("Probe through the router (gates and schedule)."),
+    concurrency: int = opt.concurrency("Workers a full gate reads at once."),
+    read_deadline: float | None = opt.read_deadline("Seconds a full gate's metadata read may take."),
+    model_config: Path | None = opt.model_config("The model's config.json."),
 ) -> None:
     """Keep gating a live PD deployment: re-gate on every capacity change, probe within a traffic budget,
     and serve Prometheus metrics, /healthz and a promotion verdict (/verdict)."""
