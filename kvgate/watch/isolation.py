@@ -20,21 +20,12 @@ import httpx
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import GenerateClient, ProbeResult
 from kvgate.gates.probes.cost import CostMeter
+from kvgate.gates.probes.load_plan import FIRST_CHARS, SHORT_TOKENS, Prompt, load_prompt
 from kvgate.gates.probes.margin import TOP_N, Scored, score
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import TokenCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.gates.probes.under_load import (
-    CHECK,
-    FIRST_CHARS,
-    GATE,
-    REMEDY_CORRUPTION,
-    SHORT_TOKENS,
-    UPSTREAM,
-    Prompt,
-    corruption_message,
-    load_prompt,
-)
+from kvgate.gates.probes.under_load import CHECK, GATE, REMEDY_CORRUPTION, UPSTREAM, corruption_message
 from kvgate.output.progress import NullObserver
 from kvgate.results.findings import Evidence, Finding, failed
 from kvgate.watch.budget import TrafficBudget, every_for_share
