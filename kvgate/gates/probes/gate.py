@@ -150,29 +150,13 @@ class _Run(Judging):
 
         def isolation() -> None:
             if not s.isolation_probe:
-                self.findings.append(
-                    inconclusive(
-                        GATE,
-                        "isolation.greedy_replay",
-                        self.node,
-                        "not run: isolation_probe is false",
-                        remedy="set the profile key probes.isolation_probe: true",
-                    )
-                )
+                self._off("isolation.greedy_replay", "isolation_probe")
                 return
             self.findings.append(run_isolation(self.sender, lim, s, self.node, deterministic(self.ctx.readings)))
 
         def handoff() -> None:
             if not s.handoff_probe:
-                self.findings.append(
-                    inconclusive(
-                        GATE,
-                        HANDOFF_CHECK,
-                        self.node,
-                        "not run: handoff_probe is false",
-                        remedy="set the profile key probes.handoff_probe: true",
-                    )
-                )
+                self._off(HANDOFF_CHECK, "handoff_probe")
                 return
             finding, self.handoff_samples = run_handoff(
                 self.sender, lim, s, self.node, deterministic(self.ctx.readings)
@@ -181,15 +165,7 @@ class _Run(Judging):
 
         def under_load() -> None:
             if not s.load_probe:
-                self.findings.append(
-                    inconclusive(
-                        GATE,
-                        LOAD_CHECK,
-                        self.node,
-                        "not run: load_probe is false",
-                        remedy="set the profile key probes.load_probe: true",
-                    )
-                )
+                self._off(LOAD_CHECK, "load_probe")
                 return
             self.findings.extend(run_load(self.sender, lim, s, self.ctx.readings, self.node))
 
@@ -204,15 +180,7 @@ class _Run(Judging):
 
         def abort() -> None:
             if not s.abort_probe:
-                self.findings.append(
-                    inconclusive(
-                        GATE,
-                        "abort.mid_transfer",
-                        self.node,
-                        "not run: abort_probe is false",
-                        remedy="set the profile key probes.abort_probe: true",
-                    )
-                )
+                self._off("abort.mid_transfer", "abort_probe")
                 return
             if self.cal is None or not self.cal.ok:
                 self.findings.append(self._uncalibrated("abort.mid_transfer"))
@@ -310,6 +278,14 @@ class _Run(Judging):
         self.findings.extend(engagement.judge(self.sender, self.answered, tenant, self.node))
         self.ctx.cost.update(self.meter.as_cost())
         return self.findings
+
+    def _off(self, check: str, key: str) -> None:
+        """A check the profile turned off: inconclusive, naming the key that turns it on."""
+        self.findings.append(
+            inconclusive(
+                GATE, check, self.node, f"not run: {key} is false", remedy=f"set the profile key probes.{key}: true"
+            )
+        )
 
     def _tenant_probe(self) -> Callable[[str], LengthProbe]:
         s, lim = self.settings, self.limits
