@@ -230,7 +230,7 @@ def router_identity(listing: RouterListing, readings: Sequence[NodeReading], lab
     """Each entry names one worker and rank; each is listed once; the ranks routed are the ranks read."""
     out: list[Finding] = []
     where = f"router {listing.endpoint}"
-    for w in listing.accepted():  # a refused URL is reported as fleet.router-url (check.refused_urls)
+    for w in listing.accepted():  # a refused URL is reported as fleet.router-url (pipeline/router.py, refused_urls)
         if w.problems:
             node = labels.get(normalize_url(w.base_url), f"worker {w.base_url}")
             out.append(

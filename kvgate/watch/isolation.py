@@ -16,18 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kvgate.gates.probes.client import ProbeResult
+from kvgate.gates.probes.load_plan import FIRST_CHARS, SHORT_TOKENS, Prompt, load_prompt
 from kvgate.gates.probes.margin import TOP_N, Scored, score
-from kvgate.gates.probes.under_load import (
-    CHECK,
-    FIRST_CHARS,
-    GATE,
-    REMEDY_CORRUPTION,
-    SHORT_TOKENS,
-    UPSTREAM,
-    Prompt,
-    corruption_message,
-    load_prompt,
-)
+from kvgate.gates.probes.under_load import CHECK, GATE, REMEDY_CORRUPTION, UPSTREAM, corruption_message
 from kvgate.results.findings import Evidence, Finding, failed
 from kvgate.watch.budget import TrafficBudget, every_for_share
 from kvgate.watch.route import ProbeRoute

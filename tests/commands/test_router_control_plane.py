@@ -25,7 +25,7 @@ from kvgate.cli import app
 from kvgate.deploy.pdstart import router_argv
 from kvgate.exitcodes import ExitStatus
 from kvgate.gates.fleet import router_status
-from kvgate.pipeline.check import router_readiness
+from kvgate.pipeline.router import router_readiness
 from kvgate.reading.discovery import list_router_workers
 from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment

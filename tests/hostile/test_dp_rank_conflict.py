@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
-from kvgate.gates.probes.gate import REMEDY_DP_RANK, REMEDY_REJECT
+from kvgate.gates.probes.judging import REMEDY_DP_RANK, REMEDY_REJECT
 from kvgate.upstream.admission import max_req_input_len
 from kvgate.upstream.releases import DP_RANK_CONFLICT_MARK, FORCE_QUERY_PREFILL_DP_RANK
 from tests.hostile.net_servers import MutatingProxy, Request, head

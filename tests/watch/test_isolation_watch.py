@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvgate.gates.probes.load_plan import Prompt
 from kvgate.gates.probes.margin import score
 from kvgate.gates.probes.plan import ProbeLimits
 from kvgate.gates.probes.sentinels import ByteCodec
 from kvgate.gates.probes.settings import ProbeSettings
-from kvgate.gates.probes.under_load import Prompt
 from kvgate.sim import faults
 from kvgate.sim.deploy import SimDeployment
 from kvgate.watch.budget import TrafficBudget

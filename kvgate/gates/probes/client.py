@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from kvgate.defaults import STREAM_LINE_CAP
+from kvgate.output.redact import clip
 from kvgate.reading.httpbounds import OverCap, cap_text, parse_json
 
 
@@ -117,6 +118,21 @@ class ProbeResult:
     def searchable(self) -> str:
         """Everything in the answer a foreign sentinel could hide in (text and error bodies)."""
         return self.raw
+
+    def unserved(self, width: int, deadline: str = "{:g} s", *, abort: bool = False) -> str:
+        """Why this answer serves nothing, for a finding: not sent, no answer within `deadline` (its seconds
+        formatted in), lost in transport, aborted (with `abort`), else its status and body; the server's
+        text clipped to `width`."""
+        if self.not_sent is not None:
+            return f"not sent: {self.not_sent}"
+        if self.timed_out:
+            return f"no answer within {deadline.format(self.deadline_s or 0)}"
+        if self.transport_error:
+            return f"transport: {clip(self.transport_error, width)}"
+        fr = self.finish_abort
+        if abort and fr is not None:
+            return f"HTTP {self.status}, aborted: {clip(str(fr.get('message', '')), width)}"
+        return f"HTTP {self.status}: {clip(self.raw, width)}"
 
 
 class GenerateClient:

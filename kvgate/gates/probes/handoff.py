@@ -182,16 +182,6 @@ def _tok(res: ProbeResult, j: int) -> str:
     return head + (f", runner-up id {tops[1][1]} {tops[1][0]:.2f})" if len(tops) > 1 else ")")
 
 
-def _why_not(res: ProbeResult) -> str:
-    if res.not_sent is not None:
-        return f"not sent: {res.not_sent}"
-    if res.timed_out:
-        return f"no answer within {res.deadline_s or 0:g} s"
-    if res.transport_error:
-        return f"transport: {clip(res.transport_error, 100)}"
-    return f"HTTP {res.status}: {clip(res.raw, 100)}"
-
-
 def judge_prompt(
     sender: Sender,
     limits: ProbeLimits,
@@ -217,7 +207,7 @@ def judge_prompt(
     ans = send(ids, max_new_tokens_for(limits, p.length, settings.handoff_new_tokens), None)
     ref = score(ans, margin, exact) if ans.served else None
     if ref is None or not ref.ids:
-        tally.unanswered.append(f"{p.label} ({p.length:,} tokens): {_why_not(ans)}")
+        tally.unanswered.append(f"{p.label} ({p.length:,} tokens): {ans.unserved(100)}")
         return
     y = ref.ids
     sure = [k for k in range(1, len(y)) if ref.confident[k]]
@@ -228,7 +218,7 @@ def judge_prompt(
         rep = send(ids + list(y[:k]), 1, k)
         got = score(rep, margin, exact) if rep.served else None
         if got is None or not got.ids:
-            tally.unanswered.append(f"{where}: {_why_not(rep)}")
+            tally.unanswered.append(f"{where}: {rep.unserved(100)}")
             continue
         tally.compared.append(where)
         if got.ids[0] != y[k]:

@@ -15,7 +15,8 @@ from typing import Any
 from kvgate.gates.probes.canary import Sent
 from kvgate.gates.probes.client import ProbeResult
 from kvgate.gates.probes.contract import Classified, Verdict
-from kvgate.gates.probes.gate import REMEDY_REJECT, REMEDY_UNTOLD_DECODE, _Run
+from kvgate.gates.probes.gate import _Run
+from kvgate.gates.probes.judging import REMEDY_REJECT, REMEDY_UNTOLD_DECODE
 from kvgate.gates.probes.plan import ACCEPT, REJECT, LengthProbe
 from kvgate.gates.probes.sentinels import Sentinel
 from kvgate.reading.node import DECODE, PREFILL

@@ -9,9 +9,10 @@ import pytest
 
 from kvgate.gates.probes import ProbeSettings
 from kvgate.gates.probes.client import ProbeResult
+from kvgate.gates.probes.load_plan import Plan, Prompt, plan_load
 from kvgate.gates.probes.margin import score
 from kvgate.gates.probes.plan import ProbeLimits
-from kvgate.gates.probes.under_load import CHECK, CHECK_ERRORS, Plan, Prompt, _judge, plan_load
+from kvgate.gates.probes.under_load import CHECK, CHECK_ERRORS, _judge
 from kvgate.reading.node import NodeSpec, parse_node
 from kvgate.results.findings import Outcome
 from kvgate.sim import faults
