@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -130,21 +131,9 @@ def check(
             headroom,
             timeout,
             strict,
-            probe_deadline=probe_deadline,
-            tenants=tenants,
-            keep_going=keep_going,
-            deferred_release_env=deferred_release_env,
-            model_arch=model_arch,
-            site_packages=site_packages,
-            python=python,
-            scan_timeout=scan_timeout,
-            trust_version=trust_version,
-            probes=probes,
-            concurrency=concurrency,
-            read_deadline=read_deadline,
+            **gate_flags(locals()),
             baseline=baseline,
             write_baseline=write_baseline,
-            model_config=model_config,
             router_health_url=router_health_url,
         )
         token = token_from_env(token_env)
@@ -173,6 +162,29 @@ def check(
     except KvgateError as exc:
         report = fatal_report("check", exc)
     finish(report, pairs, verbose)
+
+
+#: the gate flags `check` and `watch` both take and pass to `check_options` by these names
+GATE_FLAGS = (
+    "probe_deadline",
+    "tenants",
+    "keep_going",
+    "deferred_release_env",
+    "model_arch",
+    "site_packages",
+    "python",
+    "scan_timeout",
+    "trust_version",
+    "probes",
+    "concurrency",
+    "read_deadline",
+    "model_config",
+)
+
+
+def gate_flags(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The GATE_FLAGS of a command's parsed values (its `locals()`), as check_options' keywords."""
+    return {name: values[name] for name in GATE_FLAGS}
 
 
 def check_options(

@@ -78,7 +78,7 @@ def watch(
     import threading
     from dataclasses import replace
 
-    from kvgate.commands.check import check_options
+    from kvgate.commands.check import check_options, gate_flags
     from kvgate.extras import require_watch
     from kvgate.output.progress import LineObserver
     from kvgate.output.redact import token_from_env
@@ -102,19 +102,7 @@ def watch(
         headroom,
         timeout,
         strict,
-        probe_deadline=probe_deadline,
-        tenants=tenants,
-        keep_going=keep_going,
-        deferred_release_env=deferred_release_env,
-        model_arch=model_arch,
-        site_packages=site_packages,
-        python=python,
-        scan_timeout=scan_timeout,
-        trust_version=trust_version,
-        probes=probes,
-        concurrency=concurrency,
-        read_deadline=read_deadline,
-        model_config=model_config,
+        **gate_flags(locals()),
     )
     from kvgate.gates.profiles import load
     from kvgate.pipeline.check import node_specs
