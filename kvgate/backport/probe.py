@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvgate.catalogue.behaviour import admission_detection, hardening_detection
 from kvgate.catalogue.model import Detection
@@ -81,9 +81,9 @@ class DoorProbeReport:
 
 
 @dataclass(frozen=True)
-class HandoffProbeReport:
-    """What the decode-commit probe saw: VERIFIED (a short handoff is aborted, a full one committed),
-    UNVERIFIED (a short handoff is committed), or ERROR."""
+class CaseProbeReport:
+    """What a probe judged by its cases saw: a status, the cases, and what the rejected request's client
+    was sent; `error` / `missing` say why a probe could not run."""
 
     status: str
     version: str | None
@@ -93,6 +93,12 @@ class HandoffProbeReport:
     missing: str | None
     duration_s: float
     python: str
+
+
+@dataclass(frozen=True)
+class HandoffProbeReport(CaseProbeReport):
+    """What the decode-commit probe saw: VERIFIED (a short handoff is aborted, a full one committed),
+    UNVERIFIED (a short handoff is committed), or ERROR."""
 
 
 def _run_payload(
@@ -155,13 +161,18 @@ def _cases(raw: dict[str, Any]) -> tuple[ProbeCase, ...]:
     return tuple(out)
 
 
+def _named_pair(raw: dict[str, Any], first: str, second: str) -> tuple[tuple[ProbeCase, ...], ProbeCase, ProbeCase]:
+    """The payload's cases, and the two a two-case probe is judged by."""
+    cases = _cases(raw)
+    return cases, next(c for c in cases if c.name == first), next(c for c in cases if c.name == second)
+
+
 def run_admission_probe(
     python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
 ) -> DoorProbeReport:
     """Push a rejected, a valid and re-entering requests through the real PD doors of the sglang that
     `python` imports (with `extra_pythonpath` first on its path)."""
-    raw, elapsed = _run_payload("admission", python, extra_pythonpath, timeout)
-    return _admission(raw, elapsed, python)
+    return _admission(*_run_payload("admission", python, extra_pythonpath, timeout), python)
 
 
 def _admission(raw: dict[str, Any], elapsed: float, python: str) -> DoorProbeReport:
@@ -212,40 +223,22 @@ def run_hardening_probe(
 ) -> HandoffProbeReport:
     """Publish a short (1-token) and a full handoff with the real `MetadataBuffers.set_buf` and commit
     each through the real `DecodeTransferQueue._commit_transfer_to_req`."""
-    raw, elapsed = _run_payload("hardening", python, extra_pythonpath, timeout)
-    return _hardening(raw, elapsed, python)
+    return _hardening(*_run_payload("hardening", python, extra_pythonpath, timeout), python)
 
 
 def _hardening(raw: dict[str, Any], elapsed: float, python: str) -> HandoffProbeReport:
     if raw.get("status") != "ok":
-        return HandoffProbeReport(
-            status=ERROR,
-            version=raw.get("version"),
-            cases=(),
-            client_error=None,
-            error=raw.get("error"),
-            missing=raw.get("missing"),
-            duration_s=round(elapsed, 2),
-            python=python,
-        )
-    cases = _cases(raw)
-    short = next(c for c in cases if c.name == "short_handoff")
-    full = next(c for c in cases if c.name == "full_handoff")
+        return _not_run(HandoffProbeReport, raw, elapsed, python)
+    cases, short, full = _named_pair(raw, "short_handoff", "full_handoff")
     if short.outcome == "ABORTED" and full.outcome == "COMMITTED":
         status = VERIFIED
     elif short.outcome == "COMMITTED":
         status = UNVERIFIED
     else:
         status = ERROR
+    error = None if status != ERROR else f"unexpected outcomes: short={short.outcome} full={full.outcome}"
     return HandoffProbeReport(
-        status=status,
-        version=raw.get("version"),
-        cases=cases,
-        client_error=short.observed.get("client_error"),
-        error=None if status != ERROR else f"unexpected outcomes: short={short.outcome} full={full.outcome}",
-        missing=None,
-        duration_s=round(elapsed, 2),
-        python=python,
+        status, raw.get("version"), cases, short.observed.get("client_error"), error, None, round(elapsed, 2), python
     )
 
 
@@ -253,58 +246,38 @@ HANDED_OFF = "HANDED_OFF"
 
 
 @dataclass(frozen=True)
-class RetireProbeReport:
+class RetireProbeReport(CaseProbeReport):
     """What the post-forward probe saw in the real `process_batch_result_disagg_prefill`: RETIRED (an
     aborted request's final result is released and answered, no KV chunk sent; a valid one is handed
     off), HANDED_OFF (the aborted result's KV is sent anyway: the #30233 short handoff), or ERROR."""
-
-    status: str
-    version: str | None
-    cases: tuple[ProbeCase, ...]
-    client_error: dict[str, Any] | None
-    error: str | None
-    missing: str | None
-    duration_s: float
-    python: str
 
 
 def run_result_retire_probe(
     python: str, extra_pythonpath: Sequence[str | os.PathLike[str]] = (), timeout: float = 300.0
 ) -> RetireProbeReport:
     """Feed an aborted and a valid final prefill result through the real post-forward path."""
-    raw, elapsed = _run_payload("retire_results", python, extra_pythonpath, timeout)
-    return _result_retire(raw, elapsed, python)
+    return _result_retire(*_run_payload("retire_results", python, extra_pythonpath, timeout), python)
 
 
 def _result_retire(raw: dict[str, Any], elapsed: float, python: str) -> RetireProbeReport:
     if raw.get("status") != "ok":
-        return RetireProbeReport(
-            status=ERROR,
-            version=raw.get("version"),
-            cases=(),
-            client_error=None,
-            error=raw.get("error"),
-            missing=raw.get("missing"),
-            duration_s=round(elapsed, 2),
-            python=python,
-        )
-    cases = _cases(raw)
-    aborted = next(c for c in cases if c.name == "aborted_final_result")
-    valid = next(c for c in cases if c.name == "valid_final_result")
+        return _not_run(RetireProbeReport, raw, elapsed, python)
+    cases, aborted, valid = _named_pair(raw, "aborted_final_result", "valid_final_result")
     if valid.outcome != HANDED_OFF or aborted.outcome not in (RETIRED, HANDED_OFF):
         status, error = ERROR, f"unexpected outcomes: aborted={aborted.outcome} valid={valid.outcome}"
     else:
         status, error = aborted.outcome, None
     return RetireProbeReport(
-        status=status,
-        version=raw.get("version"),
-        cases=cases,
-        client_error=aborted.observed.get("client_error"),
-        error=error,
-        missing=None,
-        duration_s=round(elapsed, 2),
-        python=python,
+        status, raw.get("version"), cases, aborted.observed.get("client_error"), error, None, round(elapsed, 2), python
     )
+
+
+_Report = TypeVar("_Report", bound=CaseProbeReport)
+
+
+def _not_run(cls: type[_Report], raw: dict[str, Any], elapsed: float, python: str) -> _Report:
+    """The report of a probe that could not run: ERROR, with the payload's error and what was missing."""
+    return cls(ERROR, raw.get("version"), (), None, raw.get("error"), raw.get("missing"), round(elapsed, 2), python)
 
 
 @dataclass(frozen=True)
@@ -364,7 +337,7 @@ LIFETIME_PATCHES = (
     "kvgate-force-arm-on-failure",
     "kvgate-ack-generations",
 )
-"""The patches whose race `run_lifetime_probe` provokes, one scenario each (see _lifetime_payload.py)."""
+"""The patches whose race `run_lifetime_probe` provokes, one scenario each (see _lifetime_races.py)."""
 
 
 @dataclass(frozen=True)

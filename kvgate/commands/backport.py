@@ -20,8 +20,8 @@ from kvgate.formats import ReportFormat
 from kvgate.results.findings import Evidence, Finding, Report, failed, inconclusive, info, passed
 
 if TYPE_CHECKING:  # the backport engine and probe load when the command runs, not for --help
-    from kvgate.backport.engine import BackportResult, Target
     from kvgate.backport.journal import Recovery
+    from kvgate.backport.stages import BackportResult, Target
     from kvgate.catalogue.series import Series
     from kvgate.output.progress import Observer
 
@@ -88,7 +88,8 @@ def backport(
 
 def _target(repo: Path | None, site: Path | None, python: str | None) -> tuple[Target, str | None, list[str]]:
     """The target to patch, and the interpreter + PYTHONPATH that import it (None: a CPU env will)."""
-    from kvgate.backport.engine import Layout, Target, site_packages_of
+    from kvgate.backport.engine import site_packages_of
+    from kvgate.backport.stages import Layout, Target
 
     if repo is not None and (site is not None or python is not None):
         raise UsageError("give one of --repo, --site-packages, --python (--python may accompany --site-packages)")
@@ -148,8 +149,9 @@ def _verify(
     series: Series, target: Target, python: str | None, extra: list[str], timeout: float, observer: Observer
 ) -> Report:
     """Applied? Then execute the target's own admission (and, if applied, decode commit) code."""
-    from kvgate.backport.engine import Layout, applied_patches, recover_interrupted
+    from kvgate.backport.engine import applied_patches, recover_interrupted
     from kvgate.backport.probe import ERROR, RETIRED, VERIFIED, run_all_probes
+    from kvgate.backport.stages import Layout
 
     node = str(target.root)
     recovered = recover_interrupted(target, series)

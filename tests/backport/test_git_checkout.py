@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvgate.backport.engine import Layout, Target, apply_series
+from kvgate.backport.engine import apply_series
+from kvgate.backport.stages import Layout, Target
 from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.catalogue.series import load_series
 from kvgate.cli import app

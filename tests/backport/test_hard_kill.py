@@ -222,7 +222,8 @@ def test_verify_reads_the_tree_only_after_rolling_an_interrupted_apply_back(
     reference: dict[str, dict[str, object]], tmp_path: Path
 ) -> None:
     """--verify's first step (`recover_interrupted`) says what it undid; then no patch reads as applied."""
-    from kvgate.backport.engine import Layout, Target, applied_patches, recover_interrupted
+    from kvgate.backport.engine import applied_patches, recover_interrupted
+    from kvgate.backport.stages import Layout, Target
 
     root = _site(tmp_path / "verify")
     assert _killed_run(root, "renamed:12") == -signal.SIGKILL

@@ -28,8 +28,9 @@ from collections.abc import Callable
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnv
-from kvgate.backport.engine import Layout, Target, apply_series
+from kvgate.backport.engine import apply_series
 from kvgate.backport.probe import INCONCLUSIVE, LIFETIME_PATCHES, NOT_RETIRED, RETIRED, run_lifetime_probe
+from kvgate.backport.stages import Layout, Target
 from kvgate.catalogue.series import load_series
 
 # The walk is six probe runs; on a loaded host one run takes minutes, so the suite's 15-minute net

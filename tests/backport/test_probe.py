@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvgate.backport.cpuenv import CpuEnv
-from kvgate.backport.engine import BackportRefused, Layout, Target, apply_series
+from kvgate.backport.engine import apply_series
 from kvgate.backport.probe import (
     ADMITTED,
     ERROR,
@@ -28,6 +28,7 @@ from kvgate.backport.probe import (
     run_hardening_probe,
     run_result_retire_probe,
 )
+from kvgate.backport.stages import BackportRefused, Layout, Target
 from kvgate.catalogue.series import load_series
 
 pytestmark = [pytest.mark.slow, pytest.mark.wheels]

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from kvgate.backport import journal
 from kvgate.backport.cpuenv import CpuEnv
-from kvgate.backport.engine import BackportFailed, Layout, Target, applied_patches, apply_series
+from kvgate.backport.engine import applied_patches, apply_series
+from kvgate.backport.stages import BackportFailed, Layout, Target
 from kvgate.catalogue.scanprog import MARKER_PREFIX
 from kvgate.catalogue.series import load_series
 from kvgate.cli import app

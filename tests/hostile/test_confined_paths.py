@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from kvgate.backport.engine import Layout, Target, revert_series
+from kvgate.backport.engine import revert_series
+from kvgate.backport.stages import Layout, Target
 from kvgate.catalogue.series import load_series
 from kvgate.cli import app
 from kvgate.errors import UsageError

@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from kvgate.backport.engine import Layout, Target, apply_series, revert_series
+from kvgate.backport.engine import apply_series, revert_series
+from kvgate.backport.stages import Layout, Target
 from kvgate.cli import app
 from kvgate.exitcodes import ExitStatus
 from kvgate.formats import ReportFormat
