@@ -60,22 +60,7 @@ def stage(build_dir: Path) -> Path:
         d.mkdir(parents=True)
     subprocess.run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(ROOT)], check=True)
     (wheel,) = wheels.glob("kvgate-*.whl")
-    subprocess.run(
-        [
-            *pip,
-            "install",
-            "--target",
-            str(site),
-            "--python-version",
-            OLDEST_PYTHON,
-            "--only-binary",
-            ":all:",
-            "--no-compile",
-            str(wheel),
-            *BINARY_PINS,
-        ],
-        check=True,
-    )
+    _install_for_oldest(pip, site, str(wheel), *BINARY_PINS)
     _complete_markers(pip, site)
     compiled = []
     for path in sorted(site.rglob("*")):
@@ -126,28 +111,19 @@ def _missing_for_some_python(site: Path) -> set[str]:
     return missing
 
 
+def _install_for_oldest(pip: list[str], site: Path, *args: str) -> None:
+    """pip install `args` into `site` as the oldest supported Python would have them, wheels only."""
+    target = ["--target", str(site), "--python-version", OLDEST_PYTHON, "--only-binary", ":all:", "--no-compile"]
+    subprocess.run([*pip, "install", *target, *args], check=True)
+
+
 def _complete_markers(pip: list[str], site: Path) -> None:
     """Add what a supported Python needs that the resolving interpreter did not (to a fixed point)."""
     for _ in range(5):
         missing = _missing_for_some_python(site)
         if not missing:
             return
-        subprocess.run(
-            [
-                *pip,
-                "install",
-                "--target",
-                str(site),
-                "--python-version",
-                OLDEST_PYTHON,
-                "--only-binary",
-                ":all:",
-                "--no-compile",
-                "--upgrade",
-                *sorted(missing),
-            ],
-            check=True,
-        )
+        _install_for_oldest(pip, site, "--upgrade", *sorted(missing))
     raise SystemExit(f"dependencies for some supported Python still missing: {_missing_for_some_python(site)}")
 
 

@@ -168,6 +168,11 @@ class GenerateClient:
             body["top_logprobs_num"] = top_logprobs
         return body
 
+    @staticmethod
+    def _no_answer(name: str, ids: list[int], max_new_tokens: int, t0: float, **why: Any) -> ProbeResult:
+        """A request that got no HTTP answer: late, cancelled or a transport failure (`why` says which)."""
+        return ProbeResult(name, len(ids), max_new_tokens, None, time.monotonic() - t0, **why)
+
     def generate(
         self,
         name: str,
@@ -211,24 +216,11 @@ class GenerateClient:
                 self.url, content=content, timeout=timeout, headers={"Content-Type": "application/json"}
             )
         except httpx.TimeoutException:
-            return ProbeResult(
-                name,
-                len(ids),
-                max_new_tokens,
-                None,
-                time.monotonic() - t0,
-                timed_out=cancel_after_s is None,
-                cancelled=cancel_after_s is not None,
+            return self._no_answer(
+                name, ids, max_new_tokens, t0, timed_out=cancel_after_s is None, cancelled=cancel_after_s is not None
             )
         except httpx.HTTPError as exc:
-            return ProbeResult(
-                name,
-                len(ids),
-                max_new_tokens,
-                None,
-                time.monotonic() - t0,
-                transport_error=f"{type(exc).__name__}: {exc}",
-            )
+            return self._no_answer(name, ids, max_new_tokens, t0, transport_error=f"{type(exc).__name__}: {exc}")
         elapsed = time.monotonic() - t0
         raw = resp.content[: self.raw_limit].decode("utf-8", errors="replace")
         try:
