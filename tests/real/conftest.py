@@ -234,32 +234,8 @@ class RealPair:
         self.wait_routable()
 
     def wait_routable(self, deadline_s: float = ROUTABLE_DEADLINE_S) -> float:
-        """Until the router serves a one-token request; returns the seconds waited. smg stops routing
-        to a worker its health checks failed three times (every 60 s) until two pass, and to one that went
-        3 s without a token while requests piled on it, until it answers again: the real 0.5.20 healthy
-        pair's decode, after test_verdicts.py's check (its hang), was once excluded on a loaded CI host
-        between the victim test's calibration and its victim. Not a fixture for every test: on the short
-        pairs a test is meant to find the decode starved (README, 'Order matters'). One that never routes
-        within `deadline_s` fails, naming what the router's /workers says."""
-        body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
-        start = time.monotonic()
-        last = ""
-        with httpx.Client(timeout=30.0) as http:
-            while True:
-                try:
-                    r = http.post(self.router + "/generate", json=body)
-                    if r.status_code == 200:
-                        return time.monotonic() - start
-                    last = f"HTTP {r.status_code} {r.text[:200]}"
-                except httpx.HTTPError as e:
-                    last = f"{type(e).__name__}: {e}"
-                if time.monotonic() - start > deadline_s:
-                    try:
-                        workers = http.get(self.router + "/workers").text[:2000]
-                    except httpx.HTTPError as e:
-                        workers = f"unread ({type(e).__name__})"
-                    pytest.fail(f"the router served nothing in {deadline_s:.0f} s (last: {last}); /workers: {workers}")
-                time.sleep(2.0)
+        """Until this pair's router serves a one-token request (`wait_routable`, below)."""
+        return wait_routable(self.router, deadline_s)
 
     @property
     def router(self) -> str:
@@ -385,3 +361,32 @@ def _pair_as_planned(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def report_of(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def wait_routable(router: str, deadline_s: float = ROUTABLE_DEADLINE_S) -> float:
+    """Until the router serves a one-token request; returns the seconds waited. smg stops routing
+    to a worker its health checks failed three times (every 60 s) until two pass, and to one that went
+    3 s without a token while requests piled on it, until it answers again: the real 0.5.20 healthy
+    pair's decode, after test_verdicts.py's check (its hang), was once excluded on a loaded CI host
+    between the victim test's calibration and its victim. Not a fixture for every test: on the short
+    pairs a test is meant to find the decode starved (README, 'Order matters'). One that never routes
+    within `deadline_s` fails, naming what the router's /workers says."""
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    start = time.monotonic()
+    last = ""
+    with httpx.Client(timeout=30.0) as http:
+        while True:
+            try:
+                r = http.post(router + "/generate", json=body)
+                if r.status_code == 200:
+                    return time.monotonic() - start
+                last = f"HTTP {r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as e:
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() - start > deadline_s:
+                try:
+                    workers = http.get(router + "/workers").text[:2000]
+                except httpx.HTTPError as e:
+                    workers = f"unread ({type(e).__name__})"
+                pytest.fail(f"the router served nothing in {deadline_s:.0f} s (last: {last}); /workers: {workers}")
+            time.sleep(2.0)

@@ -12,13 +12,15 @@ the real router:
 3. double free with the room check bypassed (sglang before #17430), on a restarted decode (the second
    phase leaves the first wedged): nothing aborts, and the probe fails on the first tokens that
    changed, found only by comparing with the answers given alone. Where the fault reached the control
-   prompt's copies too (the probe's rule: inconclusive), the phase is staged again, at most 3 times.
+   prompt's copies too (the probe's rule: inconclusive), or where no request read another's slot, the
+   phase is staged again once the router serves the fresh decode, at most 3 times.
 The hook logs what it did (`events.jsonl`): a phase that injected nothing is an error, never a verdict.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +40,7 @@ from kvgate.reading.node import DECODE, PREFILL, NodeSpec
 from kvgate.reading.target import TargetClient
 from kvgate.results.findings import Finding, Outcome
 from tests.assets.real_sglang import server_env_or_skip
-from tests.real.conftest import IDS, PairSpec, plan_for
+from tests.real.conftest import IDS, PairSpec, plan_for, wait_routable
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
@@ -138,13 +140,22 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
     # never comes, and each later request handed that slot joins them: the decode is wedged. A fresh
     # decode process for the last phase (the operator's restart; the router keeps its list).
     (folder / "mode").write_text("silent")
-    unstaged: list[str] = []
+    unstaged: list[str] = []  # stagings where the fault reached the control prompt's copies
+    missed: list[str] = []  # stagings where no request read another's slot
     for _ in range(SILENT_STAGINGS):
         dep.restart_worker("decode", 0, pool=SPEC.decode_pool)
+        # smg may still exclude the wedged decode it saw before the restart: the probe goes out only once
+        # the router serves again (a whole CI run once sent it to a router that served nothing).
+        assert dep.router_url is not None
+        wait_routable(dep.router_url)
         before = len(_events(folder))
         silent = _probe(dep)
-        bypassed = [e for e in _events(folder)[before:] if e["event"] == "room_check_bypassed"]
-        assert bypassed, "no request read another's metadata slot under the silent fault: not staged"
+        seen = _events(folder)[before:]
+        if not [e for e in seen if e["event"] == "room_check_bypassed"]:
+            # Which requests share a slot, and whether one reads it after another wrote it, is the
+            # scheduler's: a staging where none did is staged again, never judged.
+            missed.append(f"{_shown(silent)} (hook events: {dict(Counter(e['event'] for e in seen))})")
+            continue
         if silent.outcome == Outcome.FAILED:
             break
         # Never a pass: the one other outcome is the probe's rule for a control that disagrees.
@@ -152,10 +163,14 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
         assert _evidence(silent)["isolation.load.control_disagreements"], _shown(silent)
         unstaged.append(_shown(silent))
     else:
+        # A fault never injected proves nothing either way: that is the test's failure, not a skip.
+        assert unstaged, (
+            f"no request read another's metadata slot in any of {SILENT_STAGINGS} stagings: " + " || ".join(missed)
+        )
         pytest.skip(
-            f"the silent fault reached the control prompt's copies in each of {SILENT_STAGINGS} stagings, where "
-            "the probe cannot tell corruption from a batch that changes answers (inconclusive, by its rule): "
-            + " || ".join(unstaged)
+            f"in each of {SILENT_STAGINGS} stagings the silent fault was not injected or reached the control "
+            "prompt's copies, where the probe cannot tell corruption from a batch that changes answers "
+            "(inconclusive, by its rule): " + " || ".join(unstaged + missed)
         )
     ev = _evidence(silent)
     assert ev["isolation.load.corruption_aborts"] == [], _shown(silent)  # the room check saw nothing

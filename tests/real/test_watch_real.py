@@ -64,7 +64,10 @@ def test_watch_gives_the_real_pair_its_verdict(real_pair: RealPair, tmp_path: Pa
     out = tmp_path / "check.json"
     check = runner.invoke(app, ["check", *args, "-q", "-f", "json", "-o", str(out)])
     assert out.is_file(), check.output
-    assert verdict == check.exit_code == report_of(out)["exit_status"], (doc["reason"], check.output[-2000:])
+    # The findings' whole summaries, not the reason line (cut short): a stall's own words must reach the
+    # failure text for conftest's STALL_SIGNATURES rerun to see them.
+    said = [f["summary"] for f in doc["report"]["findings"] if f["outcome"] != "passed"]
+    assert verdict == check.exit_code == report_of(out)["exit_status"], (said, check.output[-2000:])
     assert (res.status_code == 200) == (check.exit_code == 0) and doc["passed"] is (check.exit_code == 0)
     assert not [f for f in doc["report"]["findings"] if f["outcome"] == "failed"], doc["reason"]
     assert verdict == 0 and res.status_code == 200, doc["reason"]  # a healthy 0.5.22 passes at the defaults
