@@ -145,7 +145,7 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
     for _ in range(SILENT_STAGINGS):
         dep.restart_worker("decode", 0, pool=SPEC.decode_pool)
         # smg may still exclude the wedged decode it saw before the restart: the probe goes out only once
-        # the router serves again (a whole CI run once sent it to a router that served nothing).
+        # the router serves again (one possible cause of a CI run's silent phase that injected nothing).
         assert dep.router_url is not None
         wait_routable(dep.router_url)
         before = len(_events(folder))
