@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -70,11 +71,38 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 _span: list[float] = []  # this process's first test start and last test end (wall clock, for the tail)
+_cpu_at: dict[str, float] = {}  # a running test's CPU clock at its start
+_cpu_of: list[tuple[float, str]] = []  # the controller's: (CPU s, test) of every test run
+#: How many of the costliest tests by CPU the summary lists (pytest's --durations lists them by wall time).
+CPU_SLOWEST = 20
+
+
+def _cpu_now() -> float:
+    """CPU seconds (user + system) of this process and of every process it has reaped: a test's servers
+    and subprocesses count once they are stopped, to the test that stopped them."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     if not _span:
         _span.append(time.time())
+    _cpu_at[nodeid] = _cpu_now()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """The test's CPU seconds ride on its teardown report (to the xdist controller, and into junit's
+    properties as `cpu_s`): where the suite's time goes is CPU on this 2-core machine, not only waits."""
+    if call.when == "teardown" and item.nodeid in _cpu_at:
+        item.user_properties.append(("cpu_s", round(_cpu_now() - _cpu_at.pop(item.nodeid), 2)))
+    return (yield)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    cpu = dict(report.user_properties).get("cpu_s") if report.when == "teardown" else None
+    if isinstance(cpu, (int, float)) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        _cpu_of.append((float(cpu), report.nodeid))
 
 
 def pytest_runtest_logfinish(nodeid: str, location: Any) -> None:
@@ -105,6 +133,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("-", f"real pairs started: {len(lines)}")
         for line in lines:
             terminalreporter.write_line(line)
+    if _cpu_of:
+        total = sum(c for c, _ in _cpu_of)
+        terminalreporter.write_sep("-", f"CPU of the tests: {total:,.0f} s in all; the {CPU_SLOWEST} costliest")
+        for cpu, nodeid in sorted(_cpu_of, reverse=True)[:CPU_SLOWEST]:
+            terminalreporter.write_line(f"{cpu:8.1f} s  {nodeid}")
     spans = {p.stem[5:]: json.loads(p.read_text()) for p in sorted(run_dir.glob("span-*.json"))}
     if len(spans) > 1:
         t0 = min(s[0] for s in spans.values())
