@@ -48,13 +48,25 @@ class Response:
         self.chunked = False
         self.chunk_at = 0  # chunked: where the next chunk-size line starts
         self.body = bytearray()  # chunked: the body decoded so far
+        # Not chunked: the body's pieces as they came, joined once when whole. Appended to one buffer, a
+        # 16 MiB answer was copied again at every regrowth (about 20 times its size per answer).
+        self.parts: list[bytes] = []
+        self.have = 0  # bytes in parts
         self.location: str | None = None
 
     def held(self) -> int:
         """Answer bytes this parser holds now."""
-        return len(self.buf) + len(self.body)
+        return len(self.buf) + len(self.body) + self.have
+
+    def release(self) -> None:
+        """Drop every buffer (the answer was handed on)."""
+        self.buf, self.body, self.parts, self.have = bytearray(), bytearray(), [], 0
 
     def feed(self, data: bytes) -> Answer | None:
+        if self.body_at >= 0 and not self.chunked:
+            self.parts.append(data)
+            self.have += len(data)
+            return self._whole(eof=False)
         self.buf += data
         return self._parse(eof=False)
 
@@ -73,16 +85,29 @@ class Response:
                 return None
             self._head(bytes(self.buf[:end]))
             self.body_at = self.chunk_at = end + 4
+            if not self.chunked:  # the body's first bytes, come with the head, start the pieces
+                first = bytes(memoryview(self.buf)[self.body_at :])
+                self.buf = bytearray()
+                self.parts = [first] if first else []
+                self.have = len(first)
         if self.chunked:
             return self._chunks()
-        have = len(self.buf) - self.body_at
+        return self._whole(eof=eof)
+
+    def _whole(self, *, eof: bool) -> Answer | None:
+        """The answer once its body is whole: Content-Length bytes, or all bytes to the close."""
         if self.length is not None:
-            if have < self.length:
+            if self.have < self.length:
                 return None
-            return Answer(self.status, bytes(self.buf[self.body_at : self.body_at + self.length]), self.location)
-        if have > self.cap:
+            return Answer(self.status, self._joined()[: self.length], self.location)
+        if self.have > self.cap:
             raise self._over()
-        return Answer(self.status, bytes(self.buf[self.body_at :]), self.location) if eof else None
+        return Answer(self.status, self._joined(), self.location) if eof else None
+
+    def _joined(self) -> bytes:
+        body = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        self.parts = [body]
+        return body
 
     def _head(self, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")

@@ -41,6 +41,11 @@ class OverCap(httpx.TransportError):
         self.cap = cap
 
 
+#: Up to this size an answer's brackets are counted (two passes in C) before its tree is walked; past it
+#: the walk alone, whose cost is the document's containers, not its bytes (a 16 MiB answer is mostly strings).
+_COUNT_UP_TO = 1 << 20
+
+
 def parse_json(data: bytes | str, max_depth: int = MAX_JSON_DEPTH, **kwargs: typing.Any) -> typing.Any:
     """`json.loads` for a server's answer, with a nesting limit: deeper than `max_depth` (or so deep the
     decoder itself gives up) is a ValueError, as malformed JSON is, never a RecursionError later."""
@@ -48,9 +53,10 @@ def parse_json(data: bytes | str, max_depth: int = MAX_JSON_DEPTH, **kwargs: typ
         doc = json.loads(data, **kwargs)
     except RecursionError:
         raise ValueError(f"JSON nested deeper than {max_depth} levels") from None
-    opens = data.count(b"{") + data.count(b"[") if isinstance(data, bytes) else data.count("{") + data.count("[")
-    if opens <= max_depth:  # no deeper than its brackets, counted in C: most answers end here
-        return doc
+    if len(data) <= _COUNT_UP_TO:
+        opens = data.count(b"{") + data.count(b"[") if isinstance(data, bytes) else data.count("{") + data.count("[")
+        if opens <= max_depth:  # no deeper than its brackets, counted in C: most answers end here
+            return doc
     stack: list[tuple[typing.Any, int]] = [(doc, 1)]
     while stack:  # iterative: the check itself must not recurse
         node, depth = stack.pop()

@@ -199,7 +199,7 @@ def get_each(
     def finish(r: _Request, outcome: Answer | Failure) -> None:
         nonlocal active, unsent
         results[r.index] = outcome if keep_bodies or isinstance(outcome, Failure) else Answer(outcome.status, b"")
-        r.response.buf, r.response.body = bytearray(), bytearray()  # the answer is out: its buffers go now
+        r.response.release()  # the answer is out: its buffers go now
         if r.granted or parked:
             release(r)
         if r.unsent:
