@@ -50,6 +50,14 @@ ROUTABLE_DEADLINE_S = 240.0
 #: smg's error code when it has no worker to route to (every one excluded by its health checks or rules).
 NO_WORKERS = "no_available_workers"
 HEALTHY_FACTOR = 1.25
+#: The decode's wait for a request's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT; SGLang's default is 300 s),
+#: set through SGLang's own variable (issue 44: no server timer waited out). A request whose KV never
+#: comes (0.5.20's abort band, a short pool's rejected streaming probes: the prefill retires it, the
+#: decode is not told) stays in the decode's transfer queue until then, and a decode scheduler with
+#: anything queued is never idle: it does not sleep (`--sleep-on-idle`), it spins a whole core for the
+#: full wait, and the pair's next tests find its pool starved. Above kvgate's 30 s probe deadline (the
+#: decode's clock starts after the client's), so such a request is still seen to hang, as at 300 s.
+WAITING_TIMEOUT_S = 45
 MATRIX_ENV = "KVGATE_REAL_MATRIX"
 
 
@@ -283,8 +291,12 @@ def plan_for(spec: PairSpec, hook_dir: Path | None = None) -> PDLaunchPlan:
         decode_max_total_tokens=spec.decode_pool,
         skip_tokenizer_init=spec.skip_tokenizer_init,
         ready_deadline_s=600.0,
-        # So the defenses gate reads the deferred-release setting the workers really run with.
-        env={"SGLANG_EXPOSE_OWN_ENV_VARS": "1", **(hook_env(hook_dir) if hook_dir is not None else {})},
+        env={
+            # So the defenses gate reads the deferred-release setting the workers really run with.
+            "SGLANG_EXPOSE_OWN_ENV_VARS": "1",
+            "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": str(WAITING_TIMEOUT_S),
+            **(hook_env(hook_dir) if hook_dir is not None else {}),
+        },
     )
 
 
