@@ -228,7 +228,7 @@ class RealPair:
     def restore(self) -> None:
         """After a test altered the pair, restart every worker with its planned pool: the altered ones,
         and the others too, since a gate on the altered pair (a prefill pool under the context) may
-        leave the real decode holding rejected streaming requests' pages for its 300 s waiting timeout
+        leave the real decode holding rejected streaming requests' pages for its waiting timeout
         (docs/reference.md), and the next test would find it starved. The pair is handed on only once
         its router serves a request again (`wait_routable`): checked, not assumed."""
         if not self.altered:

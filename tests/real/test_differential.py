@@ -8,8 +8,9 @@ the status family, the finish reason's type, the streaming frame kind, which out
 carries, and whether a rejection came promptly. Where they differ the real server is right and the
 simulator was changed (see kvgate/sim/__init__.py, section "What the real server showed").
 
-A probe that hangs hangs on both: the simulator keeps SGLang's 300 s decode waiting timeout, far
-beyond DEADLINE_S, so a streaming over-pool request on a short 0.5.20+ pair is `hang` on each side.
+A probe that hangs hangs on both: the simulator runs with the real pair's decode waiting timeout
+(conftest.WAITING_TIMEOUT_S, 45 s), beyond REJECT_DEADLINE_S, so a streaming over-pool request on a short
+0.5.20+ pair is `hang` on each side.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kvgate.gates.probes.plan import ACCEPT, LengthProbe, limits_from_readings, 
 from kvgate.reading.node import DECODE, PREFILL, NodeReading, NodeSpec
 from kvgate.reading.target import TargetClient
 from kvgate.sim.deploy import SimDeployment
-from tests.real.conftest import RealPair
+from tests.real.conftest import WAITING_TIMEOUT_S, RealPair
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 REJECT_WITHIN_S = 10.0
@@ -75,8 +76,8 @@ def probe_set(prefill: str, decode: str) -> tuple[list[LengthProbe], set[int]]:
     probes = plan_length_probes(limits, 8)
     probes.append(LengthProbe("short", 64, ACCEPT, "none", "a short accepted prompt", 8))
     # Accepted lengths first: on real 0.5.20+ a rejected STREAMING request keeps its decode reservation
-    # until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (300 s), so with a small decode pool every accepted
-    # request after it queues for minutes. The simulator starves the same way (README, "What the real
+    # until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (conftest.WAITING_TIMEOUT_S here), so with a small decode
+    # pool every accepted request after it queues that long. The simulator starves the same way (README, "What the real
     # server showed"), but this test compares each probe's own outcome class, not the queueing.
     probes.sort(key=lambda p: p.expect != ACCEPT)
     return probes, {limits.context, limits.max_req_input_len} | set(limits.named_limits)
@@ -111,6 +112,7 @@ def test_simulator_matches_the_real_server(real_pair: RealPair) -> None:
             decode_pool=spec.decode_pool,
             page_size=1,
             skip_tokenizer_init=spec.skip_tokenizer_init,
+            waiting_timeout=WAITING_TIMEOUT_S,
         ) as sim:
             sim_probes, sim_numbers = probe_set(sim.prefill_urls[0], sim.decode_urls[0])
             assert [(p.name, p.length) for p in sim_probes] == [(p.name, p.length) for p in probes]

@@ -26,8 +26,8 @@ from tests.real.conftest import NO_WORKERS, STOOD_IN_0_5_20, RealPair, report_of
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
 
-# A short pool on 0.5.20+ starves the real decode for 300 s (README, "Order matters"), so every probe
-# sent after the over-limit ones waits out its deadline: fewer tenants and sequential latency and abort
+# A short pool on 0.5.20+ starves the real decode for its waiting timeout (README, "Order matters"), so
+# every probe sent after the over-limit ones waits out its deadline: fewer tenants and sequential latency and abort
 # tries keep that pair's cost bounded. Its verdict is decided before them (pool-context, contract), so
 # this is a cost knob, not what makes the verdict observable.
 _COST = {"tenants": 8, "deadline_s": 10, "latency_samples": 3, "abort_attempts": 1}
@@ -75,18 +75,17 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
             for f in releases:
                 rows = {e["field"]: str(e["value"]) for e in f["evidence"]}
                 assert all(rows[fix].startswith("absent") for fix in STOOD_IN_0_5_20), rows
-            # Real 0.5.20 (no #38935): in the 6-token abort band the prefill retires the request after its
-            # forward and sends no KV, while the decode admitted it and waits for that KV until its 300 s
-            # waiting timeout: a streaming client hangs. A real defect even with a healthy pool (the issue
-            # expected none; the server decides). The hung request also keeps its decode reservation for
-            # those 300 s, so accepted-length requests after it go unanswered and the run stops early:
-            # allowed here are that hang, accepted requests that hung behind it (named so by the gate), and
-            # what it left unobservable (inconclusive, "stopped answering").
-            # The hang starts in round A, so calibration and latency run while the decode holds its
-            # reservation (a 4,090-token prompt of a 5,120-token pool): measured (2026-12-02), calibration
-            # reached only 512 tokens (4,089 on the backported pair) and the latency KS over 16- vs
-            # 512-token prompts came out inconclusive (p=0.084, medians 43.5 vs 48.7 ms, one-page requests
-            # 3x slower than at calibration): what the hang left unobservable too.
+            # Real 0.5.20 (no #38935): in the 6-token abort band the prefill retires the request after its forward and
+            # sends no KV, while the decode admitted it and waits for that KV until its waiting timeout (SGLang's 300 s;
+            # conftest.WAITING_TIMEOUT_S on the tier): a streaming client hangs. A real defect even with a healthy pool
+            # (the issue expected none; the server decides). The hung request also keeps its decode reservation that
+            # long, so accepted-length requests after it go unanswered and the run stops early: allowed here are that
+            # hang, accepted requests that hung behind it (named so by the gate), and what it left unobservable
+            # (inconclusive, "stopped answering"). The hang starts in round A, so calibration and latency run while the
+            # decode holds its reservation (a 4,090-token prompt of a 5,120-token pool): measured (2026-12-02),
+            # calibration reached only 512 tokens (4,089 on the backported pair) and the latency KS over 16- vs
+            # 512-token prompts came out inconclusive (p=0.084, medians 43.5 vs 48.7 ms, one-page requests 3x slower
+            # than at calibration): what the hang left unobservable too.
             hangs = [
                 f
                 for f in not_passed
@@ -144,10 +143,10 @@ def test_check_gives_the_release_its_verdict(real_pair: RealPair, tmp_path: Path
         iso = _one(report, "isolation.greedy_replay")
         assert iso["outcome"] == "failed" and "stale KV" in iso["summary"], iso
     else:
-        # From 0.5.20 on the prefill rejects the over-pool prompt: no probe sees it served. The decode is
-        # not told and holds the reservation of every rejected STREAMING request for its 300 s waiting
-        # timeout, so a pair the differential test probed just before is still starved: the probes may
-        # stop early ("not sent"), and the isolation check may not run at all; it must never fail.
+        # From 0.5.20 on the prefill rejects the over-pool prompt: no probe sees it served. The decode is not told and
+        # holds the reservation of every rejected STREAMING request for its waiting timeout
+        # (conftest.WAITING_TIMEOUT_S), so a pair the differential test probed just before is still starved: the probes
+        # may stop early ("not sent"), and the isolation check may not run at all; it must never fail.
         assert not [f for f in _failed(report, "probes") if f["check"] == "isolation.greedy_replay"], summary
         assert not [f for f in _failed(report, "probes") if f["summary"].startswith("served_over_limit")], summary
 
