@@ -109,3 +109,11 @@ def test_a_pairs_tests_run_together_in_collection_order_and_the_tier_goes_first(
     # Every unit of the tier is handed out before any other test: the short tests fill the end.
     real = [collection[unit[0]].startswith("tests/real/") for unit in SENT]
     assert real == sorted(real, reverse=True) and sum(real) == len(SPECS) + 3, real
+
+
+def test_the_files_sharing_the_fault_pair_are_one_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split per pair, the two fault tests still land on one worker: they share one started pair."""
+    monkeypatch.setattr(schedule, "SPLIT_REAL_TIER", True)
+    units = {unit_of(f"{f}::test_x") for f in schedule.FAULT_FILES}
+    assert units == {schedule.FAULT_UNIT}
+    assert unit_of("tests/real/test_dp_real.py::test_dp") != schedule.FAULT_UNIT

@@ -30,7 +30,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -338,6 +338,45 @@ def real_pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         dep.stop()
 
 
+#: The fault pair's shape (issues 32 and 39): a 0.5.22 pair no other test of the tier starts.
+FAULT_SPEC = PairSpec("0.5.22", "healthy", IDS, 4096, "llama")
+FAULT_HOOK = Path(__file__).with_name("_decode_faults.py")
+#: The tests that share it: each drives its own fault (a mode file), inert while `off`; it is stopped after
+#: the last of them (pytest_runtest_teardown), as a shared pair is.
+FAULT_PAIR = "decode_fault_pair"
+
+
+@dataclass
+class FaultPair:
+    """A real 0.5.22 pair whose decode loads both decode faults (`_decode_faults.py`), each off until the
+    test that owns it writes its mode: `handoff` for `_zero_received_layer.py`, `meta` for
+    `_meta_double_free.py`. Started once for test_handoff_fault_real.py and test_isolation_fault_real.py
+    (issue 44: one start, not two); a test hands it on with its own fault `off` again."""
+
+    deployment: PDDeployment
+    handoff: Path
+    meta: Path
+
+
+@pytest.fixture(scope="session")
+def decode_fault_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultPair]:
+    server_env_or_skip(FAULT_SPEC.release)
+    logs = tmp_path_factory.mktemp("real-decode-faults")
+    handoff, meta = logs / "handoff-hook", logs / "meta-hook"
+    for folder in (handoff, meta):
+        folder.mkdir()
+        (folder / "mode").write_text("off")
+    plan = plan_for(FAULT_SPEC)
+    env = {"KVGATE_TEST_HOOK": str(FAULT_HOOK), "KVGATE_TEST_HANDOFF_DIR": str(handoff)}
+    plan = replace(plan, env={**plan.env, **env, "KVGATE_TEST_META_DIR": str(meta)})
+    dep = PDDeployment(plan, log_dir=logs)
+    dep.start()
+    try:
+        yield FaultPair(dep, handoff, meta)
+    finally:
+        dep.stop()
+
+
 def _pair_of(item: pytest.Item | None) -> PairSpec | None:
     return getattr(getattr(item, "callspec", None), "params", {}).get("real_pair") if item is not None else None
 
@@ -347,6 +386,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """Stop a pair after its last test, not at the session's end: pytest keeps a session-scoped pair
     alive until another pair is asked for, so a worker that went on to other tests (the rest of the
     suite, a test starting its own pair) held an idle pair's four processes and 4 GB beside them."""
+    if FAULT_PAIR in getattr(item, "fixturenames", ()) and FAULT_PAIR not in getattr(nextitem, "fixturenames", ()):
+        fault = item.funcargs.get(FAULT_PAIR) if hasattr(item, "funcargs") else None
+        if isinstance(fault, FaultPair):
+            fault.deployment.stop()
     spec = _pair_of(item)
     if spec is None or _pair_of(nextitem) == spec:
         return

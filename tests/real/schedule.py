@@ -17,6 +17,9 @@ REAL = "tests/real/"
 PAIR_ID = re.compile(r"\[(\d+\.\d+\.\d+-(?:short|healthy)-(?:ids|text)-\d+k-[a-z0-9]+)\]$")
 #: Units the suite must keep whole besides the pairs: the binary's tests (one build of dist/kvgate).
 WHOLE_FILES = ("tests/test_binary.py",)
+#: The tier's files that share one pair of their own (conftest's `decode_fault_pair`): one unit, one start.
+FAULT_FILES = ("tests/real/test_handoff_fault_real.py", "tests/real/test_isolation_fault_real.py")
+FAULT_UNIT = f"{REAL}decode faults"
 #: Rough seconds, only to order the units (longest first); measured figures are in tests/real/README.md.
 PAIR_START_S = 120.0
 REAL_TEST_S = 60.0
@@ -50,7 +53,9 @@ def unit_of(nodeid: str) -> str:
         if not SPLIT_REAL_TIER:
             return REAL
         pair = PAIR_ID.search(nodeid)
-        return f"{REAL}pair {pair.group(1)}" if pair else nodeid.split("::", 1)[0]
+        if pair:
+            return f"{REAL}pair {pair.group(1)}"
+        return FAULT_UNIT if nodeid.startswith(FAULT_FILES) else nodeid.split("::", 1)[0]
     return next((f for f in WHOLE_FILES if nodeid.startswith(f)), nodeid)
 
 

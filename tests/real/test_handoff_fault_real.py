@@ -1,6 +1,7 @@
 """Issue 39's real proof: `probes.handoff.prefill_oracle` fails a REAL 0.5.22 decode that misreads its KV.
 
-A TEST hook (`_zero_received_layer.py`, loaded into this test's own real pair through KVGATE_TEST_HOOK)
+A TEST hook (`_zero_received_layer.py`, loaded into the tier's fault pair through KVGATE_TEST_HOOK:
+conftest's `decode_fault_pair`, which test_isolation_fault_real.py shares, its own fault off meanwhile)
 zeroes layer 0's received values at every request's prompt slots when the real decode commits the
 transfer: what a transfer that drops one layer's buffer leaves, the same way every time, with nothing
 foreign in it. The first output token is prefill's (the metadata buffer), every later one the decode's
@@ -15,8 +16,6 @@ The hook logs what it did (`events.jsonl`): a phase that injected nothing is an 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,32 +23,12 @@ from typer.testing import CliRunner
 
 from kvgate.cli import app
 from kvgate.deploy.launch import PDDeployment
-from tests.assets.real_sglang import server_env_or_skip
-from tests.real.conftest import IDS, PairSpec, plan_for, report_of
+from tests.real.conftest import FaultPair, report_of
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 runner = CliRunner()
 
-SPEC = PairSpec("0.5.22", "healthy", IDS, 4096, "llama")
-HOOK = Path(__file__).with_name("_zero_received_layer.py")
 HANDOFF = "handoff.prefill_oracle"
-
-
-@pytest.fixture(scope="module")
-def hooked_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PDDeployment, Path]]:
-    server_env_or_skip(SPEC.release)
-    logs = tmp_path_factory.mktemp("real-zero-received-layer")
-    folder = logs / "hook"
-    folder.mkdir()
-    (folder / "mode").write_text("off")
-    plan = plan_for(SPEC)
-    plan = replace(plan, env={**plan.env, "KVGATE_TEST_HOOK": str(HOOK), "KVGATE_TEST_HANDOFF_DIR": str(folder)})
-    dep = PDDeployment(plan, log_dir=logs)
-    dep.start()
-    try:
-        yield dep, folder
-    finally:
-        dep.stop()
 
 
 def _events(folder: Path) -> list[dict]:
@@ -75,9 +54,16 @@ def _not_passed(report: dict) -> list[str]:
 
 
 def test_the_handoff_check_alone_fails_a_real_decode_that_misreads_its_kv(
-    hooked_pair: tuple[PDDeployment, Path], tmp_path: Path
+    decode_fault_pair: FaultPair, tmp_path: Path
 ) -> None:
-    dep, folder = hooked_pair
+    dep, folder = decode_fault_pair.deployment, decode_fault_pair.handoff
+    try:
+        _both_phases(dep, folder, tmp_path)
+    finally:
+        (folder / "mode").write_text("off")  # the pair goes on to test_isolation_fault_real.py as it came
+
+
+def _both_phases(dep: PDDeployment, folder: Path, tmp_path: Path) -> None:
     code, healthy = _check(dep, tmp_path / "off.json")
     [h] = [f for f in healthy["findings"] if f["check"] == HANDOFF]
     print("off:", h["outcome"], h["summary"])

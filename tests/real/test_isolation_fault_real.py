@@ -3,9 +3,10 @@
 sglang #17259 (open): under concurrency, two requests in the decode share one metadata buffer slot, and
 one commits the other's first output token; #17430 (in 0.5.19-0.5.23) only detects it, aborting the
 request ("Metadata corruption detected - bootstrap_room mismatch"). Nothing provokes the race on demand,
-so a TEST hook (`_meta_double_free.py`, loaded into this test's own real pair through KVGATE_TEST_HOOK)
-double-frees the real decode's metadata slots: requests answered one at a time are untouched, requests in
-flight together share slots. Three phases on one pair, each the probe as `kvgate check` runs it, through
+so a TEST hook (`_meta_double_free.py`, loaded into the tier's fault pair through KVGATE_TEST_HOOK:
+conftest's `decode_fault_pair`, shared with test_handoff_fault_real.py, whose fault is off by then)
+double-frees the real decode's metadata slots: requests answered one at a time are untouched, requests
+in flight together share slots. Three phases on one pair, each the probe as `kvgate check` runs it, through
 the real router:
 1. hook off: the probe passes (the hook is inert, the pair healthy);
 2. double free: the probe fails on the corruption aborts the real room check raises, naming #17259;
@@ -21,8 +22,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,13 +38,10 @@ from kvgate.output.progress import NullObserver
 from kvgate.reading.node import DECODE, PREFILL, NodeSpec
 from kvgate.reading.target import TargetClient
 from kvgate.results.findings import Finding, Outcome
-from tests.assets.real_sglang import server_env_or_skip
-from tests.real.conftest import IDS, PairSpec, plan_for, wait_routable
+from tests.real.conftest import FAULT_SPEC, FaultPair, wait_routable
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
-SPEC = PairSpec("0.5.22", "healthy", IDS, 4096, "llama")
-HOOK = Path(__file__).with_name("_meta_double_free.py")
 #: Each probe's deadline: a request whose slot another zeroed waits in the decode's transfer queue (the
 #: readiness gate sees no metadata), so some requests under the fault are never answered.
 DEADLINE_S = 30.0
@@ -54,23 +50,6 @@ DEADLINE_S = 30.0
 #: busy core), the probe cannot tell corruption from a batch that changes answers and says inconclusive,
 #: by its rule. The phase is then staged again on a fresh decode, at most this many times in all.
 SILENT_STAGINGS = 3
-
-
-@pytest.fixture(scope="module")
-def faulty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PDDeployment, Path]]:
-    server_env_or_skip(SPEC.release)
-    logs = tmp_path_factory.mktemp("real-meta-double-free")
-    folder = logs / "hook"
-    folder.mkdir()
-    (folder / "mode").write_text("off")
-    plan = plan_for(SPEC)
-    plan = replace(plan, env={**plan.env, "KVGATE_TEST_HOOK": str(HOOK), "KVGATE_TEST_META_DIR": str(folder)})
-    dep = PDDeployment(plan, log_dir=logs)
-    dep.start()
-    try:
-        yield dep, folder
-    finally:
-        dep.stop()
 
 
 def _events(folder: Path) -> list[dict]:
@@ -119,9 +98,9 @@ def _shown(f: Finding) -> str:
 
 
 def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
-    faulty_pair: tuple[PDDeployment, Path],
+    decode_fault_pair: FaultPair,
 ) -> None:
-    dep, folder = faulty_pair
+    dep, folder = decode_fault_pair.deployment, decode_fault_pair.meta
 
     healthy = _probe(dep)
     print(_shown(healthy))
@@ -143,7 +122,7 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
     unstaged: list[str] = []  # stagings where the fault reached the control prompt's copies
     missed: list[str] = []  # stagings where no request read another's slot
     for _ in range(SILENT_STAGINGS):
-        dep.restart_worker("decode", 0, pool=SPEC.decode_pool)
+        dep.restart_worker("decode", 0, pool=FAULT_SPEC.decode_pool)
         # smg may still exclude the wedged decode it saw before the restart: the probe goes out only once
         # the router serves again (one possible cause of a CI run's silent phase that injected nothing).
         assert dep.router_url is not None
