@@ -11,7 +11,7 @@ import os
 
 from kvgate.errors import UsageError
 
-SIM_MODULES = ("torch", "numpy", "fastapi", "uvicorn")
+SIM_MODULES = ("numpy", "fastapi", "uvicorn")
 
 
 #: set by the single file's launcher (tools/binary_main.py) to the file's path

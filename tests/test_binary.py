@@ -214,7 +214,7 @@ def test_binary_self_test_says_the_simulator_is_not_in_it(
     would import), even with the simulator's own dependencies (this venv's) importable."""
     env = dict(bare_env)
     venv_site = next(Path(sys.executable).parent.parent.glob("lib/python3*/site-packages"))
-    env["PYTHONPATH"] = str(venv_site)  # torch, fastapi, ... found: only the file's own content decides
+    env["PYTHONPATH"] = str(venv_site)  # numpy, fastapi, ... found: only the file's own content decides
     res = _run(binary, env, "check", "--self-test", "-q", cwd=ROOT if where == "checkout" else tmp_path)
     out = res.stdout + res.stderr
     assert res.returncode == ExitStatus.USAGE_ERROR, out

@@ -2,7 +2,7 @@
 
 A target wherever there is no GPU: separate prefill and decode worker processes that serve SGLang's
 HTTP surface, move KV over a loopback TCP transfer protocol on the prefill's bootstrap port, hold KV
-in a paged torch pool whose freed pages are NOT cleared, and behave like a chosen SGLang release
+in a paged numpy pool whose freed pages are NOT cleared, and behave like a chosen SGLang release
 (0.5.19 .. 0.5.23) where releases differ for isolation. The REAL router from PyPI (`smg` 1.13.0)
 runs in front. Each failure of the incident happens for real (shared/reference/incident.md):
 

@@ -1,7 +1,7 @@
 """`kvgate sim ...`: run the embedded PD simulator behind the real SGLang router.
 
 Thin on purpose: parse, build a SimDeployment, print its URLs, wait for Ctrl-C/SIGTERM, tear down.
-Heavy modules (torch, fastapi) are never imported here: they load in the worker processes only.
+Heavy modules (numpy, fastapi) are never imported here: they load in the worker processes only.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A simulated worker's settings and SGLang's env-only knobs: no torch, so the metadata-only fleet
+"""A simulated worker's settings and SGLang's env-only knobs: no numpy, so the metadata-only fleet
 host (fleet.py) can use them without importing the engine."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from collections import deque
 from http import HTTPStatus
 from typing import Any
 
-import torch
+import numpy as np
 
 from kvgate.sim import faults, tokenizer, transfer
 from kvgate.sim.config import WorkerConfig
@@ -78,7 +78,7 @@ class DecodeEngine(BaseEngine):
         if req.to_finish is not None and self.release.admission_door_rejects(aborted=True, holds_resources=False):
             # 0.5.21+ `DecodePreallocQueue.add`: retired before prealloc and receiver creation.
             raise RequestError(req.to_finish, value_error=True)
-        n = int(req.input_ids.numel())
+        n = int(req.input_ids.size)
         # The reservation covers the prompt (what prefill must fill) plus the output tokens, whose KV
         # the decode writes itself; the prefill is told only the prompt's pages.
         lender = self._fault_partner(n + req.max_new_tokens) if self.fault == faults.EARLY_PAGE_REUSE else None
@@ -120,9 +120,9 @@ class DecodeEngine(BaseEngine):
             if t.writer is not None and t.done.done() and not t.aborted.is_set():
                 t.writer.close()  # the prefill finished writing this room
 
-    async def _reserve(self, req: SimReq, n: int) -> torch.Tensor:
+    async def _reserve(self, req: SimReq, n: int) -> np.ndarray:
         """`DecodePreallocQueue`: reserve pages for the length decode was told; wait while the pool is full."""
-        prompt_tokens = int(req.input_ids.numel())
+        prompt_tokens = int(req.input_ids.size)
         if prompt_tokens > self.max_total_num_tokens:
             # `DecodePreallocQueue` capacity check (normally unreachable: validate_input_length is stricter)
             raise RequestError(
@@ -175,9 +175,9 @@ class DecodeEngine(BaseEngine):
                 "room": req.bootstrap_room,
                 "rid": req.rid,
                 "num_tokens": t.num_tokens,
-                "num_pages": int(prompt_pages.numel()),
+                "num_pages": int(prompt_pages.size),
             },
-            transfer.tensor_bytes(prompt_pages.to(torch.int64)),
+            transfer.tensor_bytes(prompt_pages.astype(np.int64)),
         )
         t.reader_task = asyncio.create_task(self._receive(t, reader))
         self._receivers.add(t.reader_task)
@@ -210,7 +210,7 @@ class DecodeEngine(BaseEngine):
             elif msg.type == "abort_ack":
                 t.ack.set()
 
-    async def _land_late(self, t: Transfer, dst: torch.Tensor, content: torch.Tensor, count: int) -> None:
+    async def _land_late(self, t: Transfer, dst: np.ndarray, content: np.ndarray, count: int) -> None:
         """A write for a room whose pages were already freed lands in the race's worst order: once a
         request that took some of those pages has its own KV (it reads them next), so what it generates
         shows the write. On real servers that order is one of many the hosts' scheduling allows; staged
@@ -219,7 +219,7 @@ class DecodeEngine(BaseEngine):
         loop = asyncio.get_running_loop()
         until = loop.time() + LATE_WRITE_HOLD_S
         while loop.time() < until:
-            takers = [o for o in self.transfers.values() if o is not t and bool(torch.isin(o.pages, dst).any())]
+            takers = [o for o in self.transfers.values() if o is not t and bool(np.isin(o.pages, dst).any())]
             if takers and all(o.done.done() for o in takers):
                 break
             await asyncio.sleep(0.002)
@@ -319,7 +319,7 @@ class DecodeEngine(BaseEngine):
                 and not t.slot_shared
                 and not t.borrowed
                 and t.req.to_finish is None
-                and int(t.pages.numel()) >= need
+                and int(t.pages.size) >= need
             ):
                 return t
         return None
@@ -426,7 +426,7 @@ class DecodeEngine(BaseEngine):
             # the attended range [0, num_tokens), so no re-read is needed (no version bump).
             slot = t.num_tokens + step
             page = slot // self.pool.page_size
-            if page < t.pages.numel():
+            if page < t.pages.size:
                 self.pool.data[t.pages[page], slot % self.pool.page_size] = token
             if sink is not None:
                 await sink(out, tokenizer.decode(out))
@@ -464,7 +464,8 @@ class DecodeEngine(BaseEngine):
         if self.fault == faults.HANDOFF_LAYOUT:
             # each page's written slots reversed (a partial last page's own slots only: the garbling
             # depends on this request's KV alone, never on what earlier tenants left in the page)
-            ctx = torch.cat([piece.flip(0) for piece in ctx.split(self.pool.page_size)]) if ctx.numel() else ctx
+            ps = self.pool.page_size
+            ctx = np.concatenate([ctx[i : i + ps][::-1] for i in range(0, ctx.size, ps)]) if ctx.size else ctx
         raw = tokenizer.tensor_to_bytes(ctx)
         return Context(raw + bytes(b if 0 <= b < tokenizer.VOCAB_SIZE else 0xFF for b in out))
 
@@ -476,8 +477,8 @@ class DecodeEngine(BaseEngine):
         base["transfers"] = {
             rid: {
                 "room": t.req.bootstrap_room,
-                "pages": int(t.pages.numel()),
-                "first_page": int(t.pages[0]) if t.pages.numel() else None,
+                "pages": int(t.pages.size),
+                "first_page": int(t.pages[0]) if t.pages.size else None,
                 "pages_received": t.pages_received,
                 "aborted": t.aborted.is_set(),
             }

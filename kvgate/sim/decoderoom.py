@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import numpy as np
 
 from kvgate.sim.request import SimReq
 
@@ -17,7 +17,7 @@ class Transfer:
     """The decode side of one room: reservation, bootstrap connection and what arrived."""
 
     req: SimReq
-    pages: torch.Tensor
+    pages: np.ndarray
     num_tokens: int
     done: asyncio.Future[dict[str, Any]]
     ack: asyncio.Event = field(default_factory=asyncio.Event)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch
+import numpy as np
 
 from kvgate.sim.config import WorkerConfig, env_bool, env_float
 from kvgate.sim.kvpool import KVPool
@@ -63,9 +63,9 @@ class BaseEngine:
         """`managers/tp_worker.py get_worker_info` over the pool's capacity (`kvgate.upstream.admission`)."""
         return max_req_input_len(self.cfg.effective_context, self.max_total_num_tokens)
 
-    def tokenizer_stage(self, input_ids: torch.Tensor, max_new_tokens: int | None) -> torch.Tensor:
+    def tokenizer_stage(self, input_ids: np.ndarray, max_new_tokens: int | None) -> np.ndarray:
         """`managers/tokenizer_manager.py TokenizerManager._validate_one_request` (ValueError -> 400)."""
-        n = int(input_ids.numel())
+        n = int(input_ids.size)
         ctx = self.cfg.effective_context
         if n >= ctx:
             if self.cfg.allow_auto_truncate:
@@ -98,7 +98,7 @@ class BaseEngine:
             raise RequestError(
                 Abort(f"Invalid request: Disaggregated request received without bootstrap room id. req.rid={req.rid!r}")
             )
-        n = int(req.input_ids.numel())
+        n = int(req.input_ids.size)
         limit = self.max_req_input_len
         if n >= limit:
             if self.cfg.allow_auto_truncate:
@@ -108,7 +108,7 @@ class BaseEngine:
                 f"Input length ({n} tokens) exceeds the maximum allowed length ({limit} tokens). "
                 f"Use a shorter input or enable --allow-auto-truncate."
             )
-            req.input_ids = torch.zeros(1, dtype=torch.int32)
+            req.input_ids = np.zeros(1, dtype=np.int32)
             self.stats["rejected"] += 1
 
     def count_finished(self, req: SimReq, stream: bool) -> None:

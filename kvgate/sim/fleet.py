@@ -1,6 +1,6 @@
 """`python -m kvgate.sim fleet --spec FILE`: many metadata-only simulated workers in one process.
 
-A full simulated worker (`worker.py`) is a process with torch, FastAPI and a real KV pool; a fleet of
+A full simulated worker (`worker.py`) is a process with numpy, FastAPI and a real KV pool; a fleet of
 64 or 512 of them would cost minutes of CPU and gigabytes just to start. What fleet-level checks
 need from a worker is its metadata surface and its health, so this host serves, for every worker of
 the spec, on that worker's own port: `/server_info` (`/get_server_info`), `/model_info`

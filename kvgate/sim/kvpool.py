@@ -1,4 +1,4 @@
-"""The paged KV pool of a simulated worker: a torch tensor plus a page allocator.
+"""The paged KV pool of a simulated worker: a numpy array plus a page allocator.
 
 The toy model's "KV" of a token is the token itself, so a pool page holds `page_size` token ids.
 Like GPU memory, a freed page is NOT cleared: its stale content stays until a later write lands
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 
-import torch
+import numpy as np
 
 
 class PoolExhausted(Exception):
@@ -32,8 +32,8 @@ class KVPool:
         self.page_size = page_size
         self.num_pages = capacity_tokens // page_size
         self.capacity_tokens = self.num_pages * page_size
-        self.data = torch.zeros((self.num_pages, page_size), dtype=torch.int32)
-        self._free = torch.ones(self.num_pages, dtype=torch.bool)
+        self.data = np.zeros((self.num_pages, page_size), dtype=np.int32)
+        self._free = np.ones(self.num_pages, dtype=bool)
         self._lock = threading.Lock()
         self.version = 0
 
@@ -46,40 +46,40 @@ class KVPool:
         """How many pages are free now."""
         return int(self._free.sum())
 
-    def alloc(self, num_pages: int) -> torch.Tensor:
+    def alloc(self, num_pages: int) -> np.ndarray:
         """Reserve `num_pages` pages, lowest index first (so reuse of freed pages is deterministic)."""
         with self._lock:
-            free_idx = torch.nonzero(self._free, as_tuple=False).flatten()
-            if free_idx.numel() < num_pages:
-                raise PoolExhausted(f"need {num_pages} pages, {free_idx.numel()} free")
-            pages = free_idx[:num_pages].to(torch.int64)
+            free_idx = np.flatnonzero(self._free)
+            if free_idx.size < num_pages:
+                raise PoolExhausted(f"need {num_pages} pages, {free_idx.size} free")
+            pages = free_idx[:num_pages].astype(np.int64)
             self._free[pages] = False
             return pages
 
-    def free(self, pages: torch.Tensor) -> None:
+    def free(self, pages: np.ndarray) -> None:
         """Return pages to the allocator. Their content is left as it is (stale)."""
         with self._lock:
             self._free[pages] = True
 
-    def write_tokens(self, pages: torch.Tensor, tokens: torch.Tensor) -> None:
+    def write_tokens(self, pages: np.ndarray, tokens: np.ndarray) -> None:
         """Write `tokens` into consecutive slots of `pages`; the tail of a last partial page keeps its old content."""
-        n = tokens.numel()
+        n = tokens.size
         if n == 0:
             return
         full, rest = divmod(n, self.page_size)
         if full:
-            self.data[pages[:full]] = tokens[: full * self.page_size].view(full, self.page_size).to(torch.int32)
+            self.data[pages[:full]] = tokens[: full * self.page_size].reshape(full, self.page_size).astype(np.int32)
         if rest:
-            self.data[pages[full], :rest] = tokens[full * self.page_size :].to(torch.int32)
+            self.data[pages[full], :rest] = tokens[full * self.page_size :].astype(np.int32)
         self.version += 1
 
-    def write_pages(self, pages: torch.Tensor, content: torch.Tensor) -> None:
+    def write_pages(self, pages: np.ndarray, content: np.ndarray) -> None:
         """Overwrite whole pages (an RDMA-style page write: whatever the destination, no ownership check)."""
-        if pages.numel() == 0:
+        if pages.size == 0:
             return
-        self.data[pages] = content.view(pages.numel(), self.page_size).to(torch.int32)
+        self.data[pages] = content.reshape(pages.size, self.page_size).astype(np.int32)
         self.version += 1
 
-    def read_pages(self, pages: torch.Tensor) -> torch.Tensor:
+    def read_pages(self, pages: np.ndarray) -> np.ndarray:
         """The content of `pages`, flattened, in the order given."""
-        return self.data[pages].flatten()
+        return self.data[pages].reshape(-1)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-import torch
+import numpy as np
 
 from kvgate.sim import transfer
 from kvgate.sim.config import WorkerConfig
@@ -26,7 +26,7 @@ class _Room:
     room: int
     rid: str
     num_tokens: int
-    dst_pages: torch.Tensor
+    dst_pages: np.ndarray
     writer: asyncio.StreamWriter
     peer_aborted: bool = False
     #: pages of posted KV writes not yet landed (nor skipped): what is "in flight" for this room
@@ -69,7 +69,7 @@ class PrefillEngine(BaseEngine):
             return
         room_id = int(msg.header["room"])
         count = int(msg.header.get("num_pages", 0))
-        dst = transfer.unpack_pages(msg.payload, count)[0].clone() if count else torch.zeros(0, dtype=torch.int64)
+        dst = transfer.unpack_pages(msg.payload, count)[0].copy() if count else np.zeros(0, dtype=np.int64)
         room = _Room(room_id, str(msg.header.get("rid")), int(msg.header["num_tokens"]), dst, writer)
         # Registered whether or not a prefill request for the room exists. A request this prefill
         # retired at its door (0.5.21+) never claims it: nobody tells the decode, which waits for KV
@@ -176,7 +176,7 @@ class PrefillEngine(BaseEngine):
     async def _forward_and_send(self, req: SimReq, room: _Room) -> dict[str, Any]:
         ps = self.pool.page_size
         tokens = req.input_ids
-        n = int(tokens.numel())
+        n = int(tokens.size)
         own = await self._alloc_wait(self.pool.pages_for(n))
         chunk = max(ps, (self.cfg.chunked_prefill_size // ps) * ps)
         tps = self.cfg.sim_prefill_tokens_per_s
@@ -186,10 +186,10 @@ class PrefillEngine(BaseEngine):
         try:
             for start in range(0, n, chunk):
                 piece = tokens[start : start + chunk]
-                p0, p1 = start // ps, -(-(start + piece.numel()) // ps)
+                p0, p1 = start // ps, -(-(start + piece.size) // ps)
                 async with self._gpu:
                     if tps > 0:
-                        await asyncio.sleep(piece.numel() / tps)  # the forward pass of this chunk
+                        await asyncio.sleep(piece.size / tps)  # the forward pass of this chunk
                     self.pool.write_tokens(own[p0:p1], piece)
                 last = start + chunk >= n
                 if last and req.to_finish is not None and self.release.retires_aborted_result_after_forward():
@@ -201,11 +201,11 @@ class PrefillEngine(BaseEngine):
                     # MooncakeKVManager.add_transfer_request` returns for a KVPoll.Failed room); only
                     # writes already in flight still land (see `_deliver`).
                     break
-                dst = room.dst_pages[p0 : min(p1, room.dst_pages.numel())]
-                if dst.numel():
-                    content = self.pool.read_pages(own[p0 : p0 + dst.numel()])
+                dst = room.dst_pages[p0 : min(p1, room.dst_pages.size)]
+                if dst.size:
+                    content = self.pool.read_pages(own[p0 : p0 + dst.size])
                     await self._send_kv(room, dst, content)
-                    sent_pages += int(dst.numel())
+                    sent_pages += int(dst.size)
                 if req.rid in self._aborted:
                     break  # aborted on this prefill (abort_request / client gone): no further chunks
             if retired:
@@ -252,7 +252,7 @@ class PrefillEngine(BaseEngine):
             "meta_info": meta_info(req, prompt_tokens=n, completion_tokens=0, e2e=time.time() - req.created),
         }
 
-    async def _alloc_wait(self, num_pages: int) -> torch.Tensor:
+    async def _alloc_wait(self, num_pages: int) -> np.ndarray:
         """Wait in the queue until the prefill pool has room (requests in flight hold pages)."""
         while True:
             try:
@@ -304,15 +304,15 @@ class PrefillEngine(BaseEngine):
             await room.outbox.join()
         room.writer.close()
 
-    async def _send_kv(self, room: _Room, dst: torch.Tensor, content: torch.Tensor) -> None:
+    async def _send_kv(self, room: _Room, dst: np.ndarray, content: np.ndarray) -> None:
         bw = self.cfg.sim_transfer_tokens_per_s
-        delay = content.numel() / bw if bw > 0 else 0.0
-        room.pages_in_flight += int(dst.numel())
+        delay = content.size / bw if bw > 0 else 0.0
+        room.pages_in_flight += int(dst.size)
         await self._send(
-            room, {"type": "kv", "room": room.room, "count": int(dst.numel())}, transfer.pack_pages(dst, content), delay
+            room, {"type": "kv", "room": room.room, "count": int(dst.size)}, transfer.pack_pages(dst, content), delay
         )
 
-    def _first_token(self, own: torch.Tensor, n: int) -> int | None:
+    def _first_token(self, own: np.ndarray, n: int) -> int | None:
         """The first output token, computed on this prefill's own KV (SGLang sends it in the metadata
         buffer with the transfer); None when the prompt holds nothing the toy model reads."""
         return context_of(self.pool, own, n).next_token()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-import torch
+import numpy as np
 
 from kvgate.sim import tokenizer
 
@@ -50,7 +50,7 @@ class SimReq:
     """One request as a worker sees it. Mirrors the `Req` fields that matter for isolation."""
 
     rid: str
-    input_ids: torch.Tensor
+    input_ids: np.ndarray
     max_new_tokens: int
     bootstrap_host: str | None
     bootstrap_port: int | None

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
-import torch
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -181,9 +181,7 @@ def build_app(engine: BaseEngine) -> FastAPI:
             text = text[0] if isinstance(text, list) else text
             ids = ids[0] if ids and isinstance(ids[0], list) else ids
         if ids is not None:
-            input_ids = (
-                torch.tensor(ids, dtype=torch.int64).to(torch.int32) if ids else torch.zeros(0, dtype=torch.int32)
-            )
+            input_ids = np.array(ids, dtype=np.int64).astype(np.int32) if ids else np.zeros(0, dtype=np.int32)
         elif text is not None:
             input_ids = tokenizer.encode_tensor(str(text))
         else:
@@ -201,7 +199,7 @@ def build_app(engine: BaseEngine) -> FastAPI:
             bootstrap_host=body.get("bootstrap_host"),
             bootstrap_port=int(body["bootstrap_port"]) if body.get("bootstrap_port") is not None else None,
             bootstrap_room=int(room) if room is not None else None,
-            caller_tokens=int(input_ids.numel()),
+            caller_tokens=int(input_ids.size),
             return_logprob=body.get("return_logprob") is True,
             top_logprobs_num=_top_num(body.get("top_logprobs_num")),
         )

@@ -8,7 +8,7 @@ detokenize to U+FFFD, so text prompts, input_ids and sentinels made of printable
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 PAD_ID = 0
 VOCAB_SIZE = 256
@@ -19,12 +19,9 @@ def encode(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def encode_tensor(text: str) -> torch.Tensor:
-    """Text -> int32 tensor of token ids, without a Python list in between."""
-    data = bytearray(text.encode("utf-8"))
-    if not data:
-        return torch.zeros(0, dtype=torch.int32)
-    return torch.frombuffer(data, dtype=torch.uint8).to(torch.int32)
+def encode_tensor(text: str) -> np.ndarray:
+    """Text -> int32 array of token ids, without a Python list in between."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32)
 
 
 def decode(ids: list[int]) -> str:
@@ -33,12 +30,7 @@ def decode(ids: list[int]) -> str:
     return raw.decode("utf-8", errors="replace")
 
 
-def tensor_to_bytes(ids: torch.Tensor) -> bytes:
-    """An int tensor of byte tokens -> bytes (ids outside 0..255 are clamped to 0xFF)."""
-    import ctypes
-
-    if ids.numel() == 0:
-        return b""
-    t = ids.to(torch.int64)
-    t = torch.where((t >= 0) & (t < VOCAB_SIZE), t, torch.full_like(t, 0xFF)).to(torch.uint8).contiguous()
-    return ctypes.string_at(t.data_ptr(), t.numel())
+def tensor_to_bytes(ids: np.ndarray) -> bytes:
+    """An int array of byte tokens -> bytes (ids outside 0..255 are clamped to 0xFF)."""
+    t = np.asarray(ids, dtype=np.int64)
+    return np.where((t >= 0) & (t < VOCAB_SIZE), t, 0xFF).astype(np.uint8).tobytes()

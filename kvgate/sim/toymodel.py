@@ -9,7 +9,7 @@ Everything is deterministic: the same inputs in the same order give the same byt
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from kvgate.sim import tokenizer
 from kvgate.sim.kvpool import KVPool
@@ -17,7 +17,7 @@ from kvgate.sim.kvpool import KVPool
 DIGEST_LIMIT = 65536
 
 
-def attend(pool: KVPool, pages: torch.Tensor, num_tokens: int) -> bytes:
+def attend(pool: KVPool, pages: np.ndarray, num_tokens: int) -> bytes:
     """The toy model's read of its context: every reserved slot, pad skipped, distinct lines in order."""
     ctx = pool.read_pages(pages)[:num_tokens]
     raw = tokenizer.tensor_to_bytes(ctx).replace(b"\x00", b"")
@@ -110,6 +110,6 @@ def _one_off(line: bytes, tail: bytes) -> bool:
     return misses == 1
 
 
-def context_of(pool: KVPool, pages: torch.Tensor, num_tokens: int) -> Context:
+def context_of(pool: KVPool, pages: np.ndarray, num_tokens: int) -> Context:
     """The toy model's state over the first `num_tokens` slots of `pages`."""
     return Context(tokenizer.tensor_to_bytes(pool.read_pages(pages)[:num_tokens]))

@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+import numpy as np
 
 _FRAME = struct.Struct(">II")
 
@@ -72,29 +72,20 @@ async def recv(reader: asyncio.StreamReader) -> Message | None:
     return Message(json.loads(head), payload)
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    """Raw bytes of a contiguous tensor (ctypes copy: fast, no numpy needed)."""
-    import ctypes
-
-    t = t.contiguous()
-    return ctypes.string_at(t.data_ptr(), t.numel() * t.element_size())
+def tensor_bytes(t: np.ndarray) -> bytes:
+    """Raw bytes of an array, in its order (native byte order, as the simulator's peers share a host)."""
+    return np.ascontiguousarray(t).tobytes()
 
 
-def pack_pages(dst_pages: torch.Tensor, content: torch.Tensor) -> bytes:
+def pack_pages(dst_pages: np.ndarray, content: np.ndarray) -> bytes:
     """Payload of a ``kv`` message: int64 page ids then int32 content."""
-    return tensor_bytes(dst_pages.to(torch.int64)) + tensor_bytes(content.to(torch.int32))
+    return tensor_bytes(dst_pages.astype(np.int64)) + tensor_bytes(content.astype(np.int32))
 
 
-def unpack_pages(payload: bytes, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unpack_pages(payload: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     """Inverse of `pack_pages`."""
     split = count * 8
     buf = bytearray(payload)
-    pages = (
-        torch.frombuffer(buf, dtype=torch.int64, count=count, offset=0) if count else torch.zeros(0, dtype=torch.int64)
-    )
-    content = (
-        torch.frombuffer(buf, dtype=torch.int32, offset=split)
-        if len(buf) > split
-        else torch.zeros(0, dtype=torch.int32)
-    )
+    pages = np.frombuffer(buf, dtype=np.int64, count=count, offset=0) if count else np.zeros(0, dtype=np.int64)
+    content = np.frombuffer(buf, dtype=np.int32, offset=split) if len(buf) > split else np.zeros(0, dtype=np.int32)
     return pages, content

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
-import torch
 
 from kvgate.sim import tokenizer, transfer
 from kvgate.sim.config import WorkerConfig, env_bool
@@ -24,14 +24,14 @@ def test_tokenizer_round_trips_text_and_ids() -> None:
     assert all(0 <= i < 256 for i in ids)
     assert tokenizer.decode(ids) == text
     assert tokenizer.encode_tensor(text).tolist() == ids
-    assert tokenizer.tensor_to_bytes(torch.tensor(ids)) == text.encode()
+    assert tokenizer.tensor_to_bytes(np.array(ids)) == text.encode()
 
 
 def test_pool_allocates_lowest_first_and_never_clears_freed_pages() -> None:
     pool = KVPool(capacity_tokens=64, page_size=4)
     a = pool.alloc(3)
     assert a.tolist() == [0, 1, 2]
-    pool.write_tokens(a, torch.arange(1, 11))  # 10 tokens: 2 full pages + 2 slots of the third
+    pool.write_tokens(a, np.arange(1, 11))  # 10 tokens: 2 full pages + 2 slots of the third
     pool.free(a)
     b = pool.alloc(2)
     assert b.tolist() == [0, 1]
@@ -47,7 +47,7 @@ def test_attend_reads_distinct_lines_and_skips_pad() -> None:
     pool.write_tokens(pages, tokenizer.encode_tensor(text))
     assert attend(pool, pages, len(text)) == b"aa\nSECRET\n"
     # a pad token at slot 0 (SGLang's one-token placeholder) is not part of the text
-    pool.write_tokens(pages[:1], torch.zeros(1, dtype=torch.int32))
+    pool.write_tokens(pages[:1], np.zeros(1, dtype=np.int32))
     assert attend(pool, pages, len(text)) == b"a\naa\nSECRET\n"
 
 
@@ -86,7 +86,7 @@ def test_limits_follow_sglang_formula() -> None:
 def test_tokenizer_stage_rejects_context_with_sglangs_message() -> None:
     eng = _engine("0.5.22", context=100, pool=1000)
     with pytest.raises(RequestError) as err:
-        eng.tokenizer_stage(torch.zeros(100, dtype=torch.int32), None)
+        eng.tokenizer_stage(np.zeros(100, dtype=np.int32), None)
     assert err.value.abort.message == "The input (100 tokens) is longer than the model's context length (100 tokens)."
     assert err.value.abort.status_code == 400
 
@@ -95,7 +95,7 @@ def test_scheduler_stage_is_set_finish_with_abort() -> None:
     eng = _engine("0.5.19", context=4096, pool=100)
     req = SimReq(
         rid="r",
-        input_ids=torch.ones(94, dtype=torch.int32),
+        input_ids=np.ones(94, dtype=np.int32),
         max_new_tokens=4,
         bootstrap_host="127.0.0.1",
         bootstrap_port=1,
@@ -112,14 +112,14 @@ def test_scheduler_stage_is_set_finish_with_abort() -> None:
     assert not req.finished()  # the bug's root: finished() reads finished_reason only
     ok = SimReq(
         rid="s",
-        input_ids=torch.ones(93, dtype=torch.int32),
+        input_ids=np.ones(93, dtype=np.int32),
         max_new_tokens=4,
         bootstrap_host=None,
         bootstrap_port=None,
         bootstrap_room=8,
     )
     eng.scheduler_stage(ok)
-    assert ok.to_finish is None and ok.input_ids.numel() == 93
+    assert ok.to_finish is None and ok.input_ids.size == 93
 
 
 def test_release_table() -> None:
@@ -168,8 +168,8 @@ def test_transfer_frames_over_a_real_socket() -> None:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         _, writer = await asyncio.open_connection("127.0.0.1", port)
-        pages = torch.tensor([5, 9])
-        content = torch.arange(8, dtype=torch.int32)
+        pages = np.array([5, 9])
+        content = np.arange(8, dtype=np.int32)
         await transfer.send(writer, {"type": "kv", "room": 1, "count": 2}, transfer.pack_pages(pages, content))
         await transfer.send(writer, {"type": "done", "room": 1, "claimed_tokens": 1})
         writer.close()

@@ -56,7 +56,7 @@ def not_started(exc: BaseException) -> list[Finding]:
                 NODE,
                 f"could not start the simulator: {type(exc).__name__}: {exc}"
                 "; the positive control did not run, so no probe verdict can be trusted",
-                remedy="install kvgate[sim,router] (torch, fastapi, uvicorn, smg==1.13.0)",
+                remedy="install kvgate[sim,router] (numpy, fastapi, uvicorn, smg==1.13.0)",
             ),
             blocking=True,
         )
