@@ -177,7 +177,7 @@ class DecodeEngine(BaseEngine):
                 "num_tokens": t.num_tokens,
                 "num_pages": int(prompt_pages.size),
             },
-            transfer.tensor_bytes(prompt_pages.astype(np.int64)),
+            prompt_pages.astype(np.int64).tobytes(),
         )
         t.reader_task = asyncio.create_task(self._receive(t, reader))
         self._receivers.add(t.reader_task)

@@ -69,7 +69,7 @@ class PrefillEngine(BaseEngine):
             return
         room_id = int(msg.header["room"])
         count = int(msg.header.get("num_pages", 0))
-        dst = transfer.unpack_pages(msg.payload, count)[0].copy() if count else np.zeros(0, dtype=np.int64)
+        dst = transfer.unpack_pages(msg.payload, count)[0] if count else np.zeros(0, dtype=np.int64)
         room = _Room(room_id, str(msg.header.get("rid")), int(msg.header["num_tokens"]), dst, writer)
         # Registered whether or not a prefill request for the room exists. A request this prefill
         # retired at its door (0.5.21+) never claims it: nobody tells the decode, which waits for KV

@@ -72,20 +72,17 @@ async def recv(reader: asyncio.StreamReader) -> Message | None:
     return Message(json.loads(head), payload)
 
 
-def tensor_bytes(t: np.ndarray) -> bytes:
-    """Raw bytes of an array, in its order (native byte order, as the simulator's peers share a host)."""
-    return np.ascontiguousarray(t).tobytes()
-
-
 def pack_pages(dst_pages: np.ndarray, content: np.ndarray) -> bytes:
-    """Payload of a ``kv`` message: int64 page ids then int32 content."""
-    return tensor_bytes(dst_pages.astype(np.int64)) + tensor_bytes(content.astype(np.int32))
+    """Payload of a ``kv`` message: int64 page ids then int32 content (native byte order: the simulator's
+    peers share a host)."""
+    return dst_pages.astype(np.int64).tobytes() + content.astype(np.int32).tobytes()
 
 
 def unpack_pages(payload: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """Inverse of `pack_pages`."""
+    """Inverse of `pack_pages`: read-only views of `payload`, no copy."""
     split = count * 8
-    buf = bytearray(payload)
-    pages = np.frombuffer(buf, dtype=np.int64, count=count, offset=0) if count else np.zeros(0, dtype=np.int64)
-    content = np.frombuffer(buf, dtype=np.int32, offset=split) if len(buf) > split else np.zeros(0, dtype=np.int32)
+    pages = np.frombuffer(payload, dtype=np.int64, count=count) if count else np.zeros(0, dtype=np.int64)
+    if len(payload) <= split:
+        return pages, np.zeros(0, dtype=np.int32)
+    content = np.frombuffer(payload, dtype=np.int32, offset=split)
     return pages, content
