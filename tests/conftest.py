@@ -3,9 +3,9 @@
 And two checks on every report any test renders: its JSON validates against the published schema
 (`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
 
-Under `pytest -n 2` (the README's test command) the real tier is one unit of work, queued first, run by one
-worker in collection order (each pair started once) while the other runs the rest of the suite;
-tests/real/schedule.py can cut it into a unit per pair (SPLIT_REAL_TIER, off: see there why).
+Under `pytest -n 3` (the README's test command) the real tier is cut into two lanes of whole pairs
+(tests/real/schedule.py), queued first: two workers each run one lane in collection order (each pair
+started once) while the third runs the rest of the suite.
 """
 
 from __future__ import annotations
@@ -51,20 +51,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """
     from xdist.scheduler import LoadScopeScheduling
 
-    from tests.real.schedule import cost_s, unit_of
+    from tests.real.schedule import cost_s, grouped, lanes, unit_of
 
     class RealPairsFirst(LoadScopeScheduling):
         _ordered = False
+        _lane_of: dict[str, str] | None = None
+
+        def schedule(self) -> None:
+            if self._lane_of is None and self.collection_is_completed:
+                self._lane_of = lanes(list(next(iter(self.registered_collections.values()))))
+            super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
-            return unit_of(nodeid)
+            return unit_of(nodeid, self._lane_of)
 
         def _assign_work_unit(self, node: Any) -> None:
             if not self._ordered:  # the queue is complete at the first assignment: order it once
                 self._ordered = True
                 units = sorted(self.workqueue.items(), key=lambda u: -cost_s(u[0], len(u[1])))  # stable
                 self.workqueue.clear()
-                self.workqueue.update(units)
+                for scope, work in units:  # a lane sends its tests to the worker grouped by piece
+                    self.workqueue[scope] = {nodeid: work[nodeid] for nodeid in grouped(list(work))}
             super()._assign_work_unit(node)
 
     return RealPairsFirst(config, log)

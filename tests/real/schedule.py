@@ -1,11 +1,12 @@
-"""How the real tier is cut into units of work for `pytest -n 2` (tests/conftest.py's scheduler).
+"""How the real tier is cut into units of work for `pytest -n 3` (tests/conftest.py's scheduler).
 
-Every test of one real pair (the session-scoped, parametrized `real_pair`) is one unit, so one worker
-runs them all in collection order and starts that pair once; the tier's tests that start pairs of their
-own are a unit per file (a module-scoped pair stays on one worker). The two workers take the units, the
-costliest first, the rest of the suite queued behind them, so both workers run real pairs from the start
-and the suite's many short tests fill the end: no worker runs the tier alone while the other idles
-(issue 44). No heavy imports: the xdist controller, which collects nothing, loads this.
+The tier's smallest whole parts (pieces) are the tests of one real pair (the session-scoped,
+parametrized `real_pair`: one worker runs them in collection order and starts that pair once), the two
+fault files (one shared pair) and each file of tests that start pairs of their own (a module-scoped
+pair stays on one worker). The pieces are dealt into REAL_LANES lanes of about equal measured seconds;
+each lane is one unit, the lanes queued first, so two workers run real pairs from the start while the
+third runs the rest of the suite, and the suite's many short tests fill the end (issue 44). No heavy
+imports: the xdist controller, which collects nothing, loads this.
 """
 
 from __future__ import annotations
@@ -38,31 +39,92 @@ SLOW_TEST_S = 30.0
 STARTS_LOG = "real-pair-starts.log"
 
 
-#: Whether the tier is cut into a unit per pair (both workers run real pairs) or kept one unit on one
-#: worker. Kept whole for now: split, the `-k 0.5.22` piece took the same wall time (903 s against 905 s
-#: on a loaded host) with every test about 1.67x slower beside a second real pair, and the tier's timing
-#: probes are the suite's load-sensitive verdicts. Turn on once a whole run shows the idle tail
-#: (pytest's summary prints it) is worth more than that contention.
-SPLIT_REAL_TIER = False
+#: How many units of work (lanes) the tier is cut into: each lane a set of whole pieces (a pair's tests,
+#: the fault files, a file of tests with pairs of their own), balanced by MEASURED_S, queued first, so
+#: one worker runs each lane while the README's third worker (`-n 3`) takes the rest of the suite. Two:
+#: at most two pairs alive at once (about 8 GB). One keeps the whole tier on one worker (stop 53's
+#: run: 3,636 s of the 4,021, the critical path, while the machine idled 29%).
+REAL_LANES = 2
+#: Seconds each piece of the tier took in a quiet whole run (stop 53, ba68b2c, tests/real/README.md),
+#: only to balance the lanes; a piece not listed is estimated by cost_s.
+MEASURED_S = {
+    "pair 0.5.22-healthy-ids-8k-qwen2": 537,
+    "test_dp_real.py": 298,
+    "pair 0.5.23-healthy-text-4k-llama": 273,
+    "pair 0.5.22-short-text-8k-llama": 263,
+    "pair 0.5.20-healthy-ids-4k-llama": 242,
+    "test_cli_real.py": 235,
+    "decode faults": 227,
+    "pair 0.5.21-short-ids-8k-llama": 199,
+    "pair 0.5.20-short-text-8k-llama": 192,
+    "pair 0.5.23-short-ids-8k-llama": 190,
+    "pair 0.5.21-healthy-text-4k-qwen2": 166,
+    "test_backport_real.py": 159,
+    "pair 0.5.19-healthy-text-8k-llama": 154,
+    "pair 0.5.19-short-ids-8k-qwen2": 125,
+    "test_readme_real.py": 111,
+    "pair 0.5.22-healthy-text-4k-qwen2": 98,
+    "pair 0.5.23-healthy-text-4k-qwen2": 96,
+    "test_checksum.py": 71,
+}
 
 
-def unit_of(nodeid: str) -> str:
-    """The unit of work a test belongs to: its pair's, its file's (the tier's other tests, WHOLE_FILES),
-    or its own; the whole tier one unit while SPLIT_REAL_TIER is off."""
+def piece_of(nodeid: str) -> str:
+    """The smallest part of the tier one worker must run whole: the tests of one pair (it starts once),
+    the fault files (they share one pair), or one file (a module-scoped pair stays whole)."""
+    pair = PAIR_ID.search(nodeid)
+    if pair:
+        return f"{REAL}pair {pair.group(1)}"
+    return FAULT_UNIT if nodeid.startswith(FAULT_FILES) else nodeid.split("::", 1)[0]
+
+
+def piece_cost_s(piece: str, tests: int) -> float:
+    """A piece's seconds: measured where MEASURED_S has it, else estimated."""
+    measured = MEASURED_S.get(piece.removeprefix(REAL))
+    return float(measured) if measured is not None else cost_s(piece, tests)
+
+
+def lanes(collection: list[str], count: int | None = None) -> dict[str, str]:
+    """Each real piece of `collection` mapped to its lane's unit name: the costliest piece first onto the
+    lane with the fewest seconds so far (longest-processing-time first), ties to the lower lane."""
+    count = REAL_LANES if count is None else count
+    tests: dict[str, int] = {}
+    for nodeid in collection:
+        if nodeid.startswith(REAL):
+            piece = piece_of(nodeid)
+            tests[piece] = tests.get(piece, 0) + 1
+    if count <= 1:
+        return {piece: REAL for piece in tests}
+    load = [0.0] * count
+    out: dict[str, str] = {}
+    for piece in sorted(tests, key=lambda p: (-piece_cost_s(p, tests[p]), p)):
+        lane = min(range(count), key=lambda i: (load[i], i))
+        load[lane] += piece_cost_s(piece, tests[piece])
+        out[piece] = f"{REAL}lane {lane}"
+    return out
+
+
+def grouped(nodeids: list[str]) -> list[str]:
+    """`nodeids` with each piece's tests together, pieces in order of first appearance, each piece's tests
+    in their given order: a lane runs a pair's tests back to back whatever order pytest collected."""
+    order: dict[str, list[str]] = {}
+    for nodeid in nodeids:
+        order.setdefault(piece_of(nodeid) if nodeid.startswith(REAL) else nodeid, []).append(nodeid)
+    return [nodeid for group in order.values() for nodeid in group]
+
+
+def unit_of(nodeid: str, lane_of: dict[str, str] | None = None) -> str:
+    """The unit of work a test belongs to: its piece's lane (`lane_of`, from `lanes`; the whole tier one
+    unit without it), a file of WHOLE_FILES, or the test itself."""
     if nodeid.startswith(REAL):
-        if not SPLIT_REAL_TIER:
-            return REAL
-        pair = PAIR_ID.search(nodeid)
-        if pair:
-            return f"{REAL}pair {pair.group(1)}"
-        return FAULT_UNIT if nodeid.startswith(FAULT_FILES) else nodeid.split("::", 1)[0]
+        return (lane_of or {}).get(piece_of(nodeid), REAL)
     return next((f for f in WHOLE_FILES if nodeid.startswith(f)), nodeid)
 
 
 def cost_s(unit: str, tests: int) -> float:
     """Estimated seconds of a unit of `tests` tests, to start the longest first; 0 for a unit that is
     neither real nor known slow (those keep xdist's order)."""
-    if unit == REAL:
+    if unit == REAL or unit.startswith(f"{REAL}lane "):
         return OWN_PAIR_TEST_S * tests
     if unit.startswith(f"{REAL}pair "):
         return PAIR_START_S + REAL_TEST_S * tests
