@@ -13,8 +13,9 @@ the real router:
 3. double free with the room check bypassed (sglang before #17430), on a restarted decode (the second
    phase leaves the first wedged): nothing aborts, and the probe fails on the first tokens that
    changed, found only by comparing with the answers given alone. Where the fault reached the control
-   prompt's copies too (the probe's rule: inconclusive), or where no request read another's slot, the
-   phase is staged again once the router serves the fresh decode, at most 3 times.
+   prompt's copies too, or left too few confident positions to judge (the probe's rules: inconclusive),
+   or where no request read another's slot, the phase is staged again once the router serves the fresh
+   decode, at most 3 times; a pass in a staging that injected the fault fails the test.
 The hook logs what it did (`events.jsonl`): a phase that injected nothing is an error, never a verdict.
 """
 
@@ -50,11 +51,10 @@ DEADLINE_S = 30.0
 #: busy core), the probe cannot tell corruption from a batch that changes answers and says inconclusive,
 #: by its rule. The phase is then staged again on a fresh decode, at most this many times in all.
 SILENT_STAGINGS = 3
-#: A silent staging that injected the fault but that the probe PASSED on fewer confident positions than this
-#: (a quarter of its 40 requests) compared too few answers to show it: kvgate's known gap (isolation.load
-#: passes on any number of judged positions above none; stop 53's whole run: passed on 2 while the hook
-#: had bypassed the room check). Staged again and named; every injecting staging such a pass fails the test.
-THIN_PASS = 10
+#: A silent staging the probe called inconclusive for too few judged positions (below
+#: probes.load_min_positions, after its extra waves: stop 53's whole run had it PASS on 2 before that floor)
+#: compared too few answers to show the fault: staged again and named. A pass is never accepted.
+MIN_POSITIONS = ProbeSettings().load_min_positions
 
 
 def _events(folder: Path) -> list[dict]:
@@ -126,7 +126,7 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
     (folder / "mode").write_text("silent")
     unstaged: list[str] = []  # stagings where the fault reached the control prompt's copies
     missed: list[str] = []  # stagings where no request read another's slot
-    thin: list[str] = []  # stagings the probe passed on fewer than THIN_PASS positions (the known gap)
+    thin: list[str] = []  # stagings judged on too few positions (inconclusive, by the probe's floor)
     for _ in range(SILENT_STAGINGS):
         dep.restart_worker("decode", 0, pool=FAULT_SPEC.decode_pool)
         # smg may still exclude the wedged decode it saw before the restart: the probe goes out only once
@@ -143,14 +143,12 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
             continue
         if silent.outcome == Outcome.FAILED:
             break
-        if (
-            silent.outcome == Outcome.PASSED
-            and int(str(_evidence(silent)["isolation.load.confident_positions_judged"])) < THIN_PASS
-        ):
+        # Never a pass: the other outcomes are the probe's rules for too little judged and for a control
+        # that disagrees.
+        assert silent.outcome == Outcome.INCONCLUSIVE, _shown(silent)
+        if int(str(_evidence(silent)["isolation.load.confident_positions_judged"])) < MIN_POSITIONS:
             thin.append(_shown(silent))
             continue
-        # Never a pass: the one other outcome is the probe's rule for a control that disagrees.
-        assert silent.outcome == Outcome.INCONCLUSIVE, _shown(silent)
         assert _evidence(silent)["isolation.load.control_disagreements"], _shown(silent)
         unstaged.append(_shown(silent))
     else:
@@ -158,18 +156,15 @@ def test_the_load_probe_fails_a_real_decode_whose_metadata_slots_collide(
         assert unstaged or thin, (
             f"no request read another's metadata slot in any of {SILENT_STAGINGS} stagings: " + " || ".join(missed)
         )
-        assert unstaged, (
-            f"the probe PASSED the faulty decode in every staging that injected the fault, each on fewer than "
-            f"{THIN_PASS} confident positions: " + " || ".join(thin + missed)
-        )
         pytest.skip(
-            f"in each of {SILENT_STAGINGS} stagings the silent fault was not injected or reached the control "
-            "prompt's copies, where the probe cannot tell corruption from a batch that changes answers "
-            "(inconclusive, by its rule): " + " || ".join(unstaged + thin + missed)
+            f"in each of {SILENT_STAGINGS} stagings the silent fault was not injected, or reached the control "
+            "prompt's copies (the probe cannot tell corruption from a batch that changes answers), or left "
+            f"fewer than {MIN_POSITIONS} confident positions to judge (inconclusive, by the probe's rules): "
+            + " || ".join(unstaged + thin + missed)
         )
     ev = _evidence(silent)
     assert ev["isolation.load.corruption_aborts"] == [], _shown(silent)  # the room check saw nothing
     assert ev["isolation.load.foreign_tokens"] or ev["isolation.load.changed_confident_tokens"], _shown(silent)
     print(_shown(caught))
-    print(*(f"staged again, a thin pass: {t}" for t in thin), sep="\n")
+    print(*(f"staged again, too few positions judged: {t}" for t in thin), sep="\n")
     print(_shown(silent))

@@ -54,6 +54,9 @@ class ProbeSettings:
       workers' reported running-request limit lowers it.
     - load_waves: concurrent waves of the load check.
     - load_new_tokens: answer length of each load request (short: the check's cost stays small).
+    - load_min_positions: confident positions the load check must compare to pass; while fewer, and
+      nothing else showed, it sends more waves (up to four times load_waves, 16 at most), then says
+      inconclusive.
     - handoff_probe: run the handoff check (prefill is the oracle; handoff.py).
     - handoff_new_tokens: answer length of each handoff prompt (confident positions early and late in it
       are replayed; a longer answer offers a model that is seldom confident more of them).
@@ -95,6 +98,7 @@ class ProbeSettings:
     load_concurrency: int = 20
     load_waves: int = 2
     load_new_tokens: int = 4
+    load_min_positions: int = 10
     handoff_probe: bool = True
     handoff_new_tokens: int = 32
     handoff_long_tokens: int | None = None
@@ -135,6 +139,7 @@ class ProbeSettings:
             ("load_concurrency", 4, 256),
             ("load_waves", 1, 16),
             ("load_new_tokens", 1, 64),
+            ("load_min_positions", 1, 10000),
             ("handoff_new_tokens", 2, 64),
             ("handoff_min_positions", 1, 64),
             ("byte_offset", 0, 1 << 30),

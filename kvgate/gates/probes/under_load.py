@@ -9,7 +9,8 @@ corruption detected - bootstrap_room mismatch"), or pages reused before the pref
    control prompt, each alone, greedy, a few tokens, with the top-2 logprobs per token;
 2. waves: all of them at once, with copies of the control prompt, `load_waves` times; the wave size
    comes from the running-request limit the workers report (never above it), at most `load_concurrency`
-   (load_plan.py);
+   (load_plan.py); while the waves judged fewer than `load_min_positions` confident positions and
+   showed nothing else, more waves, up to THIN_WAVES_FACTOR times as many;
    A prompt whose answer alone holds no confident position (margin.py) can show nothing: it is replaced
    by a fresh prompt of the same length, answered alone, up to one more solo pass in all;
 3. judge only confident positions (margin.py): a concurrent answer whose changed confident tokens are
@@ -19,8 +20,8 @@ corruption detected - bootstrap_room mismatch"), or pages reused before the pref
    confident token fails. Other errors under load are a finding of their own (`isolation.load_errors`).
 A deployment that stopped answering the prompts sent alone (the sender's stall rule, gate.STALL_AFTER)
 gets no waves: both findings are inconclusive; waves none of whose requests was answered compare nothing
-and are inconclusive too, and so are waves whose prompts held no confident position at all (no token
-was compared: the remedy says how to get some).
+and are inconclusive too, and so are waves that compared fewer than `load_min_positions` confident
+positions, the extra waves included (too little compared: the remedy says how to get more).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from kvgate.gates.probes.canary import Sender
 from kvgate.gates.probes.client import ProbeResult
@@ -58,6 +59,10 @@ REMEDY_CORRUPTION = (
 REMEDY_NOISE = "run the gate against workers started with --enable-deterministic-inference"
 #: statuses of a deployment shedding load (not corruption, not a crash)
 SHED = (429, 503)
+#: Waves the check may send in all when the planned ones judged fewer than `load_min_positions` confident
+#: positions and showed nothing else: this many times `load_waves`, never more than MAX_WAVES.
+THIN_WAVES_FACTOR = 4
+MAX_WAVES = 16
 
 
 def corruption_message(res: ProbeResult) -> str | None:
@@ -105,7 +110,14 @@ def run_load(
         if sender.stalled is not None:
             return _not_loaded(plan, sender.stalled, solo, node)
         waves: list[list[tuple[Prompt, ProbeResult]]] = []
-        for w in range(plan.waves):
+        cap = min(MAX_WAVES, plan.waves * THIN_WAVES_FACTOR)
+        while len(waves) < plan.waves or (
+            len(waves) < cap
+            and sender.stalled is None
+            and any(res.served for _, res in waves[-1])  # a wave none answered: more would wait out deadlines
+            and _thin(_tally(exact, settings, solo, waves), settings)
+        ):
+            w = len(waves)
             batch = [*distinct, *([control] * plan.copies)]
             batch = batch[w % 2 :: 2] + batch[1 - w % 2 :: 2]  # mix short, long and copies differently per wave
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
@@ -181,42 +193,47 @@ def _not_loaded(plan: Plan, stalled: str, solo: dict[str, ProbeResult], node: st
     return [inconclusive(GATE, check, node, why, *ev, remedy=remedy) for check in (CHECK, CHECK_ERRORS)]
 
 
-def _judge(
-    plan: Plan,
-    exact: bool,
-    settings: ProbeSettings,
-    solo: dict[str, ProbeResult],
-    waves: list[list[tuple[Prompt, ProbeResult]]],
-    node: str,
-) -> list[Finding]:
+@dataclass
+class _Tally:
+    """What the waves showed so far, before any verdict."""
+
+    refs: dict[str, Scored] = field(default_factory=dict)
+    solo_bad: list[str] = field(default_factory=list)
+    corrupt: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    shed: list[str] = field(default_factory=list)
+    donors: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+    noisy: list[str] = field(default_factory=list)
+    judged: int = 0
+    sent: int = 0
+    together: int = 0
+
+
+def _tally(
+    exact: bool, settings: ProbeSettings, solo: dict[str, ProbeResult], waves: list[list[tuple[Prompt, ProbeResult]]]
+) -> _Tally:
     margin = settings.logprob_margin
-    refs: dict[str, Scored] = {}
-    solo_bad: list[str] = []
+    t = _Tally()
+    refs = t.refs
     for label, res in solo.items():
         sc = score(res, margin, exact) if res.served else None
         if sc is None:
-            solo_bad.append(f"{label}: {_failure(res) if not res.served else 'no output ids'}")
+            t.solo_bad.append(f"{label}: {_failure(res) if not res.served else 'no output ids'}")
         else:
             refs[label] = sc
-    corrupt: list[str] = []
-    errors: list[str] = []
-    shed: list[str] = []
-    donors: list[str] = []
-    changed: list[str] = []
-    noisy: list[str] = []
-    judged = 0
     for w, wave in enumerate(waves):
         for p, res in wave:
             where = f"{p.label} [wave {w + 1}]"
             msg = corruption_message(res)
             if msg is not None:
-                corrupt.append(f"{where}: HTTP {res.status}: {msg}")
+                t.corrupt.append(f"{where}: HTTP {res.status}: {msg}")
                 continue
             if res.not_sent is not None:
-                shed.append(f"{where}: {_failure(res)}")
+                t.shed.append(f"{where}: {_failure(res)}")
                 continue
             if not res.served:
-                (shed if res.status in SHED or res.timed_out or res.transport_error else errors).append(
+                (t.shed if res.status in SHED or res.timed_out or res.transport_error else t.errors).append(
                     f"{where}: {_failure(res)}"
                 )
                 continue
@@ -224,7 +241,7 @@ def _judge(
             got = score(res, margin, exact)
             if ref is None or got is None:
                 continue
-            judged += ref.judged
+            t.judged += ref.judged
             diff = ref.changed(got.ids)
             if not diff:
                 continue
@@ -240,13 +257,40 @@ def _judge(
             shown = f"positions {diff[:6]}: got {list(got.ids[:8])}, alone {list(ref.ids[:8])}"
             if donor is not None:
                 what = "first token" if diff == [0] else "tokens"
-                donors.append(f"{where} (victim) carried the {what} of {donor} (donor): {shown}")
+                t.donors.append(f"{where} (victim) carried the {what} of {donor} (donor): {shown}")
             elif p.label == "control":
-                noisy.append(f"{where}: {shown}")
+                t.noisy.append(f"{where}: {shown}")
             else:
-                changed.append(f"{where}: {shown}")
-    sent = sum(len(w) for w in waves)
-    together = sum(1 for w in waves for _, res in w if res.served)
+                t.changed.append(f"{where}: {shown}")
+    t.sent = sum(len(w) for w in waves)
+    t.together = sum(1 for w in waves for _, res in w if res.served)
+    return t
+
+
+def _thin(t: _Tally, settings: ProbeSettings) -> bool:
+    """Whether the only thing keeping the check from passing is too few judged positions, so that another
+    wave could settle it: nothing failed or disagreed, references exist and carry logprobs, and some
+    request sent together was answered."""
+    if t.corrupt or t.donors or t.noisy or t.changed or t.errors:
+        return False
+    if len(t.refs) < 2 or "control" not in t.refs or not any(r.judged for r in t.refs.values()):
+        return False  # no prompt holds a confident position alone: no wave can add one
+    return bool(t.together) and t.judged < settings.load_min_positions
+
+
+def _judge(
+    plan: Plan,
+    exact: bool,
+    settings: ProbeSettings,
+    solo: dict[str, ProbeResult],
+    waves: list[list[tuple[Prompt, ProbeResult]]],
+    node: str,
+) -> list[Finding]:
+    margin = settings.logprob_margin
+    t = _tally(exact, settings, solo, waves)
+    refs, solo_bad, corrupt, errors, shed = t.refs, t.solo_bad, t.corrupt, t.errors, t.shed
+    donors, changed, noisy, judged, sent, together = t.donors, t.changed, t.noisy, t.judged, t.sent, t.together
+    floor = settings.load_min_positions
     ev = [
         Evidence(node, "isolation.load.plan", plan.as_evidence()),
         Evidence(
@@ -258,7 +302,8 @@ def _judge(
         ),
         Evidence(node, "isolation.load.solo", {k: v.show() for k, v in list(refs.items())[:6]}),
         Evidence(node, "isolation.load.answered_together", f"{together} of {sent}", f"{sent} of {sent}"),
-        Evidence(node, "isolation.load.confident_positions_judged", judged),
+        Evidence(node, "isolation.load.waves_sent", len(waves), f"{plan.waves} (more only while evidence is thin)"),
+        Evidence(node, "isolation.load.confident_positions_judged", judged, f">= {floor}"),
         Evidence(node, "isolation.load.corruption_aborts", corrupt[:8], "none"),
         Evidence(node, "isolation.load.foreign_tokens", donors[:8], "none"),
         Evidence(node, "isolation.load.changed_confident_tokens", changed[:8], "none"),
@@ -353,17 +398,23 @@ def _judge(
                 remedy="probe through a router that passes return_logprob/top_logprobs_num to SGLang",
             )
         )
-    elif not judged:
-        # A slot collision that changes tokens shows only at a confident position: with none, the check saw
-        # only that nothing aborted, which is not isolation.
+    elif judged < floor:
+        # A slot collision that changes tokens shows only at a confident position: with few, the check saw
+        # mostly that nothing aborted, which is not isolation (stop 53: a bypassed room check passed on 2).
+        what = (
+            f"no token of these prompts led its runner-up by {margin:g} nats (fresh prompts included), so no "
+            "token was compared"
+            if not judged
+            else f"only {judged} confident token positions were compared, fewer than probes.load_min_positions "
+            f"({floor}), after {len(waves)} wave(s), the most this check sends"
+        )
         out.append(
             inconclusive(
                 GATE,
                 CHECK,
                 node,
-                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}, no corruption abort, but no "
-                f"token of these prompts led its runner-up by {margin:g} nats (fresh prompts included), so no token "
-                "was compared: a request given another's tokens would have gone unseen",
+                f"{sent} requests in {len(waves)} concurrent wave(s) of {plan.per_wave}, no corruption abort, but "
+                f"{what}: a request given another's tokens could have gone unseen",
                 *ev,
                 remedy=f"{REMEDY_NOISE} (every token is then judged), or raise probes.load_new_tokens (now "
                 f"{settings.load_new_tokens}) or lower probes.logprob_margin (now {margin:g})",
@@ -375,7 +426,7 @@ def _judge(
                 GATE,
                 CHECK,
                 node,
-                f"{sent} requests in {plan.waves} concurrent wave(s) of {plan.per_wave}: no corruption abort; "
+                f"{sent} requests in {len(waves)} concurrent wave(s) of {plan.per_wave}: no corruption abort; "
                 f"no foreign token; {judged} confident token positions kept",
                 *ev,
             )

@@ -113,8 +113,9 @@ class Answers:
     """A stand-in for GenerateClient (not a server): greedy answers whose confidence the test chooses per
     request, in the order requests arrive; every answer is the prompt's own (no corruption)."""
 
-    def __init__(self, sure_from: int | None) -> None:
+    def __init__(self, sure_from: int | None, sure_names: tuple[str, ...] = ()) -> None:
         self.sure_from = sure_from  # requests from this index on are answered confidently (None: never)
+        self.sure_names = sure_names  # and these prompts always
         self.sent: list[tuple[str, list[int]]] = []
 
     def generate(
@@ -122,21 +123,21 @@ class Answers:
     ) -> ProbeResult:
         n = len(self.sent)
         self.sent.append((name, ids))
-        sure = self.sure_from is not None and n >= self.sure_from
+        sure = (self.sure_from is not None and n >= self.sure_from) or name in self.sure_names
         out = [ids[0] + j for j in range(max_new_tokens)]
         return answer(out, [5.0 if sure else 0.1] * max_new_tokens)
 
 
-def load_run(sure_from: int | None) -> tuple[Any, Answers]:
+def load_run(sure_from: int | None, sure_names: tuple[str, ...] = (), **settings_: Any) -> tuple[Any, Answers]:
     from kvgate.gates.probes.canary import Sender
     from kvgate.gates.probes.cost import CostMeter
     from kvgate.gates.probes.sentinels import ByteCodec
     from kvgate.gates.probes.under_load import run_load
     from kvgate.output.progress import NullObserver
 
-    client = Answers(sure_from)
+    client = Answers(sure_from, sure_names)
     lim = ProbeLimits(context=8192, max_req_input_len=8000, page_size=16)
-    settings = ProbeSettings(load_concurrency=6, load_waves=1)
+    settings = ProbeSettings(**({"load_concurrency": 6, "load_waves": 1} | settings_))
     sender = Sender(client, ByteCodec(settings.byte_offset), CostMeter(context=8192), NullObserver())  # type: ignore[arg-type]
     found = run_load(sender, lim, settings, [reading_with(max_running_requests=None)], "router")
     return {f.check: f for f in found}[CHECK], client
@@ -161,8 +162,42 @@ def test_prompts_whose_answers_alone_hold_no_confident_token_are_replaced_once()
 
 def test_a_model_never_sure_of_a_token_gets_one_more_solo_pass_then_inconclusive() -> None:
     f, client = load_run(sure_from=None)
-    assert len(client.sent) == 5 + 5 + 6  # alone, one fresh draw each, one wave of 6
+    assert len(client.sent) == 5 + 5 + 6  # alone, one fresh draw each, one wave of 6: no wave can add one
     assert f.outcome == Outcome.INCONCLUSIVE and "no token was compared" in f.summary
+
+
+def test_a_few_judged_positions_pass_nothing() -> None:
+    """Stop 53: a real decode whose room check was bypassed passed on 2 judged positions. Below
+    probes.load_min_positions the waves showed too little, whatever else they showed."""
+    sure_control = {k: SURE if k == "control" else [0.1] * 4 for k in REFS}
+    f = run({k: answer(v, [0.1] * 4) for k, v in REFS.items()}, sure_control)[CHECK]
+    ev = {e.field: e.value for e in f.evidence}
+    assert ev["isolation.load.confident_positions_judged"] == 4
+    assert f.outcome == Outcome.INCONCLUSIVE and "only 4 confident token positions" in f.summary
+    assert "probes.load_min_positions (10)" in f.summary and "--enable-deterministic-inference" in (f.remedy or "")
+    assert run(healthy_wave(), sure_control)[CHECK].outcome == Outcome.INCONCLUSIVE  # 8 judged
+    one = ProbeSettings(load_min_positions=4)
+    solo = {k: answer(v, sure_control[k]) for k, v in REFS.items()}
+    batch = [(Prompt(k, [1], 4), answer(v, [0.1] * 4)) for k, v in REFS.items()]
+    assert {g.check: g for g in _judge(PLAN, False, one, solo, [batch], "r")}[CHECK].outcome == Outcome.PASSED
+
+
+def test_thin_evidence_sends_more_waves_until_enough_is_judged() -> None:
+    """Only the control is sure of its tokens: a wave of 6 judges its 2 copies' 8 positions, below 10, so a
+    second wave is sent and the check passes on 16."""
+    f, client = load_run(None, ("load-control",))
+    ev = {e.field: e.value for e in f.evidence}
+    assert f.outcome == Outcome.PASSED and ev["isolation.load.waves_sent"] == 2, f.summary
+    assert ev["isolation.load.confident_positions_judged"] == 16
+    assert len(client.sent) == 5 + 5 + 2 * 6  # alone, one more solo pass of fresh draws, two waves
+
+
+def test_thin_evidence_stops_at_four_times_the_waves_then_is_inconclusive() -> None:
+    f, client = load_run(None, ("load-control",), load_min_positions=100)
+    ev = {e.field: e.value for e in f.evidence}
+    assert ev["isolation.load.waves_sent"] == 4 and len(client.sent) == 5 + 5 + 4 * 6
+    assert f.outcome == Outcome.INCONCLUSIVE and "only 32 confident token positions" in f.summary
+    assert "after 4 wave(s)" in f.summary
 
 
 def test_other_errors_under_load_are_their_own_finding() -> None:
