@@ -92,14 +92,19 @@ class PDLaunchPlan:
         ranks, what they need in the environment (dp_env; the plan's own env wins)."""
         if self.release is None:
             return replace(self, env={**dp_env(self), **self.env}) if self.dp_size > 1 else self
-        from kvgate.cpuserver.env import server_env
+        from kvgate.cpuserver.env import DISABLED_ARCHS_ENV, server_env, unused_model_modules
         from kvgate.cpuserver.model import tiny_model
 
         env = server_env(self.release)
         if self.site_packages is not None:
             env = env.running(Path(self.site_packages))
         model = self.model_path or str(tiny_model())
-        return replace(self, python=env.python, model_path=model, env={**env.env(), **dp_env(self), **self.env})
+        process_env = env.env()
+        if DISABLED_ARCHS_ENV not in process_env:  # an operator's own list wins
+            unused = unused_model_modules(env.sglang_dir, Path(model))
+            if unused:
+                process_env[DISABLED_ARCHS_ENV] = ",".join(unused)
+        return replace(self, python=env.python, model_path=model, env={**process_env, **dp_env(self), **self.env})
 
 
 def dp_env(plan: PDLaunchPlan) -> dict[str, str]:
