@@ -3,9 +3,9 @@
 And two checks on every report any test renders: its JSON validates against the published schema
 (`kvgate schema`), and every finding the CLI reports has a page in docs/checks.md.
 
-Under `pytest -n 3` (the README's test command) the real tier is cut into two lanes of whole pairs
-(tests/real/schedule.py), queued first: two workers each run one lane in collection order (each pair
-started once) while the third runs the rest of the suite.
+Under `pytest -n 2` (the README's test command) the real tier is one unit of work, queued first, run by one
+worker pair after pair (each pair started once) while the other runs the rest of the suite;
+tests/real/schedule.py can cut it into lanes of whole pairs (REAL_LANES: see there why it does not).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The suite's xdist scheduler (tests/conftest.py, tests/real/schedule.py) driven as xdist drives it, three
-workers taking units as they finish tests: every real pair's tests land on one worker (the pair starts
-once), two workers start on the tier's two lanes, the third on the rest, and the lanes are balanced."""
+"""The suite's xdist scheduler (tests/conftest.py, tests/real/schedule.py) driven as xdist drives it, workers
+taking units as they finish tests: every real pair's tests land on one worker (the pair starts once); at
+the default one lane the whole tier runs on one worker that starts with it; cut into two lanes (three
+workers) two workers start on the lanes, the third on the rest, and the lanes are balanced."""
 
 from __future__ import annotations
 
@@ -71,6 +72,12 @@ def _real(nodeid: str) -> bool:
     return nodeid.startswith("tests/real/")
 
 
+@pytest.fixture
+def two_lanes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule, "REAL_LANES", 2)
+
+
+@pytest.mark.usefixtures("two_lanes")
 def test_two_workers_start_on_the_tier_and_every_piece_stays_on_one() -> None:
     """Three workers: two run the tier's two lanes from their first test, the third starts on the rest of
     the suite; every pair's tests, the fault files and each own-pair file land on one worker."""
@@ -87,6 +94,7 @@ def test_two_workers_start_on_the_tier_and_every_piece_stays_on_one() -> None:
     assert {w for w, n in firsts.items() if _real(n)} == tier, firsts
 
 
+@pytest.mark.usefixtures("two_lanes")
 def test_a_pairs_tests_run_together_in_collection_order_and_the_lanes_go_first() -> None:
     collection = _collection()
     ran = _run(collection)
@@ -118,13 +126,19 @@ def test_the_lanes_are_balanced_by_the_measured_seconds() -> None:
     assert unit_of("tests/test_a000.py::test_0", lane_of) == "tests/test_a000.py::test_0"
 
 
-def test_one_lane_keeps_the_whole_tier_on_one_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schedule, "REAL_LANES", 1)
-    ran = _run(_collection(), workers=2)
+def test_one_lane_keeps_the_whole_tier_on_one_worker() -> None:
+    """The default (REAL_LANES 1, `-n 2`): every real test on one worker, which starts with the tier and
+    runs each piece's tests back to back; the other worker takes none of it."""
+    assert schedule.REAL_LANES == 1
+    collection = _collection()
+    ran = _run(collection, workers=2)
     real = {w for w, n in ran if _real(n)}
     assert len(real) == 1, real
     (worker,) = real
     assert _real(next(n for w, n in ran if w == worker))
+    pieces = [piece_of(n) for w, n in ran if _real(n)]
+    runs = [p for i, p in enumerate(pieces) if i == 0 or pieces[i - 1] != p]
+    assert len(runs) == len(set(runs)), runs
 
 
 def test_the_files_sharing_the_fault_pair_are_one_piece() -> None:

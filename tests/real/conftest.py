@@ -5,9 +5,9 @@ started by kvgate's own launcher (`kvgate.deploy.launch`, device cpu) from the r
 environment and one of kvgate's tiny models (kvgate.cpuserver). One pair is alive at a time on each
 pytest process: the fixture is session-scoped and parametrized, so pytest groups every test of one pair
 together; the pair is stopped after its last test (about 2 GB of RAM per server, none kept idle). Under
-`pytest -n 3` the tier is two units of work, lanes of whole pairs (tests/real/schedule.py): each runs on
-one worker, a pair's tests back to back, and each pair starts once (logged, and a second start of it in
-the run fails).
+`pytest -n 2` the tier is one unit of work (tests/real/schedule.py; lanes of whole pairs with REAL_LANES
+above 1): one worker runs it, a pair's tests back to back, and each pair starts once (logged, and a
+second start of it in the run fails).
 
 A pair has five axes: release, pool ("short": prefill pool half the context, the incident's shape;
 "healthy": 1.25 x context on both sides), server mode (text, or --skip-tokenizer-init: input_ids in,

@@ -1,12 +1,12 @@
-"""How the real tier is cut into units of work for `pytest -n 3` (tests/conftest.py's scheduler).
+"""How the real tier is cut into units of work for `pytest -n 2` (tests/conftest.py's scheduler).
 
 The tier's smallest whole parts (pieces) are the tests of one real pair (the session-scoped,
 parametrized `real_pair`: one worker runs them in collection order and starts that pair once), the two
 fault files (one shared pair) and each file of tests that start pairs of their own (a module-scoped
-pair stays on one worker). The pieces are dealt into REAL_LANES lanes of about equal measured seconds;
-each lane is one unit, the lanes queued first, so two workers run real pairs from the start while the
-third runs the rest of the suite, and the suite's many short tests fill the end (issue 44). No heavy
-imports: the xdist controller, which collects nothing, loads this.
+pair stays on one worker). The pieces are dealt into REAL_LANES lanes of about equal measured seconds
+(one lane: the whole tier); each lane is one unit, the lanes queued first, so the tier starts at once and
+the suite's many short tests fill the end (issue 44). No heavy imports: the xdist controller, which
+collects nothing, loads this.
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ STARTS_LOG = "real-pair-starts.log"
 
 
 #: How many units of work (lanes) the tier is cut into: each lane a set of whole pieces (a pair's tests,
-#: the fault files, a file of tests with pairs of their own), balanced by MEASURED_S, queued first, so
-#: one worker runs each lane while the README's third worker (`-n 3`) takes the rest of the suite. Two:
-#: at most two pairs alive at once (about 8 GB). One keeps the whole tier on one worker (stop 53's
-#: run: 3,636 s of the 4,021, the critical path, while the machine idled 29%).
-REAL_LANES = 2
+#: the fault files, a file of tests with pairs of their own), balanced by MEASURED_S and queued first.
+#: One: the whole tier on one worker while the other runs the rest. Two lanes on three workers
+#: (`-n 3`) were measured in a quiet whole run (stop 54, tests/real/README.md "Two lanes, three
+#: workers"): 4,080 s of pytest against 4,021 s, the machine 91% busy instead of 71% and 127 CPU
+#: minutes instead of 97.5 (pair starts 141-163 s instead of 61-158), and a simulator probe made
+#: inconclusive by the load: the run is CPU-bound, and more at once only costs more.
+REAL_LANES = 1
 #: Seconds each piece of the tier took in a quiet whole run (stop 53, ba68b2c, tests/real/README.md),
 #: only to balance the lanes; a piece not listed is estimated by cost_s.
 MEASURED_S = {
