@@ -269,8 +269,8 @@ def _tally(
 
 def _thin(t: _Tally, settings: ProbeSettings) -> bool:
     """Whether the only thing keeping the check from passing is too few judged positions, so that another
-    wave could settle it: nothing failed or disagreed, references exist and carry logprobs, and some
-    request sent together was answered."""
+    wave could settle it: nothing failed or disagreed, the references exist and some prompt holds a
+    confident position alone, and some request sent together was answered."""
     if t.corrupt or t.donors or t.noisy or t.changed or t.errors:
         return False
     if len(t.refs) < 2 or "control" not in t.refs or not any(r.judged for r in t.refs.values()):
