@@ -406,7 +406,7 @@ def _judge(
             "token was compared"
             if not judged
             else f"only {judged} confident token positions were compared, fewer than probes.load_min_positions "
-            f"({floor}), after {len(waves)} wave(s), the most this check sends"
+            f"({floor}), after {len(waves)} wave(s)"
         )
         out.append(
             inconclusive(
